@@ -1,0 +1,469 @@
+//! The behaviour every [`StateStore`] must show, as one suite each backend's tests run against
+//! a live instance (the local folder, the in-memory store, and each cloud's emulator).
+//!
+//! Each check uses its own fresh workspace, so the suite can run against a shared bucket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::tfstate::empty_state;
+use crate::{LeaseRequest, NewState, PutMode, StateStore, StoreError, WorkspaceId};
+
+/// Runs every check against `store`, panicking on the first broken guarantee.
+pub async fn run_all(store: Arc<dyn StateStore>) {
+    compare_and_swap(&*store).await;
+    concurrent_writers_never_both_win(store.clone()).await;
+    version_history_is_complete_and_readable(&*store).await;
+    lease_contention_has_one_winner(store.clone()).await;
+    expired_lease_is_taken_over_and_the_old_holder_is_fenced(&*store).await;
+    broken_lease_fences_its_holder(&*store).await;
+    delete_keeps_history(&*store).await;
+    restore_rolls_forward(&*store).await;
+    snapshot_copies_only_changes(&*store).await;
+    artifacts_round_trip(&*store).await;
+}
+
+/// A workspace no other check (or earlier run against the same bucket) has used.
+pub fn fresh_workspace(check: &str) -> WorkspaceId {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    WorkspaceId::new("conformance", &format!("{check}-{nanos:x}-{n}")).expect("valid name")
+}
+
+fn state(lineage: &str, serial: u64) -> NewState {
+    NewState::parse(empty_state(lineage, serial)).expect("fixture is a valid state")
+}
+
+fn lease_request(owner: &str, ttl: Duration) -> LeaseRequest {
+    LeaseRequest {
+        owner: owner.to_owned(),
+        ttl,
+        info: serde_json::json!({ "operation": "conformance" }),
+    }
+}
+
+pub async fn compare_and_swap(store: &dyn StateStore) {
+    let ws = fresh_workspace("cas");
+    assert!(
+        store.current(&ws).await.unwrap().is_none(),
+        "a new workspace has no state"
+    );
+    assert!(store.versions(&ws).await.unwrap().is_empty());
+
+    let v1 = store
+        .put(&ws, state("l", 1), PutMode::Create, None)
+        .await
+        .unwrap();
+    assert_eq!(v1.number, 1);
+    let err = store
+        .put(&ws, state("l", 2), PutMode::Create, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { .. }),
+        "create over a state: {err}"
+    );
+
+    let cur = store.current(&ws).await.unwrap().expect("state after put");
+    assert_eq!(cur.data, empty_state("l", 1));
+    assert_eq!(cur.version, v1);
+    let v2 = store
+        .put(&ws, state("l", 2), PutMode::Update(cur.token.clone()), None)
+        .await
+        .unwrap();
+    assert_eq!(v2.number, 2);
+    let err = store
+        .put(&ws, state("l", 3), PutMode::Update(cur.token), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { .. }),
+        "stale token: {err}"
+    );
+    assert_eq!(
+        store.versions(&ws).await.unwrap().len(),
+        2,
+        "a refused write adds no version"
+    );
+    assert_eq!(store.current(&ws).await.unwrap().unwrap().version.serial, 2);
+}
+
+pub async fn concurrent_writers_never_both_win(store: Arc<dyn StateStore>) {
+    let ws = fresh_workspace("race");
+    store
+        .put(&ws, state("l", 0), PutMode::Create, None)
+        .await
+        .unwrap();
+    let mut accepted = 0;
+    for round in 1..=5u64 {
+        let base = store.current(&ws).await.unwrap().unwrap().token;
+        let tasks: Vec<_> = (0..6)
+            .map(|_| {
+                let (store, ws, base) = (store.clone(), ws.clone(), base.clone());
+                tokio::spawn(async move {
+                    store
+                        .put(&ws, state("l", round), PutMode::Update(base), None)
+                        .await
+                })
+            })
+            .collect();
+        let mut winners = 0;
+        for task in tasks {
+            match task.await.expect("task") {
+                Ok(_) => winners += 1,
+                Err(StoreError::Conflict { .. }) => {}
+                Err(other) => panic!("unexpected error in a write race: {other}"),
+            }
+        }
+        assert_eq!(
+            winners, 1,
+            "round {round}: exactly one writer from the same base wins"
+        );
+        accepted += winners;
+    }
+    let versions = store.versions(&ws).await.unwrap();
+    assert_eq!(
+        versions.len(),
+        1 + accepted,
+        "every accepted write is a version"
+    );
+    let numbers: Vec<u64> = versions.iter().map(|v| v.number).collect();
+    assert_eq!(numbers, (1..=6).collect::<Vec<_>>());
+}
+
+pub async fn version_history_is_complete_and_readable(store: &dyn StateStore) {
+    let ws = fresh_workspace("history");
+    let mut mode = PutMode::Create;
+    for serial in 1..=5 {
+        store
+            .put(&ws, state("h", serial), mode, None)
+            .await
+            .unwrap();
+        mode = PutMode::Update(store.current(&ws).await.unwrap().unwrap().token);
+    }
+    let versions = store.versions(&ws).await.unwrap();
+    let serials: Vec<u64> = versions.iter().map(|v| v.serial).collect();
+    assert_eq!(serials, vec![1, 2, 3, 4, 5]);
+    for v in &versions {
+        let data = store.version(&ws, v.number).await.unwrap();
+        assert_eq!(data, empty_state("h", v.serial));
+        assert_eq!(v.sha256, crate::sha256_hex(&data));
+        assert_eq!(v.lineage, "h");
+    }
+    let err = store.version(&ws, 99).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+}
+
+pub async fn lease_contention_has_one_winner(store: Arc<dyn StateStore>) {
+    let ws = fresh_workspace("contention");
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (store, ws) = (store.clone(), ws.clone());
+            tokio::spawn(async move {
+                store
+                    .acquire_lease(
+                        &ws,
+                        &lease_request(&format!("job-{i}"), Duration::from_secs(30)),
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut winner = None;
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(lease) => assert!(winner.replace(lease).is_none(), "two holders at once"),
+            Err(StoreError::LeaseHeld { .. }) => {}
+            Err(other) => panic!("unexpected error in lease contention: {other}"),
+        }
+    }
+    let winner = winner.expect("one contender wins");
+    let err = store
+        .acquire_lease(&ws, &lease_request("late", Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    let StoreError::LeaseHeld { holder, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(holder.owner, winner.owner, "the error names the holder");
+    assert!(err.is_retryable());
+    assert_eq!(store.lease(&ws).await.unwrap().unwrap().owner, winner.owner);
+
+    let renewed = store
+        .renew_lease(&ws, &winner, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        renewed.expires_at > winner.expires_at,
+        "renewal extends the lease"
+    );
+    assert_eq!(renewed.fence, winner.fence, "renewal keeps the fence");
+    store.release_lease(&ws, &renewed).await.unwrap();
+    assert!(store.lease(&ws).await.unwrap().is_none());
+    let next = store
+        .acquire_lease(&ws, &lease_request("next", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(
+        next.fence > winner.fence,
+        "the fence grows with each acquisition"
+    );
+    store.release_lease(&ws, &next).await.unwrap();
+}
+
+pub async fn expired_lease_is_taken_over_and_the_old_holder_is_fenced(store: &dyn StateStore) {
+    let ws = fresh_workspace("expiry");
+    let old = store
+        .acquire_lease(&ws, &lease_request("crashed", Duration::from_millis(300)))
+        .await
+        .unwrap();
+    store
+        .put(&ws, state("e", 1), PutMode::Create, Some(&old.fence()))
+        .await
+        .expect("a live lease may write");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    let err = store
+        .put(
+            &ws,
+            state("e", 2),
+            PutMode::Update(token.clone()),
+            Some(&old.fence()),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::LeaseLost { .. }),
+        "expired writer: {err}"
+    );
+    let err = store
+        .renew_lease(&ws, &old, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::LeaseLost { .. }),
+        "expired renewal: {err}"
+    );
+
+    let new = store
+        .acquire_lease(&ws, &lease_request("successor", Duration::from_secs(30)))
+        .await
+        .expect("an expired lease is free");
+    assert!(new.fence > old.fence);
+    store.release_lease(&ws, &old).await.unwrap();
+    assert_eq!(
+        store.lease(&ws).await.unwrap().map(|l| l.owner),
+        Some("successor".to_owned()),
+        "a stale holder's release leaves the new lease alone"
+    );
+    store
+        .put(
+            &ws,
+            state("e", 2),
+            PutMode::Update(token),
+            Some(&new.fence()),
+        )
+        .await
+        .expect("the successor writes");
+    assert_eq!(store.versions(&ws).await.unwrap().len(), 2);
+    store.release_lease(&ws, &new).await.unwrap();
+}
+
+pub async fn broken_lease_fences_its_holder(store: &dyn StateStore) {
+    let ws = fresh_workspace("break");
+    let lease = store
+        .acquire_lease(&ws, &lease_request("stuck", Duration::from_secs(300)))
+        .await
+        .unwrap();
+    let broken = store
+        .break_lease(&ws)
+        .await
+        .unwrap()
+        .expect("a lease was held");
+    assert_eq!(broken.owner, "stuck");
+    let err = store
+        .put(&ws, state("b", 1), PutMode::Create, Some(&lease.fence()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::LeaseLost { .. }),
+        "broken holder writes: {err}"
+    );
+    assert!(
+        store.current(&ws).await.unwrap().is_none(),
+        "nothing was written"
+    );
+    assert!(store.break_lease(&ws).await.unwrap().is_none());
+}
+
+pub async fn delete_keeps_history(store: &dyn StateStore) {
+    let ws = fresh_workspace("delete");
+    store
+        .put(&ws, state("d", 1), PutMode::Create, None)
+        .await
+        .unwrap();
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store.delete_current(&ws, &token, None).await.unwrap();
+    assert!(store.current(&ws).await.unwrap().is_none());
+    assert_eq!(
+        store.versions(&ws).await.unwrap().len(),
+        1,
+        "history survives a delete"
+    );
+    let v = store
+        .put(&ws, state("d2", 1), PutMode::Create, None)
+        .await
+        .unwrap();
+    assert!(v.number > 1, "numbers keep growing after a delete");
+}
+
+pub async fn restore_rolls_forward(store: &dyn StateStore) {
+    let ws = fresh_workspace("restore");
+    let mut mode = PutMode::Create;
+    for serial in [1, 2, 3] {
+        let mut data: serde_json::Value =
+            serde_json::from_slice(&empty_state("r", serial)).unwrap();
+        data["outputs"] = serde_json::json!({ "marker": { "value": serial, "type": "number" } });
+        let data = Bytes::from(serde_json::to_vec(&data).unwrap());
+        store
+            .put(&ws, NewState::parse(data).unwrap(), mode, None)
+            .await
+            .unwrap();
+        mode = PutMode::Update(store.current(&ws).await.unwrap().unwrap().token);
+    }
+    let restored = store.restore(&ws, 1, None).await.unwrap();
+    assert_eq!(restored.number, 4, "a restore is a new version");
+    assert_eq!(
+        restored.serial, 4,
+        "the serial moves forward past the current one"
+    );
+    let current = store.current(&ws).await.unwrap().unwrap();
+    let value: serde_json::Value = serde_json::from_slice(&current.data).unwrap();
+    assert_eq!(
+        value["outputs"]["marker"]["value"], 1,
+        "the old content is back"
+    );
+    assert_eq!(
+        store.versions(&ws).await.unwrap().len(),
+        4,
+        "history untouched"
+    );
+
+    let other = fresh_workspace("restore-other");
+    store
+        .put(&other, state("x", 9), PutMode::Create, None)
+        .await
+        .unwrap();
+    let err = store.restore(&other, 5, None).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+}
+
+pub async fn snapshot_copies_only_changes(store: &dyn StateStore) {
+    let ws = fresh_workspace("snapshot");
+    assert!(
+        store
+            .snapshot(&ws, "2026-11-21T10")
+            .await
+            .unwrap()
+            .is_none(),
+        "no state, no backup"
+    );
+    store
+        .put(&ws, state("s", 1), PutMode::Create, None)
+        .await
+        .unwrap();
+    let first = store
+        .snapshot(&ws, "2026-11-21T11")
+        .await
+        .unwrap()
+        .expect("changed");
+    assert_eq!(first.version, 1);
+    assert!(
+        store
+            .snapshot(&ws, "2026-11-21T12")
+            .await
+            .unwrap()
+            .is_none(),
+        "unchanged"
+    );
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store
+        .put(&ws, state("s", 2), PutMode::Update(token), None)
+        .await
+        .unwrap();
+    let second = store
+        .snapshot(&ws, "2026-11-21T13")
+        .await
+        .unwrap()
+        .expect("changed");
+    assert_eq!(second.version, 2);
+    let labels: Vec<String> = store
+        .backups(&ws)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.label)
+        .collect();
+    assert_eq!(labels, vec!["2026-11-21T11", "2026-11-21T13"]);
+}
+
+pub async fn artifacts_round_trip(store: &dyn StateStore) {
+    let ws = fresh_workspace("artifacts");
+    assert!(
+        store
+            .artifact(&ws, "job-1", "result.json")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    store
+        .put_artifact(&ws, "job-1", "result.json", Bytes::from_static(b"{}"))
+        .await
+        .unwrap();
+    store
+        .put_artifact(
+            &ws,
+            "job-1",
+            "log/000001.ndjson",
+            Bytes::from_static(b"a\n"),
+        )
+        .await
+        .unwrap();
+    store
+        .put_artifact(
+            &ws,
+            "job-1",
+            "result.json",
+            Bytes::from_static(b"{\"v\":2}"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .artifact(&ws, "job-1", "result.json")
+            .await
+            .unwrap()
+            .unwrap(),
+        Bytes::from_static(b"{\"v\":2}")
+    );
+    assert_eq!(
+        store.artifacts(&ws, "job-1").await.unwrap(),
+        vec!["log/000001.ndjson".to_owned(), "result.json".to_owned()]
+    );
+    assert!(store.artifacts(&ws, "job-2").await.unwrap().is_empty());
+    for bad in ["../escape", "", "a//b", "./x"] {
+        let err = store
+            .put_artifact(&ws, "job-1", bad, Bytes::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::InvalidKey(_)), "{bad:?}: {err}");
+    }
+}

@@ -1,0 +1,604 @@
+//! The local folder store, Terrace's embedded default.
+//!
+//! Layout under the root, per workspace `<tenant>/<workspace>/`:
+//! - `versions/<number>.tfstate`: every accepted state, immutable; the highest number is the
+//!   current state. A `<number>.deleted` marker records a deletion of the current state.
+//!   `versions/<number>.json` beside it caches the version's facts.
+//! - `terraform.tfstate`: a copy of the current state, for people and tools.
+//! - `lease.json`: the lease record; `backups/<label>.tfstate`; `runs/<job-id>/…`.
+//! - `.lock`: an advisory file lock (`flock`) serialising writers across processes.
+//!
+//! Every file is written to a temporary name in the same folder, fsynced, renamed into place
+//! and its folder fsynced, so a crash leaves either the old file or the new one, never a torn
+//! one. The rename of the version file is the commit point of a write.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use time::OffsetDateTime;
+
+use crate::lease::LeaseRecord;
+use crate::{
+    BackupInfo, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result, StateStore,
+    StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex, tfstate,
+};
+
+/// A [`StateStore`] in a local folder.
+#[derive(Debug, Clone)]
+pub struct FsStore {
+    root: PathBuf,
+}
+
+impl FsStore {
+    /// A store rooted at `root`, created on first write.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The folder of a workspace.
+    pub fn workspace_dir(&self, ws: &WorkspaceId) -> PathBuf {
+        self.root.join(ws.tenant()).join(ws.workspace())
+    }
+
+    /// Runs `f` on a blocking thread with the workspace's folder.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        ws: &WorkspaceId,
+        f: impl FnOnce(&Dir) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let dir = Dir {
+            path: self.workspace_dir(ws),
+            ws: ws.clone(),
+        };
+        tokio::task::spawn_blocking(move || f(&dir))
+            .await
+            .map_err(|e| StoreError::Backend {
+                backend: "fs",
+                message: format!("blocking task failed: {e}"),
+                retryable: false,
+                source: None,
+            })?
+    }
+}
+
+/// One workspace's folder, with the operations on it.
+struct Dir {
+    path: PathBuf,
+    ws: WorkspaceId,
+}
+
+/// The exclusive file lock of a workspace, held while it lives.
+struct Locked(File);
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `data` to `path` atomically: temp file, fsync, rename, fsync of the folder.
+pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let parent = path.parent().expect("paths in the store have a parent");
+    fs::create_dir_all(parent).map_err(io_err("create folder", parent))?;
+    let tmp = parent.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut file = File::create(&tmp).map_err(io_err("create", &tmp))?;
+        file.write_all(data).map_err(io_err("write", &tmp))?;
+        file.sync_all().map_err(io_err("fsync", &tmp))?;
+        fs::rename(&tmp, path).map_err(io_err("rename into place", path))?;
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync folder", parent))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(data) => Ok(Some(data)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err("read", path)(e)),
+    }
+}
+
+fn list_names(dir: &Path) -> Result<Vec<String>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| {
+                e.map(|e| e.file_name().to_string_lossy().into_owned())
+                    .map_err(io_err("list", dir))
+            })
+            .collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(io_err("list", dir)(e)),
+    }
+}
+
+/// What the last entry of the version folder is.
+enum Head {
+    Empty,
+    State(u64),
+    Deleted(u64),
+}
+
+impl Head {
+    fn number(&self) -> u64 {
+        match self {
+            Head::Empty => 0,
+            Head::State(n) | Head::Deleted(n) => *n,
+        }
+    }
+
+    fn token(&self) -> Option<VersionToken> {
+        match self {
+            Head::State(n) => Some(VersionToken(n.to_string())),
+            _ => None,
+        }
+    }
+}
+
+impl Dir {
+    fn versions_dir(&self) -> PathBuf {
+        self.path.join("versions")
+    }
+
+    fn version_path(&self, number: u64, ext: &str) -> PathBuf {
+        self.versions_dir().join(format!("{number:010}.{ext}"))
+    }
+
+    fn lock(&self) -> Result<Locked> {
+        fs::create_dir_all(&self.path).map_err(io_err("create folder", &self.path))?;
+        let path = self.path.join(".lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        file.lock().map_err(io_err("lock", &path))?;
+        Ok(Locked(file))
+    }
+
+    /// Numbers of committed entries, ascending, with whether each is a deletion marker.
+    fn entries(&self) -> Result<Vec<(u64, bool)>> {
+        let mut out: Vec<(u64, bool)> = list_names(&self.versions_dir())?
+            .iter()
+            .filter_map(|name| {
+                let (stem, ext) = name.split_once('.')?;
+                let deleted = match ext {
+                    "tfstate" => false,
+                    "deleted" => true,
+                    _ => return None,
+                };
+                Some((stem.parse().ok()?, deleted))
+            })
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    fn head(&self) -> Result<Head> {
+        Ok(match self.entries()?.last() {
+            None => Head::Empty,
+            Some(&(n, false)) => Head::State(n),
+            Some(&(n, true)) => Head::Deleted(n),
+        })
+    }
+
+    fn read_version(&self, number: u64) -> Result<Bytes> {
+        let path = self.version_path(number, "tfstate");
+        read_optional(&path)?
+            .map(Bytes::from)
+            .ok_or_else(|| StoreError::NotFound {
+                workspace: self.ws.clone(),
+                what: format!("state version {number}"),
+            })
+    }
+
+    fn version_info(&self, number: u64) -> Result<VersionInfo> {
+        let meta_path = self.version_path(number, "json");
+        if let Some(raw) = read_optional(&meta_path)?
+            && let Ok(info) = serde_json::from_slice::<VersionInfo>(&raw)
+        {
+            return Ok(info);
+        }
+        // The cache is missing (a crash between the two renames): derive it from the content.
+        let data = self.read_version(number)?;
+        let meta = tfstate::StateMeta::parse(&data).map_err(|detail| StoreError::Corrupt {
+            path: self.version_path(number, "tfstate").display().to_string(),
+            detail,
+        })?;
+        let path = self.version_path(number, "tfstate");
+        let modified = fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .map_err(io_err("stat", &path))?;
+        Ok(VersionInfo {
+            number,
+            serial: meta.serial,
+            lineage: meta.lineage,
+            created_at: modified.into(),
+            size: data.len() as u64,
+            sha256: sha256_hex(&data),
+        })
+    }
+
+    fn lease_record(&self) -> Result<LeaseRecord> {
+        let path = self.path.join("lease.json");
+        match read_optional(&path)? {
+            None => Ok(LeaseRecord::default()),
+            Some(raw) => serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
+                path: path.display().to_string(),
+                detail: e.to_string(),
+            }),
+        }
+    }
+
+    fn save_lease_record(&self, record: &LeaseRecord) -> Result<()> {
+        let data = serde_json::to_vec_pretty(record).expect("lease records serialize");
+        write_atomic(&self.path.join("lease.json"), &data)
+    }
+
+    /// Checks the write preconditions under the lock; returns the current head.
+    fn check_write(&self, mode: &PutMode, fence: Option<&Fence>) -> Result<Head> {
+        if let Some(fence) = fence {
+            self.lease_record()?
+                .check(fence, OffsetDateTime::now_utc())
+                .map_err(|reason| StoreError::LeaseLost {
+                    workspace: self.ws.clone(),
+                    owner: fence.owner.clone(),
+                    fence: fence.token,
+                    reason,
+                })?;
+        }
+        let head = self.head()?;
+        let current = head.token();
+        let ok = match mode {
+            PutMode::Create => current.is_none(),
+            PutMode::Update(expected) => current.as_ref() == Some(expected),
+        };
+        if !ok {
+            let found = current.map_or_else(|| "no state".to_owned(), |t| format!("version {t}"));
+            let wanted = match mode {
+                PutMode::Create => "no state".to_owned(),
+                PutMode::Update(t) => format!("version {t}"),
+            };
+            return Err(StoreError::Conflict {
+                workspace: self.ws.clone(),
+                detail: format!("expected {wanted}, found {found}"),
+            });
+        }
+        Ok(head)
+    }
+
+    fn artifact_path(&self, job_id: &str, name: &str) -> Result<PathBuf> {
+        crate::check_artifact_name(job_id, name)?;
+        Ok(self.path.join("runs").join(job_id).join(name))
+    }
+}
+
+fn lease_lost(ws: &WorkspaceId, lease: &Lease, reason: String) -> StoreError {
+    StoreError::LeaseLost {
+        workspace: ws.clone(),
+        owner: lease.owner.clone(),
+        fence: lease.fence,
+        reason,
+    }
+}
+
+#[async_trait]
+impl StateStore for FsStore {
+    fn kind(&self) -> &'static str {
+        "fs"
+    }
+
+    async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>> {
+        self.blocking(ws, |dir| {
+            let Head::State(number) = dir.head()? else {
+                return Ok(None);
+            };
+            Ok(Some(CurrentState {
+                token: VersionToken(number.to_string()),
+                data: dir.read_version(number)?,
+                version: dir.version_info(number)?,
+            }))
+        })
+        .await
+    }
+
+    async fn put(
+        &self,
+        ws: &WorkspaceId,
+        state: NewState,
+        mode: PutMode,
+        fence: Option<&Fence>,
+    ) -> Result<VersionInfo> {
+        let fence = fence.cloned();
+        self.blocking(ws, move |dir| {
+            let _lock = dir.lock()?;
+            let head = dir.check_write(&mode, fence.as_ref())?;
+            let number = head.number() + 1;
+            let info = VersionInfo {
+                number,
+                serial: state.serial,
+                lineage: state.lineage,
+                created_at: OffsetDateTime::now_utc(),
+                size: state.data.len() as u64,
+                sha256: sha256_hex(&state.data),
+            };
+            let meta = serde_json::to_vec_pretty(&info).expect("version info serializes");
+            write_atomic(&dir.version_path(number, "json"), &meta)?;
+            write_atomic(&dir.version_path(number, "tfstate"), &state.data)?;
+            // The version is committed; the plain copy is a convenience and may lag on a crash.
+            write_atomic(&dir.path.join("terraform.tfstate"), &state.data)?;
+            Ok(info)
+        })
+        .await
+    }
+
+    async fn delete_current(
+        &self,
+        ws: &WorkspaceId,
+        expected: &VersionToken,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
+        let (expected, fence) = (expected.clone(), fence.cloned());
+        self.blocking(ws, move |dir| {
+            let _lock = dir.lock()?;
+            let head = dir.check_write(&PutMode::Update(expected), fence.as_ref())?;
+            write_atomic(&dir.version_path(head.number() + 1, "deleted"), b"")?;
+            match fs::remove_file(dir.path.join("terraform.tfstate")) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    Err(io_err("remove", &dir.path.join("terraform.tfstate"))(e))
+                }
+                _ => Ok(()),
+            }
+        })
+        .await
+    }
+
+    async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>> {
+        self.blocking(ws, |dir| {
+            dir.entries()?
+                .into_iter()
+                .filter(|(_, deleted)| !deleted)
+                .map(|(n, _)| dir.version_info(n))
+                .collect()
+        })
+        .await
+    }
+
+    async fn version(&self, ws: &WorkspaceId, number: u64) -> Result<Bytes> {
+        self.blocking(ws, move |dir| dir.read_version(number)).await
+    }
+
+    async fn acquire_lease(&self, ws: &WorkspaceId, request: &LeaseRequest) -> Result<Lease> {
+        let request = request.clone();
+        self.blocking(ws, move |dir| {
+            let _lock = dir.lock()?;
+            let mut record = dir.lease_record()?;
+            let lease = record
+                .acquire(&request, OffsetDateTime::now_utc())
+                .map_err(|holder| StoreError::LeaseHeld {
+                    workspace: dir.ws.clone(),
+                    holder: Box::new(holder),
+                })?;
+            dir.save_lease_record(&record)?;
+            Ok(lease)
+        })
+        .await
+    }
+
+    async fn renew_lease(&self, ws: &WorkspaceId, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let lease = lease.clone();
+        self.blocking(ws, move |dir| {
+            let _lock = dir.lock()?;
+            let mut record = dir.lease_record()?;
+            let renewed = record
+                .renew(&lease, ttl, OffsetDateTime::now_utc())
+                .map_err(|reason| lease_lost(&dir.ws, &lease, reason))?;
+            dir.save_lease_record(&record)?;
+            Ok(renewed)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()> {
+        let lease = lease.clone();
+        self.blocking(ws, move |dir| {
+            let _lock = dir.lock()?;
+            let mut record = dir.lease_record()?;
+            if record.release(&lease) {
+                dir.save_lease_record(&record)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
+        self.blocking(ws, |dir| {
+            let _lock = dir.lock()?;
+            let mut record = dir.lease_record()?;
+            let broken = record.break_lease();
+            if broken.is_some() {
+                dir.save_lease_record(&record)?;
+            }
+            Ok(broken)
+        })
+        .await
+    }
+
+    async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
+        self.blocking(ws, |dir| Ok(dir.lease_record()?.held)).await
+    }
+
+    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>> {
+        crate::check_artifact_name("backups", label)?;
+        let label = label.to_owned();
+        self.blocking(ws, move |dir| {
+            let _lock = dir.lock()?;
+            let Head::State(number) = dir.head()? else {
+                return Ok(None);
+            };
+            let info = dir.version_info(number)?;
+            let index_path = dir.path.join("backups").join("index.json");
+            let mut index: Vec<BackupInfo> = match read_optional(&index_path)? {
+                Some(raw) => serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
+                    path: index_path.display().to_string(),
+                    detail: e.to_string(),
+                })?,
+                None => Vec::new(),
+            };
+            if index.last().is_some_and(|b| b.sha256 == info.sha256) {
+                return Ok(None);
+            }
+            let data = dir.read_version(number)?;
+            write_atomic(
+                &dir.path.join("backups").join(format!("{label}.tfstate")),
+                &data,
+            )?;
+            let backup = BackupInfo {
+                label: label.clone(),
+                version: number,
+                sha256: info.sha256,
+            };
+            index.retain(|b| b.label != label);
+            index.push(backup.clone());
+            write_atomic(
+                &index_path,
+                &serde_json::to_vec_pretty(&index).expect("backup index serializes"),
+            )?;
+            Ok(Some(backup))
+        })
+        .await
+    }
+
+    async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
+        self.blocking(ws, |dir| {
+            let path = dir.path.join("backups").join("index.json");
+            match read_optional(&path)? {
+                Some(raw) => serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
+                    path: path.display().to_string(),
+                    detail: e.to_string(),
+                }),
+                None => Ok(Vec::new()),
+            }
+        })
+        .await
+    }
+
+    async fn put_artifact(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        name: &str,
+        data: Bytes,
+    ) -> Result<()> {
+        let (job_id, name) = (job_id.to_owned(), name.to_owned());
+        self.blocking(ws, move |dir| {
+            write_atomic(&dir.artifact_path(&job_id, &name)?, &data)
+        })
+        .await
+    }
+
+    async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>> {
+        let (job_id, name) = (job_id.to_owned(), name.to_owned());
+        self.blocking(ws, move |dir| {
+            Ok(read_optional(&dir.artifact_path(&job_id, &name)?)?.map(Bytes::from))
+        })
+        .await
+    }
+
+    async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
+        crate::check_artifact_name(job_id, "x")?;
+        let job_id = job_id.to_owned();
+        self.blocking(ws, move |dir| {
+            let run = dir.path.join("runs").join(&job_id);
+            let mut out = Vec::new();
+            let mut stack = vec![(run, String::new())];
+            while let Some((path, prefix)) = stack.pop() {
+                for name in list_names(&path)? {
+                    if name.starts_with(".tmp-") {
+                        continue;
+                    }
+                    let child = path.join(&name);
+                    let rel = format!("{prefix}{name}");
+                    if child.is_dir() {
+                        stack.push((child, format!("{rel}/")));
+                    } else {
+                        out.push(rel);
+                    }
+                }
+            }
+            out.sort();
+            Ok(out)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn passes_the_conformance_suite() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::conformance::run_all(Arc::new(FsStore::new(dir.path()))).await;
+    }
+
+    #[tokio::test]
+    async fn a_version_written_without_its_cached_facts_is_still_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let ws = WorkspaceId::new("t", "w").unwrap();
+        let state = NewState::parse(tfstate::empty_state("lin", 3)).unwrap();
+        store.put(&ws, state, PutMode::Create, None).await.unwrap();
+        fs::remove_file(store.workspace_dir(&ws).join("versions/0000000001.json")).unwrap();
+        let versions = store.versions(&ws).await.unwrap();
+        assert_eq!((versions[0].number, versions[0].serial), (1, 3));
+        assert_eq!(versions[0].lineage, "lin");
+    }
+
+    #[tokio::test]
+    async fn leftover_temporary_files_of_a_crashed_writer_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let ws = WorkspaceId::new("t", "w").unwrap();
+        let versions = store.workspace_dir(&ws).join("versions");
+        fs::create_dir_all(&versions).unwrap();
+        fs::write(versions.join(".tmp-1-1"), b"{torn").unwrap();
+        assert!(store.current(&ws).await.unwrap().is_none());
+        let state = NewState::parse(tfstate::empty_state("lin", 1)).unwrap();
+        let info = store.put(&ws, state, PutMode::Create, None).await.unwrap();
+        assert_eq!(info.number, 1);
+    }
+}

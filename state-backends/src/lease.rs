@@ -1,0 +1,139 @@
+//! The lease rules every backend applies under its own atomic primitive: who may take, renew,
+//! release or break a workspace's lease, and whether a fence is still good.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::{Fence, Lease, LeaseRequest};
+
+/// What a backend records about a workspace's lease: the holder, and the last fencing token
+/// handed out (kept after release so tokens only grow).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub last_fence: u64,
+    pub held: Option<Lease>,
+}
+
+pub(crate) fn plus(now: OffsetDateTime, ttl: Duration) -> OffsetDateTime {
+    now + time::Duration::try_from(ttl).unwrap_or(time::Duration::MAX)
+}
+
+impl LeaseRecord {
+    /// Takes the lease for `request` when it is free or expired; else returns the live holder.
+    pub fn acquire(&mut self, request: &LeaseRequest, now: OffsetDateTime) -> Result<Lease, Lease> {
+        if let Some(holder) = &self.held
+            && !holder.is_expired_at(now)
+        {
+            return Err(holder.clone());
+        }
+        self.last_fence += 1;
+        let lease = Lease {
+            owner: request.owner.clone(),
+            fence: self.last_fence,
+            acquired_at: now,
+            expires_at: plus(now, request.ttl),
+            info: request.info.clone(),
+        };
+        self.held = Some(lease.clone());
+        Ok(lease)
+    }
+
+    /// Checks that `fence` is the live lease at `now`; the error says why not.
+    pub fn check(&self, fence: &Fence, now: OffsetDateTime) -> Result<&Lease, String> {
+        let Some(held) = &self.held else {
+            return Err(if fence.token <= self.last_fence {
+                "the lease was released or broken".to_owned()
+            } else {
+                "no lease is held".to_owned()
+            });
+        };
+        if held.fence != fence.token || held.owner != fence.owner {
+            return Err(format!(
+                "the lease is now held by {} with fence {}",
+                held.owner, held.fence
+            ));
+        }
+        if held.is_expired_at(now) {
+            return Err(format!("the lease expired at {}", held.expires_at));
+        }
+        Ok(held)
+    }
+
+    /// Extends the live lease `lease` by `ttl` from `now`.
+    pub fn renew(
+        &mut self,
+        lease: &Lease,
+        ttl: Duration,
+        now: OffsetDateTime,
+    ) -> Result<Lease, String> {
+        self.check(&lease.fence(), now)?;
+        let held = self.held.as_mut().expect("checked above");
+        held.expires_at = plus(now, ttl);
+        Ok(held.clone())
+    }
+
+    /// Gives back `lease` if it is still the recorded one (live or expired). Returns whether
+    /// anything changed.
+    pub fn release(&mut self, lease: &Lease) -> bool {
+        match &self.held {
+            Some(held) if held.fence == lease.fence && held.owner == lease.owner => {
+                self.held = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes whatever lease is held.
+    pub fn break_lease(&mut self) -> Option<Lease> {
+        self.held.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(owner: &str, secs: u64) -> LeaseRequest {
+        LeaseRequest {
+            owner: owner.into(),
+            ttl: Duration::from_secs(secs),
+            info: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn fence_grows_and_expired_leases_are_taken_over() {
+        let t0 = OffsetDateTime::UNIX_EPOCH;
+        let mut rec = LeaseRecord::default();
+        let a = rec.acquire(&req("a", 10), t0).unwrap();
+        assert_eq!(a.fence, 1);
+        assert_eq!(rec.acquire(&req("b", 10), t0).unwrap_err().owner, "a");
+        let later = t0 + time::Duration::seconds(11);
+        assert!(
+            rec.check(&a.fence(), later)
+                .unwrap_err()
+                .contains("expired")
+        );
+        let b = rec.acquire(&req("b", 10), later).unwrap();
+        assert_eq!(b.fence, 2);
+        assert!(
+            rec.check(&a.fence(), later)
+                .unwrap_err()
+                .contains("held by b")
+        );
+        assert!(
+            !rec.release(&a),
+            "a stale holder must not release the new lease"
+        );
+        assert!(rec.release(&b));
+        assert!(
+            rec.check(&b.fence(), later)
+                .unwrap_err()
+                .contains("released")
+        );
+        assert_eq!(rec.acquire(&req("c", 1), later).unwrap().fence, 3);
+    }
+}

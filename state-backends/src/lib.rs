@@ -1,0 +1,337 @@
+//! One small trait, [`StateStore`], for everything Terrace keeps in a customer's bucket: the
+//! current Terraform state of a workspace with its history of versions, the workspace's lease
+//! (the lock that recovers by itself), backups, and the artifacts of each run (logs, results).
+//!
+//! Every backend gives the same guarantees, checked by the shared [`conformance`] suite:
+//! - a write is a compare-and-swap on the version the writer last read ([`PutMode`]), so two
+//!   writers can never both succeed from the same base;
+//! - a write carrying a [`Fence`] is refused once the lease it names has expired, been broken or
+//!   been taken over by a newer holder;
+//! - every accepted write is a new, immutable, listable version; nothing is ever overwritten;
+//! - a lease has an owner, an expiry and a fencing token that grows with every acquisition.
+//!
+//! The trait knows bytes and keys; what a valid Terraform state is lives in [`tfstate`].
+
+pub mod lease;
+pub mod memory;
+pub mod tfstate;
+
+#[cfg(feature = "fs")]
+pub mod fs;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+mod error;
+mod workspace;
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+pub use error::{Result, StoreError};
+pub use workspace::{InvalidName, NAME_RULE, WorkspaceId, check_name};
+
+/// An opaque token naming one version of a workspace's current state, for compare-and-swap.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VersionToken(pub String);
+
+impl fmt::Display for VersionToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a state write relates to what the writer last read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PutMode {
+    /// The workspace must have no current state.
+    Create,
+    /// The current state must still be the version the writer read.
+    Update(VersionToken),
+}
+
+/// Proof that a writer holds the workspace's lease: its owner and fencing token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    pub owner: String,
+    pub token: u64,
+}
+
+/// The current state of a workspace and the token to update it.
+#[derive(Clone, Debug)]
+pub struct CurrentState {
+    pub token: VersionToken,
+    pub data: Bytes,
+    pub version: VersionInfo,
+}
+
+/// What a store records about one accepted state version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// The version's number in this workspace: 1, 2, 3, … in the order they were accepted.
+    pub number: u64,
+    /// Terraform's serial of the state in this version.
+    pub serial: u64,
+    /// Terraform's lineage of the state in this version.
+    pub lineage: String,
+    /// When the store accepted the version.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Size in bytes.
+    pub size: u64,
+    /// Hex SHA-256 of the content.
+    pub sha256: String,
+}
+
+/// What a new state version is: its content and the facts a store records with it.
+#[derive(Clone, Debug)]
+pub struct NewState {
+    pub data: Bytes,
+    pub serial: u64,
+    pub lineage: String,
+}
+
+impl NewState {
+    /// Parses `data` as a Terraform state to learn its serial and lineage.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidState`] when `data` is not a Terraform state of format version 4.
+    pub fn parse(data: Bytes) -> Result<Self> {
+        let meta = tfstate::StateMeta::parse(&data).map_err(StoreError::InvalidState)?;
+        Ok(Self {
+            data,
+            serial: meta.serial,
+            lineage: meta.lineage,
+        })
+    }
+}
+
+/// A request to lease a workspace.
+#[derive(Clone, Debug)]
+pub struct LeaseRequest {
+    /// Who asks: the job id.
+    pub owner: String,
+    /// How long the lease lasts unless renewed.
+    pub ttl: Duration,
+    /// Free-form facts shown to whoever finds the lease held (operation, host, who).
+    pub info: serde_json::Value,
+}
+
+/// A lease on a workspace, as recorded by the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub owner: String,
+    /// Grows with every acquisition of this workspace's lease, by anyone.
+    pub fence: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub acquired_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    pub info: serde_json::Value,
+}
+
+impl Lease {
+    /// The fence a writer holding this lease presents.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            owner: self.owner.clone(),
+            token: self.fence,
+        }
+    }
+
+    /// Whether the lease has run out at `now`.
+    pub fn is_expired_at(&self, now: OffsetDateTime) -> bool {
+        now >= self.expires_at
+    }
+}
+
+/// A backup copy of a workspace's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupInfo {
+    /// The backup's label, e.g. the UTC hour `2026-11-21T23`.
+    pub label: String,
+    /// The state version the backup copies.
+    pub version: u64,
+    pub sha256: String,
+}
+
+/// The store of Terraform state for many workspaces, in one bucket or folder.
+///
+/// Implementations must pass [`conformance::run_all`].
+#[async_trait]
+pub trait StateStore: fmt::Debug + Send + Sync + 'static {
+    /// A short name of the backend for logs: `fs`, `memory`, `s3`, …
+    fn kind(&self) -> &'static str;
+
+    /// Reads the current state, or `None` when the workspace has none (new, or deleted).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>>;
+
+    /// Accepts `state` as the workspace's new current state and records it as a new version.
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when `mode` does not hold; [`StoreError::LeaseLost`] when `fence`
+    /// is given and is no longer the live lease. Nothing is written in either case.
+    async fn put(
+        &self,
+        ws: &WorkspaceId,
+        state: NewState,
+        mode: PutMode,
+        fence: Option<&Fence>,
+    ) -> Result<VersionInfo>;
+
+    /// Removes the current state (history is kept): the workspace then reads as empty.
+    ///
+    /// # Errors
+    /// As for [`StateStore::put`].
+    async fn delete_current(
+        &self,
+        ws: &WorkspaceId,
+        expected: &VersionToken,
+        fence: Option<&Fence>,
+    ) -> Result<()>;
+
+    /// Lists every accepted version, oldest first.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>>;
+
+    /// Reads one version's content.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when there is no such version.
+    async fn version(&self, ws: &WorkspaceId, number: u64) -> Result<Bytes>;
+
+    /// Takes the workspace's lease if it is free or expired.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseHeld`] naming the holder when someone else holds a live lease.
+    async fn acquire_lease(&self, ws: &WorkspaceId, request: &LeaseRequest) -> Result<Lease>;
+
+    /// Extends a live lease held by `lease.owner` with `lease.fence` by `ttl` from now.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the lease expired, was broken or was taken over.
+    async fn renew_lease(&self, ws: &WorkspaceId, lease: &Lease, ttl: Duration) -> Result<Lease>;
+
+    /// Gives the lease back. Releasing a lease that is already gone is not an error.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()>;
+
+    /// Breaks whatever lease is held, live or not, and returns it. For operators only: the
+    /// broken holder's writes are refused from then on.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>>;
+
+    /// The lease as recorded (live, expired, or none).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>>;
+
+    /// Copies the current state to the backup `label` unless the latest backup already holds the
+    /// same version. Returns the new backup, or `None` when nothing changed.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>>;
+
+    /// Lists backups, oldest first.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>>;
+
+    /// Writes a run artifact, `runs/<job_id>/<name>`, replacing any previous one.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn put_artifact(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        name: &str,
+        data: Bytes,
+    ) -> Result<()>;
+
+    /// Reads a run artifact, or `None` when absent.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>>;
+
+    /// Lists the names of a run's artifacts (relative to the run), sorted.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>>;
+
+    /// Rolls the workspace forward to the content of an old version: the old state, with its
+    /// serial raised above the current one, becomes a new version. History is untouched.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown version; [`StoreError::InvalidState`] when the
+    /// old version belongs to another lineage than the current state; conflicts as for `put`.
+    async fn restore(
+        &self,
+        ws: &WorkspaceId,
+        number: u64,
+        fence: Option<&Fence>,
+    ) -> Result<VersionInfo> {
+        let old = self.version(ws, number).await?;
+        let current = self.current(ws).await?;
+        let (mode, next_serial) = match &current {
+            Some(cur) => {
+                let lineage = tfstate::StateMeta::parse(&old)
+                    .map_err(StoreError::InvalidState)?
+                    .lineage;
+                if lineage != cur.version.lineage {
+                    return Err(StoreError::InvalidState(format!(
+                        "version {number} has lineage {lineage}, the current state has {}; \
+                         restoring it would replace the workspace with another one",
+                        cur.version.lineage
+                    )));
+                }
+                (PutMode::Update(cur.token.clone()), cur.version.serial + 1)
+            }
+            None => (PutMode::Create, 0),
+        };
+        let data =
+            tfstate::with_serial_at_least(&old, next_serial).map_err(StoreError::InvalidState)?;
+        self.put(ws, NewState::parse(data)?, mode, fence).await
+    }
+}
+
+/// Hex SHA-256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(data);
+    let mut out = String::with_capacity(64);
+    for byte in digest {
+        use fmt::Write;
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
+/// Checks an artifact name: relative, `/`-separated, no empty, `.` or `..` parts.
+pub(crate) fn check_artifact_name(job_id: &str, name: &str) -> Result<()> {
+    let bad = |part: &str| part.is_empty() || part == "." || part == ".." || part.contains('\\');
+    if bad(job_id) || job_id.contains('/') || name.split('/').any(bad) {
+        return Err(StoreError::InvalidKey(format!("runs/{job_id}/{name}")));
+    }
+    Ok(())
+}

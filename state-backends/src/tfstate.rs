@@ -1,0 +1,196 @@
+//! Just enough of Terraform's state format (version 4) to guard it: every write is parsed, must
+//! keep the workspace's lineage and must not move its serial backwards.
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+/// The facts of a state that decide whether a write may replace another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateMeta {
+    pub serial: u64,
+    pub lineage: String,
+    pub terraform_version: String,
+}
+
+#[derive(Deserialize)]
+struct Header {
+    version: Option<serde_json::Value>,
+    serial: Option<serde_json::Value>,
+    lineage: Option<serde_json::Value>,
+    terraform_version: Option<String>,
+}
+
+impl StateMeta {
+    /// Parses the header of a Terraform state.
+    ///
+    /// # Errors
+    /// A message naming the field when the data is not a JSON object, its `version` is not 4,
+    /// its `serial` is not a non-negative integer or its `lineage` is missing or empty.
+    pub fn parse(data: &[u8]) -> Result<Self, String> {
+        let header: Header =
+            serde_json::from_slice(data).map_err(|e| format!("state is not a JSON object: {e}"))?;
+        match header.version.as_ref().and_then(serde_json::Value::as_u64) {
+            Some(4) => {}
+            Some(other) => {
+                return Err(format!(
+                    "state format version {other} is not supported; only version 4 (Terraform >= 0.12) is"
+                ));
+            }
+            None => return Err("state has no numeric \"version\" field".to_owned()),
+        }
+        let serial = header
+            .serial
+            .as_ref()
+            .and_then(serde_json::Value::as_u64)
+            .ok_or("state has no non-negative integer \"serial\" field")?;
+        let lineage = match header.lineage {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => s,
+            _ => return Err("state has no non-empty \"lineage\" field".to_owned()),
+        };
+        Ok(Self {
+            serial,
+            lineage,
+            terraform_version: header.terraform_version.unwrap_or_default(),
+        })
+    }
+}
+
+/// What to do with a state write, given the current state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteCheck {
+    /// A new version.
+    Accept,
+    /// The same bytes as the current state: nothing to write.
+    Unchanged,
+}
+
+/// Decides whether `new` may replace `current` (`None` when the workspace has no state).
+///
+/// # Errors
+/// A message saying why the write would corrupt the workspace's history: another lineage, a
+/// serial going backwards, or the same serial with other content.
+pub fn check_successor(
+    current: Option<(&StateMeta, &[u8])>,
+    new: &StateMeta,
+    new_data: &[u8],
+) -> Result<WriteCheck, String> {
+    let Some((cur, cur_data)) = current else {
+        return Ok(WriteCheck::Accept);
+    };
+    if cur.lineage != new.lineage {
+        return Err(format!(
+            "lineage {} differs from the workspace's lineage {}: this state belongs to another workspace",
+            new.lineage, cur.lineage
+        ));
+    }
+    if new.serial < cur.serial {
+        return Err(format!(
+            "serial {} is older than the current serial {}: the writer started from a stale state",
+            new.serial, cur.serial
+        ));
+    }
+    if new.serial == cur.serial {
+        if new_data == cur_data {
+            return Ok(WriteCheck::Unchanged);
+        }
+        return Err(format!(
+            "serial {} equals the current serial but the content differs: two writers changed the same version",
+            new.serial
+        ));
+    }
+    Ok(WriteCheck::Accept)
+}
+
+/// Returns `data` with its `serial` raised to at least `min_serial`.
+///
+/// # Errors
+/// When `data` is not a JSON object.
+pub fn with_serial_at_least(data: &[u8], min_serial: u64) -> Result<Bytes, String> {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(data).map_err(|e| format!("state is not JSON: {e}"))?;
+    let obj = value.as_object_mut().ok_or("state is not a JSON object")?;
+    let serial = obj
+        .get("serial")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    obj.insert("serial".into(), serial.max(min_serial).into());
+    let mut out = serde_json::to_vec_pretty(&value).map_err(|e| e.to_string())?;
+    out.push(b'\n');
+    Ok(out.into())
+}
+
+/// A minimal valid empty state, for tests and fixtures.
+pub fn empty_state(lineage: &str, serial: u64) -> Bytes {
+    format!(
+        "{{\"version\":4,\"terraform_version\":\"0.15.0\",\"serial\":{serial},\"lineage\":\"{lineage}\",\"outputs\":{{}},\"resources\":[]}}\n"
+    )
+    .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(serial: u64, lineage: &str) -> StateMeta {
+        StateMeta::parse(&empty_state(lineage, serial)).unwrap()
+    }
+
+    #[test]
+    fn parses_the_header_and_names_the_bad_field() {
+        assert_eq!(meta(7, "l-1").serial, 7);
+        let cases = [
+            (r#"[1]"#, "not a JSON object"),
+            (r#"{"version":3,"serial":1,"lineage":"x"}"#, "version 3"),
+            (r#"{"serial":1,"lineage":"x"}"#, "\"version\""),
+            (r#"{"version":4,"serial":-1,"lineage":"x"}"#, "\"serial\""),
+            (r#"{"version":4,"serial":1,"lineage":""}"#, "\"lineage\""),
+            ("not json", "not a JSON object"),
+        ];
+        for (input, expected) in cases {
+            let err = StateMeta::parse(input.as_bytes()).unwrap_err();
+            assert!(err.contains(expected), "{input}: {err}");
+        }
+    }
+
+    #[test]
+    fn successor_rules() {
+        let cur_data = empty_state("a", 5);
+        let cur = meta(5, "a");
+        let check =
+            |new: &StateMeta, data: &[u8]| check_successor(Some((&cur, &cur_data)), new, data);
+        assert_eq!(
+            check(&meta(6, "a"), &empty_state("a", 6)),
+            Ok(WriteCheck::Accept)
+        );
+        assert_eq!(check(&cur, &cur_data), Ok(WriteCheck::Unchanged));
+        assert!(
+            check(&meta(4, "a"), &empty_state("a", 4))
+                .unwrap_err()
+                .contains("older")
+        );
+        assert!(
+            check(&meta(6, "b"), &empty_state("b", 6))
+                .unwrap_err()
+                .contains("lineage")
+        );
+        let same_serial_other_content = b"{\"version\":4,\"serial\":5,\"lineage\":\"a\",\"x\":1}";
+        assert!(
+            check(&cur, same_serial_other_content)
+                .unwrap_err()
+                .contains("content differs")
+        );
+        assert_eq!(
+            check_successor(None, &meta(0, "z"), b""),
+            Ok(WriteCheck::Accept)
+        );
+    }
+
+    #[test]
+    fn raising_the_serial_keeps_the_rest() {
+        let raised = with_serial_at_least(&empty_state("a", 2), 9).unwrap();
+        let m = StateMeta::parse(&raised).unwrap();
+        assert_eq!((m.serial, m.lineage.as_str()), (9, "a"));
+        let kept = with_serial_at_least(&empty_state("a", 12), 9).unwrap();
+        assert_eq!(StateMeta::parse(&kept).unwrap().serial, 12);
+    }
+}
