@@ -1,0 +1,316 @@
+//! `terrace`: the local runner. Runs jobs on this machine with the state in a local folder
+//! (the `fs` store, `./.terrace` by default): one job (`run`), a folder as a queue (`serve`),
+//! job checks (`validate`) and state operations (`state …`).
+
+mod serve;
+mod state_cmd;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use shared::job::RawJob;
+use shared::result::{JobResult, Status};
+use shared::runner::{RunOutcome, Runner, RunnerConfig};
+use shared::terraform::TerraformConfig;
+use shared::validate::{ValidatedJob, ValidationError, validate};
+use state_backends::fs::FsStore;
+use tokio_util::sync::CancellationToken;
+
+/// Exit codes, after sysexits(3) where one fits.
+pub mod exit {
+    pub const OK: u8 = 0;
+    /// The job ran and failed.
+    pub const FAILED: u8 = 1;
+    /// A drift check found drift.
+    pub const DRIFT: u8 = 2;
+    /// The job file is invalid (EX_DATAERR).
+    pub const INVALID: u8 = 65;
+    /// The runner itself failed (EX_SOFTWARE).
+    pub const INTERNAL: u8 = 70;
+    /// The workspace is busy; try again later (EX_TEMPFAIL).
+    pub const BUSY: u8 = 75;
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "terrace",
+    version,
+    about = "Run Terraform/OpenTofu jobs with state in your own store"
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+/// Settings shared by every command; each has an environment variable.
+#[derive(Args, Debug, Clone)]
+struct Global {
+    /// Folder of the state store.
+    #[arg(long, env = "TERRACE_STORE", default_value = ".terrace", global = true)]
+    store: PathBuf,
+    /// Folder of templates, `<name>/<version>/`.
+    #[arg(
+        long,
+        env = "TERRACE_TEMPLATES",
+        default_value = "templates",
+        global = true
+    )]
+    templates: PathBuf,
+    /// The terraform or tofu binary.
+    #[arg(
+        long,
+        env = "TERRACE_TERRAFORM",
+        default_value = "terraform",
+        global = true
+    )]
+    terraform: PathBuf,
+    /// A terraform CLI configuration file (provider mirrors, credentials helpers).
+    #[arg(long, env = "TERRACE_TF_CLI_CONFIG", global = true)]
+    tf_cli_config: Option<PathBuf>,
+    /// A provider plugin cache shared by jobs.
+    #[arg(long, env = "TERRACE_PLUGIN_CACHE", global = true)]
+    plugin_cache: Option<PathBuf>,
+    /// Names of environment variables terraform may see (its provider credentials), comma-separated.
+    #[arg(long, env = "TERRACE_PASS_ENV", value_delimiter = ',', global = true)]
+    pass_env: Vec<String>,
+    /// Seconds a workspace lease lasts without renewal (a crashed runner's lease frees itself after this).
+    #[arg(long, env = "TERRACE_LEASE_TTL", default_value_t = 60, global = true)]
+    lease_ttl: u64,
+    /// Seconds terraform has to stop after an interrupt before it is killed.
+    #[arg(long, env = "TERRACE_GRACE", default_value_t = 30, global = true)]
+    grace: u64,
+    /// Print only the summary, not the live log.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run one job file (JSON or YAML) with a live log and a final summary.
+    Run {
+        job: PathBuf,
+        /// Seconds to wait for a busy workspace before giving up.
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+    },
+    /// Check a job file without running it.
+    Validate { job: PathBuf },
+    /// Process job files dropped into a folder, moving each to done/ or failed/ with its result.
+    Serve(serve::ServeArgs),
+    /// Inspect and repair a workspace's state.
+    #[command(subcommand)]
+    State(state_cmd::StateCmd),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the runtime starts");
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit::INTERNAL)
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    let g = cli.global;
+    match cli.command {
+        Cmd::Validate { job } => Ok(match load_job(&job, &g.templates)? {
+            Ok(v) => {
+                println!(
+                    "{}: valid ({} {} in {}/{})",
+                    job.display(),
+                    v.job.operation,
+                    v.job.template,
+                    v.job.tenant,
+                    v.job.workspace
+                );
+                exit::OK
+            }
+            Err(errors) => report_invalid(&job, &errors),
+        }),
+        Cmd::Run { job, wait } => {
+            let validated = match load_job(&job, &g.templates)? {
+                Ok(v) => v,
+                Err(errors) => return Ok(report_invalid(&job, &errors)),
+            };
+            let mut config = runner_config(&g);
+            config.lease_wait = Duration::from_secs(wait);
+            let runner = Runner::new(Arc::new(FsStore::new(&g.store)), config);
+            let cancel = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(cancel.clone()));
+            let outcome = runner.run(&validated, cancel).await?;
+            Ok(report_outcome(&outcome))
+        }
+        Cmd::Serve(args) => serve::serve(&g, args).await,
+        Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
+    }
+}
+
+fn runner_config(g: &Global) -> RunnerConfig {
+    RunnerConfig {
+        terraform: TerraformConfig {
+            binary: g.terraform.clone(),
+            plugin_cache: g.plugin_cache.clone(),
+            cli_config: g.tf_cli_config.clone(),
+            pass_env: g
+                .pass_env
+                .iter()
+                .filter(|n| !n.is_empty())
+                .cloned()
+                .collect(),
+            grace: Duration::from_secs(g.grace),
+        },
+        lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
+        console: !g.quiet,
+        ..RunnerConfig::default()
+    }
+}
+
+/// Reads and validates a job file; the outer error is for an unreadable file.
+fn load_job(
+    path: &Path,
+    templates: &Path,
+) -> anyhow::Result<Result<ValidatedJob, Vec<ValidationError>>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read job file {}", path.display()))?;
+    let raw = match RawJob::parse(&text) {
+        Ok(raw) => raw,
+        Err(e) => return Ok(Err(vec![e])),
+    };
+    Ok(validate(&raw, templates))
+}
+
+fn report_invalid(path: &Path, errors: &[ValidationError]) -> u8 {
+    eprintln!(
+        "{}: invalid job, {} problem(s), nothing was run:",
+        path.display(),
+        errors.len()
+    );
+    for e in errors {
+        eprintln!("  - {e}");
+    }
+    exit::INVALID
+}
+
+/// Prints the summary of a run and returns the exit code.
+fn report_outcome(outcome: &RunOutcome) -> u8 {
+    match outcome {
+        RunOutcome::Busy { holder } => {
+            eprintln!(
+                "workspace busy: leased by job {} (fence {}) until {}; try again later or use --wait",
+                holder.owner, holder.fence, holder.expires_at
+            );
+            exit::BUSY
+        }
+        RunOutcome::AlreadyDone(result) => {
+            println!(
+                "job {} already finished ({}); not run again",
+                result.job_id,
+                result.status.as_str()
+            );
+            print_summary(result);
+            exit_code(result)
+        }
+        RunOutcome::Finished(result) => {
+            print_summary(result);
+            exit_code(result)
+        }
+    }
+}
+
+fn exit_code(result: &JobResult) -> u8 {
+    match (result.status, result.drift) {
+        (Status::Succeeded, Some(true)) => exit::DRIFT,
+        (Status::Succeeded, _) => exit::OK,
+        _ => exit::FAILED,
+    }
+}
+
+fn print_summary(r: &JobResult) {
+    println!();
+    println!(
+        "job:        {} ({} {} in {}/{})",
+        r.job_id, r.operation, r.template, r.tenant, r.workspace
+    );
+    println!(
+        "status:     {} in {:.1}s",
+        r.status.as_str(),
+        r.duration_ms as f64 / 1000.0
+    );
+    let steps: Vec<String> = r
+        .steps
+        .iter()
+        .map(|s| format!("{} {}ms", s.step, s.duration_ms))
+        .collect();
+    println!("steps:      {}", steps.join(", "));
+    if let Some(c) = &r.changes {
+        println!(
+            "changes:    {} to add, {} to change, {} to destroy",
+            c.add, c.change, c.destroy
+        );
+    }
+    if let Some(drift) = r.drift {
+        println!(
+            "drift:      {}",
+            if drift {
+                "yes: the infrastructure differs from the template"
+            } else {
+                "none"
+            }
+        );
+    }
+    if !r.state_versions.is_empty() {
+        let v: Vec<String> = r.state_versions.iter().map(u64::to_string).collect();
+        println!("state:      wrote version(s) {}", v.join(", "));
+    }
+    if !r.outputs.is_empty() {
+        println!("outputs:");
+        for (name, out) in &r.outputs {
+            println!("  {name} = {}", out.value);
+        }
+    }
+    if let Some(e) = &r.error {
+        println!(
+            "error:      [{:?}] at step {}: {}",
+            e.category, e.step, e.message
+        );
+        println!("hint:       {}", e.hint);
+        println!("retryable:  {}", e.retryable);
+    }
+}
+
+/// Fires `cancel` on SIGINT or SIGTERM, so terraform is interrupted, not killed.
+async fn cancel_on_signal(cancel: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("interrupt received: stopping terraform gracefully, then releasing the workspace");
+    cancel.cancel();
+}

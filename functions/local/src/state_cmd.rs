@@ -1,0 +1,131 @@
+//! `terrace state …`: list, show and restore a workspace's state versions, and break a lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Subcommand;
+use state_backends::fs::FsStore;
+use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId};
+use time::OffsetDateTime;
+
+use crate::{Global, exit};
+
+#[derive(Subcommand, Debug)]
+pub enum StateCmd {
+    /// List every state version of TENANT/WORKSPACE, oldest first.
+    Versions { workspace: WorkspaceId },
+    /// Print the current state, or one version.
+    Show {
+        workspace: WorkspaceId,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Roll the workspace forward to an old version (copied into a new version; history kept).
+    Restore {
+        workspace: WorkspaceId,
+        #[arg(long)]
+        version: u64,
+    },
+    /// Break the workspace's lease. A live lease is only broken with --force.
+    Unlock {
+        workspace: WorkspaceId,
+        /// Break a lease that has not expired (its runner must be gone: its writes are refused from now on).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
+    let store: Arc<dyn StateStore> = Arc::new(FsStore::new(&g.store));
+    match cmd {
+        StateCmd::Versions { workspace } => {
+            let versions = store.versions(&workspace).await?;
+            if versions.is_empty() {
+                println!("{workspace} has no state versions");
+                return Ok(exit::OK);
+            }
+            let current = store.current(&workspace).await?.map(|c| c.version.number);
+            println!(
+                "{:>7}  {:>6}  {:<36}  {:>8}  {:<25}",
+                "VERSION", "SERIAL", "LINEAGE", "BYTES", "CREATED"
+            );
+            for v in versions {
+                let mark = if Some(v.number) == current {
+                    "  (current)"
+                } else {
+                    ""
+                };
+                println!(
+                    "{:>7}  {:>6}  {:<36}  {:>8}  {:<25}{mark}",
+                    v.number, v.serial, v.lineage, v.size, v.created_at
+                );
+            }
+            Ok(exit::OK)
+        }
+        StateCmd::Show { workspace, version } => {
+            let data = match version {
+                Some(n) => store.version(&workspace, n).await?,
+                None => match store.current(&workspace).await? {
+                    Some(c) => c.data,
+                    None => {
+                        eprintln!("{workspace} has no current state");
+                        return Ok(exit::FAILED);
+                    }
+                },
+            };
+            print!("{}", String::from_utf8_lossy(&data));
+            Ok(exit::OK)
+        }
+        StateCmd::Restore { workspace, version } => {
+            let request = LeaseRequest {
+                owner: format!("restore-{}", OffsetDateTime::now_utc().unix_timestamp()),
+                ttl: Duration::from_secs(g.lease_ttl.max(1)),
+                info: serde_json::json!({ "operation": "restore", "version": version }),
+            };
+            let lease = match store.acquire_lease(&workspace, &request).await {
+                Ok(lease) => lease,
+                Err(StoreError::LeaseHeld { holder, .. }) => {
+                    eprintln!(
+                        "{workspace} is leased by job {} until {}; restore when it is free",
+                        holder.owner, holder.expires_at
+                    );
+                    return Ok(exit::BUSY);
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let restored = store
+                .restore(&workspace, version, Some(&lease.fence()))
+                .await;
+            store.release_lease(&workspace, &lease).await?;
+            let info = restored?;
+            println!(
+                "{workspace}: version {version} restored as version {} (serial {})",
+                info.number, info.serial
+            );
+            Ok(exit::OK)
+        }
+        StateCmd::Unlock { workspace, force } => {
+            let Some(lease) = store.lease(&workspace).await? else {
+                println!("{workspace} has no lease");
+                return Ok(exit::OK);
+            };
+            let live = !lease.is_expired_at(OffsetDateTime::now_utc());
+            if live && !force {
+                eprintln!(
+                    "{workspace} is leased by job {} (fence {}) until {}, and the lease is live; \
+                     if that runner is gone, run again with --force",
+                    lease.owner, lease.fence, lease.expires_at
+                );
+                return Ok(exit::BUSY);
+            }
+            store.break_lease(&workspace).await?;
+            println!(
+                "{workspace}: broke the {} lease of job {} (fence {})",
+                if live { "live" } else { "expired" },
+                lease.owner,
+                lease.fence
+            );
+            Ok(exit::OK)
+        }
+    }
+}

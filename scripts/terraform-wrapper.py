@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Test-harness wrapper around the vendor build of Terraform v0.15.0-rc2, the one real terraform
+binary these machines can install. It absorbs that build's quirks so Terrace's code never has to:
+
+- stdout lines may be prefixed with "o:"            -> stripped
+- [TRACE]/[DEBUG]/… log records on stderr           -> dropped, continuation lines too
+- `apply PLANFILE` applies nothing (the build prunes every node of a saved plan)
+                                                    -> re-planned: `apply -auto-approve`, or
+                                                       `destroy -auto-approve` for a destroy plan
+
+Signals: the wrapper shares terraform's process group, so SIGINT reaches terraform directly;
+the wrapper itself ignores SIGINT/SIGTERM and exits with terraform's exit code.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+REAL = os.path.join(os.path.dirname(os.path.realpath(__file__)), "terraform-0.15.0-rc2")
+LOG_LINE = re.compile(rb"^\[(TRACE|DEBUG|INFO|WARN|ERR|ERROR)\] ")
+# terraform's own diagnostics: "Error: ...", "Warning: ...", or the box-drawn form (│ ╷ ╵).
+USER_LINE = re.compile(rb"^(Error|Warning): |^(\xe2\x94\x82|\xe2\x95\xb7|\xe2\x95\xb5)")
+
+
+class LogFilter:
+    """Drops log records, including their continuation lines, until terraform's own
+    diagnostics (`Error: ...`, `Warning: ...`) start again."""
+
+    def __init__(self):
+        self.in_record = False
+
+    def __call__(self, line):
+        if LOG_LINE.match(line):
+            self.in_record = True
+            return None
+        if self.in_record and USER_LINE.match(line):
+            self.in_record = False
+        return None if self.in_record else line
+
+
+def strip_prefix(line: bytes) -> bytes:
+    return line[2:] if line.startswith(b"o:") else line
+
+
+def saved_plan_to_replan(args):
+    """`apply [flags] PLAN` -> `apply|destroy -auto-approve [flags]`."""
+    positional = [a for a in args[1:] if not a.startswith("-")]
+    if not positional or not os.path.isfile(positional[-1]):
+        return args
+    shown = subprocess.run([REAL, "show", "-json", positional[-1]], capture_output=True)
+    text = b"".join(strip_prefix(l) for l in shown.stdout.splitlines(keepends=True))
+    plan = json.loads(text)
+    planned = plan.get("planned_values", {}).get("root_module", {})
+    destroy = not planned.get("resources") and not planned.get("child_modules")
+    flags = [a for a in args[1:] if a.startswith("-")]
+    return ["destroy" if destroy else "apply", "-auto-approve"] + flags
+
+
+def copy(src, dst, keep):
+    for line in iter(src.readline, b""):
+        line = keep(line)
+        if line is not None:
+            dst.write(line)
+            dst.flush()
+
+
+def main():
+    signal.signal(signal.SIGINT, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    args = sys.argv[1:]
+    if args and args[0] == "apply":
+        args = saved_plan_to_replan(args)
+    child = subprocess.Popen([REAL] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    threads = [
+        threading.Thread(target=copy, args=(child.stdout, sys.stdout.buffer, strip_prefix)),
+        threading.Thread(
+            target=copy,
+            args=(child.stderr, sys.stderr.buffer, LogFilter()),
+        ),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sys.exit(child.wait())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+//! Jobs: what a platform asks Terrace to do, parsed from JSON or YAML.
+//!
+//! Parsing is lenient about nothing and reports everything: [`RawJob::parse`] turns the text into
+//! a document, and [`crate::validate::validate`] checks every field of it at once, so a job with
+//! five mistakes gets five messages. Only a [`crate::validate::ValidatedJob`] reaches terraform.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::ValidationError;
+
+/// The terraform operation a job asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Operation {
+    /// Plan only; the result carries the planned changes.
+    Plan,
+    /// Plan, then apply exactly that plan.
+    Apply,
+    /// Destroy everything in the workspace.
+    Destroy,
+    /// Plan with `-detailed-exitcode`: report whether the real infrastructure drifted.
+    DriftCheck,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 4] = [Self::Plan, Self::Apply, Self::Destroy, Self::DriftCheck];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plan => "plan",
+            Self::Apply => "apply",
+            Self::Destroy => "destroy",
+            Self::DriftCheck => "drift-check",
+        }
+    }
+
+    /// Whether the operation may change infrastructure and state.
+    pub fn mutates(self) -> bool {
+        matches!(self, Self::Apply | Self::Destroy)
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to do with what a failed job created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFailure {
+    /// Leave everything as it is and report it.
+    #[default]
+    Keep,
+    /// Destroy what this run created, nothing else.
+    DestroyCreated,
+    /// Return the workspace to the state before the run.
+    Rollback,
+}
+
+impl OnFailure {
+    pub const NAMES: [&'static str; 3] = ["keep", "destroy-created", "rollback"];
+}
+
+/// A template by name and version, a folder `<templates root>/<name>/<version>/`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateRef {
+    pub name: String,
+    pub version: String,
+}
+
+impl fmt::Display for TemplateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.name, self.version)
+    }
+}
+
+/// A job, every field checked (see [`crate::validate::validate`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub tenant: String,
+    pub workspace: String,
+    pub operation: Operation,
+    pub template: TemplateRef,
+    pub variables: BTreeMap<String, serde_json::Value>,
+    #[serde(with = "duration_secs")]
+    pub timeout: Duration,
+    pub on_failure: OnFailure,
+}
+
+/// The default deadline of a job.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// The fields a job file may have, for the "unknown field" message.
+pub const FIELDS: [&str; 8] = [
+    "id",
+    "tenant",
+    "workspace",
+    "operation",
+    "template",
+    "variables",
+    "timeout",
+    "on_failure",
+];
+
+/// A job document as written, before its fields are checked.
+#[derive(Clone, Debug)]
+pub struct RawJob(pub serde_json::Map<String, serde_json::Value>);
+
+impl RawJob {
+    /// Parses JSON, or YAML when the text does not start with `{`.
+    ///
+    /// # Errors
+    /// One [`ValidationError`] when the text is not a JSON/YAML mapping.
+    pub fn parse(text: &str) -> Result<Self, ValidationError> {
+        let value: serde_json::Value = if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| {
+                ValidationError::new("", format!("is not valid JSON: {e}"), "fix the JSON syntax")
+            })?
+        } else {
+            serde_norway::from_str(text).map_err(|e| {
+                ValidationError::new("", format!("is not valid YAML: {e}"), "fix the YAML syntax")
+            })?
+        };
+        match value {
+            serde_json::Value::Object(map) => Ok(Self(map)),
+            other => Err(ValidationError::new(
+                "",
+                format!(
+                    "must be a mapping of fields, found {}",
+                    crate::validate::kind_of(&other)
+                ),
+                format!(
+                    "write the job as a mapping with the fields {}",
+                    FIELDS.join(", ")
+                ),
+            )),
+        }
+    }
+}
+
+/// Parses a duration written as seconds (`90`) or with a unit (`90s`, `30m`, `2h`, `1h30m`).
+///
+/// # Errors
+/// A message saying what form is expected.
+pub fn parse_duration(value: &serde_json::Value) -> Result<Duration, String> {
+    let expected = "expected seconds (e.g. 600) or a duration like \"90s\", \"30m\", \"1h30m\"";
+    if let Some(secs) = value.as_u64() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let Some(text) = value.as_str() else {
+        return Err(expected.to_owned());
+    };
+    let mut total = 0u64;
+    let mut number = String::new();
+    for c in text.trim().chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            _ => return Err(format!("{text:?}: {expected}")),
+        };
+        let n: u64 = number
+            .parse()
+            .map_err(|_| format!("{text:?}: {expected}"))?;
+        total += n * unit;
+        number.clear();
+    }
+    if !number.is_empty() {
+        total += number
+            .parse::<u64>()
+            .map_err(|_| format!("{text:?}: {expected}"))?;
+    }
+    if text.trim().is_empty() {
+        return Err(expected.to_owned());
+    }
+    Ok(Duration::from_secs(total))
+}
+
+mod duration_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn durations_in_seconds_or_units() {
+        assert_eq!(parse_duration(&json!(90)), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration(&json!("30m")), Ok(Duration::from_secs(1800)));
+        assert_eq!(
+            parse_duration(&json!("1h30m")),
+            Ok(Duration::from_secs(5400))
+        );
+        assert_eq!(parse_duration(&json!("45")), Ok(Duration::from_secs(45)));
+        for bad in [json!("soon"), json!(""), json!(-1), json!("5d")] {
+            assert!(parse_duration(&bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn yaml_and_json_parse_to_the_same_document() {
+        let yaml = RawJob::parse("id: a\nvariables:\n  n: 3\n").unwrap();
+        let json = RawJob::parse(r#"{"id":"a","variables":{"n":3}}"#).unwrap();
+        assert_eq!(yaml.0, json.0);
+        let err = RawJob::parse("- a\n- b\n").unwrap_err();
+        assert!(err.problem.contains("mapping"), "{err}");
+    }
+}

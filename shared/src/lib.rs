@@ -1,0 +1,14 @@
+//! Terrace's core: what a job is and how it is validated, how terraform runs it in an isolated
+//! workspace with its state served from a [`state_backends::StateStore`], how its log streams
+//! and what its result says. It knows no cloud SDK and no trigger; the functions adapt their
+//! queues and credentials to [`runner::Runner`].
+
+pub mod job;
+pub mod logs;
+pub mod redact;
+pub mod result;
+pub mod runner;
+pub mod state_server;
+pub mod template;
+pub mod terraform;
+pub mod validate;

@@ -1,0 +1,255 @@
+//! The log of a job as a typed stream: every line of terraform's stdout and stderr, and the
+//! runner's own messages, becomes a [`LogLine`], is redacted once, and flows over a bounded
+//! channel to small [`LogSink`]s (the console, the store). A slow sink slows terraform down
+//! (back-pressure through its pipes) rather than growing memory.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use state_backends::{StateStore, WorkspaceId};
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
+
+use crate::redact::Redactor;
+
+/// Where a line came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+    /// The runner's own messages: steps, retries, results.
+    Runner,
+}
+
+/// One line of a job's log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    pub seq: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub ts: OffsetDateTime,
+    pub stream: Stream,
+    /// The step the line belongs to (`init`, `plan`, …), empty outside a step.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub step: String,
+    pub text: String,
+}
+
+/// A destination of log lines.
+#[async_trait::async_trait]
+pub trait LogSink: Send {
+    /// Takes one line. May buffer.
+    async fn write(&mut self, line: &LogLine);
+    /// Makes everything written so far durable.
+    async fn flush(&mut self);
+}
+
+/// The sending side of a job's log; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Logger {
+    tx: mpsc::Sender<LogLine>,
+    seq: Arc<AtomicU64>,
+    redactor: Arc<Redactor>,
+}
+
+impl Logger {
+    /// Redacts `text` and sends it. Waits when the sinks are behind.
+    pub async fn line(&self, stream: Stream, step: &str, text: &str) {
+        let line = LogLine {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
+            ts: OffsetDateTime::now_utc(),
+            stream,
+            step: step.to_owned(),
+            text: self.redactor.redact(text),
+        };
+        // The pump only stops after every logger is dropped; a closed channel is a shutdown.
+        let _ = self.tx.send(line).await;
+    }
+
+    /// A message of the runner itself.
+    pub async fn runner(&self, step: &str, text: &str) {
+        self.line(Stream::Runner, step, text).await;
+    }
+
+    pub fn redactor(&self) -> &Redactor {
+        &self.redactor
+    }
+}
+
+/// Starts the pump that feeds `sinks`; returns the logger and the pump's handle. The pump ends
+/// (after flushing every sink) when the last clone of the logger is dropped.
+pub fn start(
+    redactor: Redactor,
+    mut sinks: Vec<Box<dyn LogSink>>,
+) -> (Logger, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::channel::<LogLine>(1024);
+    let pump = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                line = rx.recv() => {
+                    let Some(line) = line else { break };
+                    for sink in &mut sinks {
+                        sink.write(&line).await;
+                    }
+                }
+                _ = tick.tick() => {
+                    for sink in &mut sinks {
+                        sink.flush().await;
+                    }
+                }
+            }
+        }
+        for sink in &mut sinks {
+            sink.flush().await;
+        }
+    });
+    let logger = Logger {
+        tx,
+        seq: Arc::new(AtomicU64::new(0)),
+        redactor: Arc::new(redactor),
+    };
+    (logger, pump)
+}
+
+/// Prints lines to the process's stderr, prefixed with the job id.
+#[derive(Debug)]
+pub struct ConsoleSink {
+    prefix: String,
+}
+
+impl ConsoleSink {
+    pub fn new(job_id: &str) -> Self {
+        Self {
+            prefix: format!("[{job_id}]"),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl LogSink for ConsoleSink {
+    async fn write(&mut self, line: &LogLine) {
+        let marker = match line.stream {
+            Stream::Runner => "==>",
+            Stream::Stdout => "   ",
+            Stream::Stderr => " ! ",
+        };
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, "{} {marker} {}", self.prefix, line.text);
+    }
+
+    async fn flush(&mut self) {}
+}
+
+/// Writes lines as NDJSON chunks `runs/<job-id>/log/<n>.ndjson` into the store, one chunk per
+/// flush (every second while lines arrive, and at the end). Object stores have no append, and
+/// rewriting one growing object would cost O(n²); chunks keep each flush O(new lines).
+#[derive(Debug)]
+pub struct StoreSink {
+    store: Arc<dyn StateStore>,
+    ws: WorkspaceId,
+    job_id: String,
+    buf: Vec<u8>,
+    chunk: u64,
+}
+
+impl StoreSink {
+    pub fn new(store: Arc<dyn StateStore>, ws: WorkspaceId, job_id: &str) -> Self {
+        Self {
+            store,
+            ws,
+            job_id: job_id.to_owned(),
+            buf: Vec::new(),
+            chunk: 0,
+        }
+    }
+}
+
+/// The artifact name of log chunk `n`.
+pub fn chunk_name(n: u64) -> String {
+    format!("log/{n:06}.ndjson")
+}
+
+#[async_trait::async_trait]
+impl LogSink for StoreSink {
+    async fn write(&mut self, line: &LogLine) {
+        serde_json::to_writer(&mut self.buf, line).expect("log lines serialize");
+        self.buf.push(b'\n');
+        if self.buf.len() >= 256 * 1024 {
+            self.flush().await;
+        }
+    }
+
+    async fn flush(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        self.chunk += 1;
+        let data = Bytes::from(std::mem::take(&mut self.buf));
+        if let Err(e) = self
+            .store
+            .put_artifact(&self.ws, &self.job_id, &chunk_name(self.chunk), data)
+            .await
+        {
+            // The console still has the lines; the run goes on without its durable log.
+            tracing::warn!(error = %e, job_id = %self.job_id, "could not store a log chunk");
+        }
+    }
+}
+
+/// Reads a run's whole log back from the store, in order.
+///
+/// # Errors
+/// Store failures, or a chunk that is not NDJSON.
+pub async fn read_log(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+) -> anyhow::Result<Vec<LogLine>> {
+    let mut lines = Vec::new();
+    for name in store.artifacts(ws, job_id).await? {
+        if !name.starts_with("log/") {
+            continue;
+        }
+        let Some(chunk) = store.artifact(ws, job_id, &name).await? else {
+            continue;
+        };
+        for raw in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            lines.push(serde_json::from_slice(raw)?);
+        }
+    }
+    Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use state_backends::memory::MemoryStore;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_redacted_numbered_and_stored_in_order() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+        let ws = WorkspaceId::new("t", "w").unwrap();
+        let sink = StoreSink::new(store.clone(), ws.clone(), "job");
+        let (logger, pump) = start(Redactor::new(["s3cr3t".to_owned()]), vec![Box::new(sink)]);
+        for i in 0..3000 {
+            logger
+                .line(Stream::Stdout, "plan", &format!("line {i} s3cr3t"))
+                .await;
+        }
+        drop(logger);
+        pump.await.unwrap();
+        let lines = read_log(&*store, &ws, "job").await.unwrap();
+        assert_eq!(lines.len(), 3000);
+        assert!(lines.iter().enumerate().all(|(i, l)| l.seq == i as u64 + 1));
+        assert_eq!(lines[7].text, "line 7 (sensitive value)");
+        // ~330 KB of NDJSON: more than one 256 KiB chunk, read back in order above.
+        assert!(store.artifacts(&ws, "job").await.unwrap().len() >= 2);
+    }
+}

@@ -1,0 +1,92 @@
+//! Redaction of sensitive values: applied once to every log line and result, before any sink.
+
+/// What a redacted value is replaced with.
+pub const MASK: &str = "(sensitive value)";
+
+/// Replaces every occurrence of a set of secrets in text.
+#[derive(Clone, Debug, Default)]
+pub struct Redactor {
+    /// Longest first, so a secret containing another is masked whole.
+    secrets: Vec<String>,
+}
+
+impl Redactor {
+    /// A redactor for `secrets`; also masks their JSON-escaped forms (how they appear in
+    /// terraform's JSON output). Secrets shorter than 3 characters are masked too, at the cost of
+    /// masking unrelated text: a secret must never leak.
+    pub fn new(secrets: impl IntoIterator<Item = String>) -> Self {
+        let mut all: Vec<String> = Vec::new();
+        for secret in secrets {
+            if secret.is_empty() {
+                continue;
+            }
+            let escaped = serde_json::to_string(&secret).expect("strings serialize");
+            let escaped = escaped[1..escaped.len() - 1].to_owned();
+            if escaped != secret {
+                all.push(escaped);
+            }
+            all.push(secret);
+        }
+        all.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        all.dedup();
+        Self { secrets: all }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.secrets.is_empty()
+    }
+
+    /// `text` with every secret masked.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for secret in &self.secrets {
+            if out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), MASK);
+            }
+        }
+        out
+    }
+
+    /// A JSON value with every string redacted.
+    pub fn redact_json(&self, value: &serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => Value::String(self.redact(s)),
+            Value::Array(items) => {
+                Value::Array(items.iter().map(|v| self.redact_json(v)).collect())
+            }
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| (k.clone(), self.redact_json(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_plain_escaped_and_overlapping_secrets() {
+        let r = Redactor::new([
+            "pa\"ss".to_owned(),
+            "topsecret".to_owned(),
+            "secret".to_owned(),
+        ]);
+        assert_eq!(
+            r.redact("a=topsecret b=secret"),
+            format!("a={MASK} b={MASK}")
+        );
+        assert_eq!(
+            r.redact(r#"{"p":"pa\"ss"}"#),
+            format!(r#"{{"p":"{MASK}"}}"#)
+        );
+        assert_eq!(r.redact("pa\"ss"), MASK);
+        let v = r.redact_json(&serde_json::json!({ "k": ["x topsecret"] }));
+        assert_eq!(v, serde_json::json!({ "k": [format!("x {MASK}")] }));
+        assert!(Redactor::new([String::new()]).is_empty());
+    }
+}

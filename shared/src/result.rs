@@ -1,0 +1,214 @@
+//! The result of a job, `runs/<job-id>/result.json`: status, step timings, planned changes,
+//! outputs (sensitive ones masked), the state versions written, and on failure an error a
+//! person can act on.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::job::Operation;
+use crate::redact::MASK;
+
+/// How a job ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+            Status::TimedOut => "timed-out",
+        }
+    }
+}
+
+/// What kind of failure, for the caller to branch on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Category {
+    Validation,
+    Auth,
+    Quota,
+    Transient,
+    Provider,
+    StateConflict,
+    Timeout,
+    Cancelled,
+    Internal,
+}
+
+/// A failure: what, where, and what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobError {
+    pub category: Category,
+    /// The step that failed (`init`, `plan`, `apply`, …, or `lease`, `prepare`).
+    pub step: String,
+    pub message: String,
+    pub hint: String,
+    /// Whether running the same job again may succeed.
+    pub retryable: bool,
+}
+
+/// One step's timing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepTiming {
+    pub step: String,
+    pub duration_ms: u64,
+    pub exit_code: Option<i32>,
+}
+
+/// One resource's planned change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceChange {
+    pub address: String,
+    pub actions: Vec<String>,
+}
+
+/// The planned changes, from `terraform show -json` of the saved plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Changes {
+    pub add: u32,
+    pub change: u32,
+    pub destroy: u32,
+    /// Changes other than no-op and read, by resource.
+    pub resources: Vec<ResourceChange>,
+}
+
+impl Changes {
+    /// Summarises a plan in terraform's JSON format.
+    ///
+    /// # Errors
+    /// When the JSON is not a plan.
+    pub fn from_plan_json(plan: &[u8]) -> Result<Self, String> {
+        let plan: serde_json::Value =
+            serde_json::from_slice(plan).map_err(|e| format!("plan JSON does not parse: {e}"))?;
+        let mut changes = Changes::default();
+        let Some(items) = plan.get("resource_changes").and_then(|v| v.as_array()) else {
+            return Ok(changes);
+        };
+        for item in items {
+            let actions: Vec<String> = item["change"]["actions"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for action in &actions {
+                match action.as_str() {
+                    "create" => changes.add += 1,
+                    "update" => changes.change += 1,
+                    "delete" => changes.destroy += 1,
+                    _ => {}
+                }
+            }
+            if actions.iter().any(|a| a != "no-op" && a != "read") {
+                changes.resources.push(ResourceChange {
+                    address: item["address"].as_str().unwrap_or_default().to_owned(),
+                    actions,
+                });
+            }
+        }
+        Ok(changes)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.resources.is_empty()
+    }
+}
+
+/// One output value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Output {
+    pub value: serde_json::Value,
+    pub sensitive: bool,
+}
+
+/// Reads `terraform output -json`, masking sensitive values.
+///
+/// # Errors
+/// When the JSON is not terraform's output format.
+pub fn outputs_from_json(raw: &[u8]) -> Result<BTreeMap<String, Output>, String> {
+    let map: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(raw).map_err(|e| format!("output JSON does not parse: {e}"))?;
+    Ok(map
+        .into_iter()
+        .map(|(name, v)| {
+            let sensitive = v["sensitive"].as_bool().unwrap_or(false);
+            let value = if sensitive {
+                serde_json::Value::String(MASK.to_owned())
+            } else {
+                v["value"].clone()
+            };
+            (name, Output { value, sensitive })
+        })
+        .collect())
+}
+
+/// Everything a job's run reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobResult {
+    pub job_id: String,
+    pub tenant: String,
+    pub workspace: String,
+    pub operation: Operation,
+    pub template: String,
+    pub status: Status,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub finished_at: OffsetDateTime,
+    pub duration_ms: u64,
+    pub steps: Vec<StepTiming>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Changes>,
+    /// For drift checks: whether the infrastructure differs from the configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<bool>,
+    #[serde(default)]
+    pub outputs: BTreeMap<String, Output>,
+    /// Numbers of the state versions this run wrote.
+    #[serde(default)]
+    pub state_versions: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<JobError>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_summary_counts_actions_and_lists_real_changes() {
+        let plan = br#"{"resource_changes":[
+          {"address":"a.x","change":{"actions":["create"]}},
+          {"address":"a.y","change":{"actions":["delete","create"]}},
+          {"address":"a.z","change":{"actions":["no-op"]}},
+          {"address":"a.w","change":{"actions":["update"]}}]}"#;
+        let c = Changes::from_plan_json(plan).unwrap();
+        assert_eq!((c.add, c.change, c.destroy), (2, 1, 1));
+        let addresses: Vec<&str> = c.resources.iter().map(|r| r.address.as_str()).collect();
+        assert_eq!(addresses, ["a.x", "a.y", "a.w"]);
+        assert!(Changes::from_plan_json(b"{}").unwrap().is_empty());
+    }
+
+    #[test]
+    fn sensitive_outputs_are_masked() {
+        let raw = br#"{"id":{"sensitive":false,"type":"string","value":"net-1"},
+                       "pw":{"sensitive":true,"type":"string","value":"hunter2"}}"#;
+        let out = outputs_from_json(raw).unwrap();
+        assert_eq!(out["id"].value, "net-1");
+        assert_eq!(out["pw"].value, MASK);
+        assert!(!serde_json::to_string(&out).unwrap().contains("hunter2"));
+    }
+}

@@ -1,0 +1,733 @@
+//! The core [`Runner`]: one validated job, start to end. Every function (local, AWS, GCP, Azure)
+//! adapts its trigger to [`Runner::run`].
+//!
+//! 1. idempotency: a job id with a result is not run again;
+//! 2. the workspace's lease (owner = job id), renewed by a heartbeat while the job runs;
+//! 3. an isolated workdir: the template, generated tfvars and backend configuration;
+//! 4. the state server on loopback, fenced by the lease;
+//! 5. terraform's steps for the operation, logged live and redacted;
+//! 6. the result in `runs/<job-id>/result.json`; the lease released on every path.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use state_backends::{Lease, LeaseRequest, StateStore, StoreError, WorkspaceId};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::job::Operation;
+use crate::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
+use crate::redact::Redactor;
+use crate::result::{
+    Category, Changes, JobError, JobResult, Status, StepTiming, outputs_from_json,
+};
+use crate::state_server::{self, StateServer};
+use crate::terraform::{self, Command, Interrupted, Outcome, TerraformConfig};
+use crate::validate::ValidatedJob;
+
+/// The artifact names of a run.
+pub const RESULT_FILE: &str = "result.json";
+pub const JOB_FILE: &str = "job.json";
+
+/// How the runner works on this machine.
+#[derive(Clone, Debug)]
+pub struct RunnerConfig {
+    pub terraform: TerraformConfig,
+    /// How long a lease lasts without renewal; the heartbeat renews it every third of that.
+    pub lease_ttl: Duration,
+    /// How long to wait for a busy workspace before giving up (zero: do not wait).
+    pub lease_wait: Duration,
+    /// Where workdirs are made (the system's temp folder when `None`).
+    pub work_root: Option<PathBuf>,
+    /// Print the log to the console as well as to the store.
+    pub console: bool,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            terraform: TerraformConfig::default(),
+            lease_ttl: Duration::from_secs(60),
+            lease_wait: Duration::ZERO,
+            work_root: None,
+            console: true,
+        }
+    }
+}
+
+/// What became of a request to run a job.
+#[derive(Debug)]
+pub enum RunOutcome {
+    /// The job ran (successfully or not); its result is stored.
+    Finished(Box<JobResult>),
+    /// The job id had already finished; nothing ran. Its earlier result.
+    AlreadyDone(Box<JobResult>),
+    /// Another job holds the workspace's lease; nothing ran. Try again after `holder.expires_at`.
+    Busy { holder: Box<Lease> },
+}
+
+/// Runs jobs against one store.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    store: Arc<dyn StateStore>,
+    config: Arc<RunnerConfig>,
+}
+
+/// Why a job stopped before its end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum StopReason {
+    Timeout,
+    Cancelled,
+    LeaseLost(String),
+}
+
+impl Runner {
+    pub fn new(store: Arc<dyn StateStore>, config: RunnerConfig) -> Self {
+        Self {
+            store,
+            config: Arc::new(config),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// The stored result of a job id, if it finished before.
+    ///
+    /// # Errors
+    /// Store failures, or a result that does not parse.
+    pub async fn previous_result(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+    ) -> anyhow::Result<Option<JobResult>> {
+        match self.store.artifact(ws, job_id, RESULT_FILE).await? {
+            Some(raw) => Ok(Some(serde_json::from_slice(&raw)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Runs `job` to its end, or until `cancel` fires or its timeout passes.
+    ///
+    /// # Errors
+    /// Only when the store cannot be reached to check, lease or record the job; every failure
+    /// of the job itself is a [`RunOutcome::Finished`] result with an error.
+    ///
+    /// # Cancellation safety
+    /// Cancel through `cancel`, not by dropping the future: dropping it kills terraform without
+    /// the grace period, and the lease is then only recovered by expiry.
+    pub async fn run(
+        &self,
+        job: &ValidatedJob,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<RunOutcome> {
+        let j = &job.job;
+        let ws = WorkspaceId::new(&j.tenant, &j.workspace)?;
+        if let Some(previous) = self.previous_result(&ws, &j.id).await? {
+            return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
+        }
+        let redactor = Redactor::new(job.sensitive_values.iter().cloned());
+        let started_at = OffsetDateTime::now_utc();
+        let started = Instant::now();
+
+        let lease = match self.acquire(&ws, job, &cancel).await? {
+            Ok(lease) => lease,
+            Err(holder) => return Ok(RunOutcome::Busy { holder }),
+        };
+        let record = serde_json::json!({
+            "id": j.id, "tenant": j.tenant, "workspace": j.workspace,
+            "operation": j.operation, "template": j.template,
+            "variables": redactor.redact_json(&serde_json::to_value(&j.variables)?),
+            "timeout": j.timeout.as_secs(), "on_failure": j.on_failure,
+            "lease": { "fence": lease.fence, "acquired_at": lease.acquired_at.to_string() },
+        });
+        let stored = self
+            .store
+            .put_artifact(
+                &ws,
+                &j.id,
+                JOB_FILE,
+                Bytes::from(serde_json::to_vec_pretty(&record)?),
+            )
+            .await;
+
+        let mut sinks: Vec<Box<dyn LogSink>> = vec![Box::new(StoreSink::new(
+            self.store.clone(),
+            ws.clone(),
+            &j.id,
+        ))];
+        if self.config.console {
+            sinks.push(Box::new(ConsoleSink::new(&j.id)));
+        }
+        let (logger, pump) = logs::start(redactor.clone(), sinks);
+
+        // The job's token: fired by the caller, the deadline, or a lost lease.
+        let stop = cancel.child_token();
+        let reason: Arc<OnceLock<StopReason>> = Arc::new(OnceLock::new());
+        let watchdog = tokio::spawn(watch(
+            self.store.clone(),
+            ws.clone(),
+            lease.clone(),
+            self.config.lease_ttl,
+            j.timeout,
+            stop.clone(),
+            reason.clone(),
+            logger.clone(),
+        ));
+
+        let mut report = Report::default();
+        let outcome = match stored {
+            Ok(()) => {
+                self.execute(job, &ws, &lease, &logger, &stop, &mut report)
+                    .await
+            }
+            Err(e) => Err(JobError {
+                category: Category::Internal,
+                step: "prepare".into(),
+                message: format!("cannot record the job in the store: {e}"),
+                hint: "check that the store is reachable and writable".into(),
+                retryable: e.is_retryable(),
+            }),
+        };
+        watchdog.abort();
+
+        let (status, error) = match (outcome, reason.get()) {
+            (Ok(()), None) => (Status::Succeeded, None),
+            (result, Some(reason)) => {
+                let step = result
+                    .err()
+                    .map(|e| e.step)
+                    .unwrap_or_else(|| report.current_step());
+                stopped_error(reason, step)
+            }
+            (Err(e), None) => (Status::Failed, Some(e)),
+        };
+        let result = JobResult {
+            job_id: j.id.clone(),
+            tenant: j.tenant.clone(),
+            workspace: j.workspace.clone(),
+            operation: j.operation,
+            template: j.template.to_string(),
+            status,
+            started_at,
+            finished_at: OffsetDateTime::now_utc(),
+            duration_ms: started.elapsed().as_millis() as u64,
+            steps: report.steps,
+            changes: report.changes,
+            drift: report.drift,
+            outputs: report.outputs,
+            state_versions: report.versions,
+            error,
+        };
+        let summary = match &result.error {
+            None => format!(
+                "job {} {} in {} ms",
+                j.id,
+                status.as_str(),
+                result.duration_ms
+            ),
+            Some(e) => format!(
+                "job {} {} at step {}: {}",
+                j.id,
+                status.as_str(),
+                e.step,
+                e.message
+            ),
+        };
+        logger.runner("", &summary).await;
+        drop(logger);
+        let _ = pump.await;
+
+        // The result is written redacted, then the lease is released: on every path.
+        let raw = serde_json::to_value(&result)?;
+        let written = self
+            .store
+            .put_artifact(
+                &ws,
+                &j.id,
+                RESULT_FILE,
+                Bytes::from(serde_json::to_vec_pretty(&redactor.redact_json(&raw))?),
+            )
+            .await;
+        let released = self.store.release_lease(&ws, &lease).await;
+        written?;
+        released?;
+        Ok(RunOutcome::Finished(Box::new(result)))
+    }
+
+    /// Takes the workspace's lease, waiting up to `lease_wait` for a busy one.
+    async fn acquire(
+        &self,
+        ws: &WorkspaceId,
+        job: &ValidatedJob,
+        cancel: &CancellationToken,
+    ) -> Result<Result<Lease, Box<Lease>>, StoreError> {
+        let request = LeaseRequest {
+            owner: job.job.id.clone(),
+            ttl: self.config.lease_ttl,
+            info: serde_json::json!({
+                "operation": job.job.operation,
+                "template": job.job.template.to_string(),
+                "host": hostname(),
+                "pid": std::process::id(),
+            }),
+        };
+        let give_up = Instant::now() + self.config.lease_wait;
+        let mut announced = false;
+        loop {
+            match self.store.acquire_lease(ws, &request).await {
+                Ok(lease) => return Ok(Ok(lease)),
+                Err(StoreError::LeaseHeld { holder, .. }) => {
+                    if Instant::now() >= give_up || cancel.is_cancelled() {
+                        return Ok(Err(holder));
+                    }
+                    if !announced {
+                        tracing::info!(
+                            workspace = %ws, holder = %holder.owner, expires_at = %holder.expires_at,
+                            "waiting for the workspace's lease"
+                        );
+                        announced = true;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                        () = cancel.cancelled() => {}
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Prepares the workdir and runs the operation's steps.
+    async fn execute(
+        &self,
+        job: &ValidatedJob,
+        ws: &WorkspaceId,
+        lease: &Lease,
+        logger: &Logger,
+        stop: &CancellationToken,
+        report: &mut Report,
+    ) -> Result<(), JobError> {
+        let j = &job.job;
+        logger
+            .runner(
+                "prepare",
+                &format!(
+                    "{} {} in {} (lease fence {})",
+                    j.operation, j.template, ws, lease.fence
+                ),
+            )
+            .await;
+        let server = StateServer::start(state_server::Config {
+            store: self.store.clone(),
+            ws: ws.clone(),
+            fence: lease.fence(),
+            logger: Some(logger.clone()),
+        })
+        .await
+        .map_err(|e| internal("prepare", format!("cannot start the state server: {e}")))?;
+        let workdir = prepare_workdir(self.config.work_root.as_deref(), job, server.endpoint())
+            .map_err(|e| internal("prepare", format!("cannot prepare the workdir: {e}")))?;
+        let dir = workdir.path();
+
+        let steps = Steps {
+            config: &self.config.terraform,
+            dir,
+            logger,
+            stop,
+        };
+        let result = self.steps(j.operation, &steps, report).await;
+        let activity = server.shutdown().await;
+        report.versions = activity.versions;
+        match result {
+            Err(mut e) if !activity.refused.is_empty() => {
+                e.category = Category::StateConflict;
+                e.message = format!(
+                    "{} (the state server refused: {})",
+                    e.message,
+                    activity.refused.join("; ")
+                );
+                e.hint = "another writer changed this workspace's state; run the job again to plan from the current state".into();
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    async fn steps(
+        &self,
+        op: Operation,
+        s: &Steps<'_>,
+        report: &mut Report,
+    ) -> Result<(), JobError> {
+        let backend_config = s.dir.join(BACKEND_CONFIG);
+        s.run(&Command::Init { backend_config }, report)
+            .await?
+            .ok()?;
+        let plan = Command::Plan {
+            destroy: op == Operation::Destroy,
+            detailed_exitcode: op == Operation::DriftCheck,
+        };
+        let planned = s.run(&plan, report).await?;
+        match (op, planned.exit_code) {
+            (Operation::DriftCheck, Some(2)) => report.drift = Some(true),
+            (Operation::DriftCheck, Some(0)) => report.drift = Some(false),
+            _ => {
+                planned.ok()?;
+            }
+        }
+        let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
+        let changes = Changes::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))?;
+        s.logger
+            .runner(
+                "show",
+                &format!(
+                    "plan: {} to add, {} to change, {} to destroy",
+                    changes.add, changes.change, changes.destroy
+                ),
+            )
+            .await;
+        report.changes = Some(changes);
+        if !op.mutates() {
+            return Ok(());
+        }
+        s.run(&Command::Apply, report).await?.ok()?;
+        let output = s.run(&Command::Output, report).await?.ok()?;
+        let outputs = outputs_from_json(&output.stdout).map_err(|e| internal("output", e))?;
+        report.outputs = outputs
+            .into_iter()
+            .map(|(k, mut v)| {
+                v.value = s.logger.redactor().redact_json(&v.value);
+                (k, v)
+            })
+            .collect();
+        Ok(())
+    }
+}
+
+/// What the steps found, gathered as they run.
+#[derive(Default)]
+struct Report {
+    steps: Vec<StepTiming>,
+    changes: Option<Changes>,
+    drift: Option<bool>,
+    outputs: std::collections::BTreeMap<String, crate::result::Output>,
+    versions: Vec<u64>,
+}
+
+impl Report {
+    fn current_step(&self) -> String {
+        self.steps
+            .last()
+            .map(|s| s.step.clone())
+            .unwrap_or_else(|| "prepare".into())
+    }
+}
+
+struct Steps<'a> {
+    config: &'a TerraformConfig,
+    dir: &'a Path,
+    logger: &'a Logger,
+    stop: &'a CancellationToken,
+}
+
+/// A finished step and its outcome.
+struct Ran {
+    step: &'static str,
+    outcome: Outcome,
+}
+
+impl std::ops::Deref for Ran {
+    type Target = Outcome;
+    fn deref(&self) -> &Outcome {
+        &self.outcome
+    }
+}
+
+impl Ran {
+    /// The outcome when the step succeeded, else the step's error.
+    fn ok(self) -> Result<Outcome, JobError> {
+        if self.outcome.success() {
+            return Ok(self.outcome);
+        }
+        Err(classify(self.step, &self.outcome))
+    }
+}
+
+impl Steps<'_> {
+    async fn run(&self, command: &Command, report: &mut Report) -> Result<Ran, JobError> {
+        let step = command.step();
+        if self.stop.is_cancelled() {
+            return Err(internal(step, "stopped before the step started".into()));
+        }
+        self.logger.runner(step, &format!("terraform {step}")).await;
+        let outcome = terraform::run(self.config, self.dir, command, self.logger, self.stop)
+            .await
+            .map_err(|e| JobError {
+                category: Category::Internal,
+                step: step.into(),
+                message: e.to_string(),
+                hint:
+                    "install terraform or OpenTofu and point the runner at it (TERRACE_TERRAFORM)"
+                        .into(),
+                retryable: false,
+            })?;
+        report.steps.push(StepTiming {
+            step: step.into(),
+            duration_ms: outcome.duration.as_millis() as u64,
+            exit_code: outcome.exit_code,
+        });
+        Ok(Ran { step, outcome })
+    }
+}
+
+fn internal(step: &str, message: String) -> JobError {
+    JobError {
+        category: Category::Internal,
+        step: step.into(),
+        message,
+        hint: "this is a fault of the runner or its machine; see the runner's log".into(),
+        retryable: true,
+    }
+}
+
+/// A first classification of a failed terraform step from its error lines.
+fn classify(step: &str, outcome: &Outcome) -> JobError {
+    let message = outcome
+        .errors
+        .first()
+        .cloned()
+        .unwrap_or_else(|| match outcome.interrupted {
+            Some(Interrupted::Killed) => "terraform was killed".into(),
+            Some(Interrupted::Gracefully) => "terraform was interrupted".into(),
+            None => format!("terraform {step} exited with code {:?}", outcome.exit_code),
+        });
+    let text = outcome.errors.join(" ").to_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
+    let (category, hint, retryable) = if has(&["state lock", "locking state", "lease"]) {
+        (
+            Category::StateConflict,
+            "the workspace's state is locked by another run; wait for it or break a stale lease with `terrace state unlock`",
+            true,
+        )
+    } else if has(&[
+        "throttl",
+        "rate exceeded",
+        "requestlimitexceeded",
+        "503",
+        "please retry",
+        "timeout",
+    ]) {
+        (
+            Category::Transient,
+            "a temporary failure of the cloud API; running the job again may succeed",
+            true,
+        )
+    } else if has(&["quota", "limit exceeded", "limit reached"]) {
+        (
+            Category::Quota,
+            "a quota of the cloud account is exhausted; raise it or use fewer resources",
+            false,
+        )
+    } else if has(&[
+        "unauthorized",
+        "forbidden",
+        "access denied",
+        "accessdenied",
+        "credentials",
+        "not authorized",
+    ]) {
+        (
+            Category::Auth,
+            "the credentials terraform uses cannot do this; check the role or service account granted to the runner",
+            false,
+        )
+    } else if step == "init"
+        || has(&[
+            "unsupported argument",
+            "missing required argument",
+            "invalid value",
+            "reference to undeclared",
+            "invalid reference",
+        ])
+    {
+        (
+            Category::Validation,
+            "the template's terraform configuration is invalid for these variables; fix the template or the job's variables",
+            false,
+        )
+    } else {
+        (
+            Category::Provider,
+            "the provider reported an error; read the message and the log of the step",
+            false,
+        )
+    };
+    JobError {
+        category,
+        step: step.into(),
+        message,
+        hint: hint.into(),
+        retryable,
+    }
+}
+
+fn stopped_error(reason: &StopReason, step: String) -> (Status, Option<JobError>) {
+    let (status, category, message, hint, retryable) = match reason {
+        StopReason::Timeout => (
+            Status::TimedOut,
+            Category::Timeout,
+            "the job ran past its timeout and was interrupted".to_owned(),
+            "raise the job's timeout, or check why the step is slow",
+            true,
+        ),
+        StopReason::Cancelled => (
+            Status::Cancelled,
+            Category::Cancelled,
+            "the job was cancelled".to_owned(),
+            "run the job again when ready",
+            true,
+        ),
+        StopReason::LeaseLost(why) => (
+            Status::Failed,
+            Category::StateConflict,
+            format!(
+                "the workspace's lease was lost ({why}); terraform was stopped and its writes are refused"
+            ),
+            "another runner may now hold the workspace; check `terrace state versions` before running again",
+            true,
+        ),
+    };
+    (
+        status,
+        Some(JobError {
+            category,
+            step,
+            message,
+            hint: hint.into(),
+            retryable,
+        }),
+    )
+}
+
+/// Renews the lease every third of its TTL and stops the job on its deadline, on the caller's
+/// cancel, or when the lease is lost.
+#[allow(clippy::too_many_arguments)] // one task's whole context; a struct would only rename it
+async fn watch(
+    store: Arc<dyn StateStore>,
+    ws: WorkspaceId,
+    mut lease: Lease,
+    ttl: Duration,
+    timeout: Duration,
+    stop: CancellationToken,
+    reason: Arc<OnceLock<StopReason>>,
+    logger: Logger,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut renew = tokio::time::interval(ttl / 3);
+    renew.tick().await;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {
+                let _ = reason.set(StopReason::Timeout);
+                logger.runner("", &format!("timeout of {}s reached", timeout.as_secs())).await;
+                stop.cancel();
+                return;
+            }
+            () = stop.cancelled() => {
+                let _ = reason.set(StopReason::Cancelled);
+                return;
+            }
+            _ = renew.tick() => match store.renew_lease(&ws, &lease, ttl).await {
+                Ok(renewed) => lease = renewed,
+                Err(StoreError::LeaseLost { reason: why, .. }) => {
+                    let _ = reason.set(StopReason::LeaseLost(why.clone()));
+                    logger.runner("", &format!("lease lost: {why}; stopping terraform")).await;
+                    stop.cancel();
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "could not renew the lease; will retry"),
+            }
+        }
+    }
+}
+
+/// The name of the generated backend configuration in the workdir.
+pub const BACKEND_CONFIG: &str = "terrace.backend.hcl";
+
+/// Makes the job's workdir: a copy of the template, the variables as tfvars, and the backend.
+fn prepare_workdir(
+    root: Option<&Path>,
+    job: &ValidatedJob,
+    endpoint: &state_server::Endpoint,
+) -> std::io::Result<tempfile::TempDir> {
+    let prefix = format!("terrace-{}-", job.job.id);
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix);
+    let dir = match root {
+        Some(root) => {
+            std::fs::create_dir_all(root)?;
+            builder.tempdir_in(root)?
+        }
+        None => builder.tempdir()?,
+    };
+    copy_template(&job.template.dir, dir.path())?;
+    std::fs::create_dir_all(dir.path().join(".home"))?;
+    std::fs::write(
+        dir.path().join("terrace.auto.tfvars.json"),
+        serde_json::to_vec_pretty(&job.job.variables)?,
+    )?;
+    std::fs::write(
+        dir.path().join("terrace_backend.tf"),
+        "# Generated by Terrace: state is served by the runner.\nterraform {\n  backend \"http\" {}\n}\n",
+    )?;
+    let hcl = format!(
+        "address        = {addr:?}\nlock_address   = {addr:?}\nunlock_address = {addr:?}\n\
+         lock_method    = \"LOCK\"\nunlock_method  = \"UNLOCK\"\nusername       = {user:?}\npassword       = {pass:?}\n",
+        addr = endpoint.address,
+        user = endpoint.username,
+        pass = endpoint.password,
+    );
+    write_private(&dir.path().join(BACKEND_CONFIG), hcl.as_bytes())?;
+    Ok(dir)
+}
+
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(data)
+}
+
+fn copy_template(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == crate::template::SPEC_FILE || name == ".terraform" || name == "terraform.tfstate"
+        {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type()?.is_dir() {
+            std::fs::create_dir_all(&target)?;
+            copy_template(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default()
+}

@@ -1,0 +1,647 @@
+//! The per-job state server: terraform's `http` backend, served on 127.0.0.1 on a random port
+//! with a random per-job credential, backed by a [`StateStore`] and the job's lease.
+//!
+//! | terraform sends | we do |
+//! |---|---|
+//! | `GET` | the current state (204 when there is none) |
+//! | `POST ?ID=<lock>` | check the write (format 4, same lineage, serial not going back), then a fenced compare-and-swap: a new version |
+//! | `DELETE` | remove the current state (history kept) |
+//! | `LOCK` / `UNLOCK` | terraform's lock, held inside the job's lease; refused once the lease is lost |
+//!
+//! A refused write gets a 4xx with a one-line reason, is logged to the job's log, and changes
+//! nothing. Only this module knows HTTP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde::Deserialize;
+use state_backends::tfstate::{StateMeta, WriteCheck, check_successor};
+use state_backends::{Fence, NewState, PutMode, StateStore, StoreError, WorkspaceId};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::logs::Logger;
+
+/// The user name terraform presents; the password is random per job.
+pub const USERNAME: &str = "terrace";
+
+/// How to reach a running state server, for terraform's backend configuration.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub address: String,
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &"(redacted)")
+            .finish()
+    }
+}
+
+/// What the server did, for the job's result.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Numbers of the versions accepted during the job.
+    pub versions: Vec<u64>,
+    /// Writes refused, with the reason.
+    pub refused: Vec<String>,
+}
+
+/// What the server needs: the store, the workspace, the job's fence and a logger.
+pub struct Config {
+    pub store: Arc<dyn StateStore>,
+    pub ws: WorkspaceId,
+    pub fence: Fence,
+    pub logger: Option<Logger>,
+}
+
+struct Shared {
+    config: Config,
+    password: String,
+    /// terraform's lock: its lock info JSON, while held.
+    lock: Mutex<Option<serde_json::Value>>,
+    activity: std::sync::Mutex<Activity>,
+}
+
+/// A running state server; stops when dropped or [`StateServer::shutdown`] is called.
+pub struct StateServer {
+    endpoint: Endpoint,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl StateServer {
+    /// Binds 127.0.0.1 on a random port and serves until shut down.
+    ///
+    /// # Errors
+    /// When the socket cannot be bound.
+    pub async fn start(config: Config) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr: SocketAddr = listener.local_addr()?;
+        let password = random_secret();
+        let shared = Arc::new(Shared {
+            config,
+            password: password.clone(),
+            lock: Mutex::new(None),
+            activity: std::sync::Mutex::new(Activity::default()),
+        });
+        let stop = CancellationToken::new();
+        let app = router(shared.clone());
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve =
+                axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "state server failed");
+            }
+        });
+        Ok(Self {
+            endpoint: Endpoint {
+                address: format!("http://{addr}/state"),
+                username: USERNAME.to_owned(),
+                password,
+            },
+            shared,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// What was accepted and refused so far.
+    pub fn activity(&self) -> Activity {
+        self.shared
+            .activity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether terraform still holds its lock (it should not after a clean exit).
+    pub async fn terraform_lock(&self) -> Option<serde_json::Value> {
+        self.shared.lock.lock().await.clone()
+    }
+
+    /// Stops serving and waits for in-flight requests.
+    pub async fn shutdown(mut self) -> Activity {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        self.activity()
+    }
+}
+
+impl Drop for StateServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// 32 random bytes, hex.
+pub fn random_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The router, without a socket, for tests.
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/state", axum::routing::any(handle))
+        .with_state(shared)
+}
+
+#[derive(Deserialize)]
+struct LockQuery {
+    #[serde(rename = "ID")]
+    id: Option<String>,
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    query: Query<LockQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !authorized(&headers, &shared.password) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Basic realm=\"terrace\"")],
+            "missing or wrong credentials\n",
+        )
+            .into_response();
+    }
+    let result = match method.as_str() {
+        "GET" => get(&shared).await,
+        "POST" => post(&shared, query.0.id.as_deref(), body).await,
+        "DELETE" => delete(&shared).await,
+        "LOCK" => lock(&shared, body).await,
+        "UNLOCK" => unlock(&shared, body).await,
+        other => Err(Refusal::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("method {other} is not part of terraform's http backend"),
+        )),
+    };
+    match result {
+        Ok(response) => response,
+        Err(refusal) => {
+            if let Some(logger) = &shared.config.logger {
+                logger
+                    .runner(
+                        "",
+                        &format!("state server refused {method}: {}", refusal.message),
+                    )
+                    .await;
+            }
+            if refusal.status.is_client_error() && method.as_str() == "POST" {
+                let mut activity = shared.activity.lock().unwrap_or_else(|e| e.into_inner());
+                activity.refused.push(refusal.message.clone());
+            }
+            refusal.into_response()
+        }
+    }
+}
+
+fn authorized(headers: &HeaderMap, password: &str) -> bool {
+    let Some(value) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some(encoded) = value.strip_prefix("Basic ") else {
+        return false;
+    };
+    let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {
+        return false;
+    };
+    let expected = format!("{USERNAME}:{password}");
+    constant_time_eq(&decoded, expected.as_bytes())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A refused request: a status and a one-line reason for the person reading terraform's log.
+struct Refusal {
+    status: StatusCode,
+    message: String,
+    body: Option<serde_json::Value>,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            body: None,
+        }
+    }
+
+    fn from_store(e: &StoreError) -> Self {
+        let status = match e {
+            StoreError::Conflict { .. } => StatusCode::CONFLICT,
+            StoreError::LeaseLost { .. } | StoreError::LeaseHeld { .. } => StatusCode::LOCKED,
+            StoreError::InvalidState(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // Internals (paths, backend messages) go to our log, not to the client.
+            tracing::error!(error = %e, "state store failed");
+            return Self::new(status, "the state store failed; see the runner's log");
+        }
+        Self::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self.body {
+            Some(body) => (self.status, axum::Json(body)).into_response(),
+            None => (self.status, format!("{}\n", self.message)).into_response(),
+        }
+    }
+}
+
+type Handled = Result<Response, Refusal>;
+
+async fn get(shared: &Shared) -> Handled {
+    let c = &shared.config;
+    match c.store.current(&c.ws).await {
+        Ok(Some(current)) => Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            current.data,
+        )
+            .into_response()),
+        Ok(None) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Err(e) => Err(Refusal::from_store(&e)),
+    }
+}
+
+/// Checks that a write names terraform's current lock, when one is held.
+async fn check_lock_id(shared: &Shared, id: Option<&str>) -> Result<(), Refusal> {
+    let lock = shared.lock.lock().await;
+    if let Some(held) = lock.as_ref() {
+        let held_id = held.get("ID").and_then(|v| v.as_str()).unwrap_or_default();
+        if id != Some(held_id) {
+            return Err(Refusal::new(
+                StatusCode::CONFLICT,
+                format!("the state is locked by terraform lock {held_id}, the write names {id:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn post(shared: &Shared, lock_id: Option<&str>, body: Bytes) -> Handled {
+    check_lock_id(shared, lock_id).await?;
+    let c = &shared.config;
+    let meta = StateMeta::parse(&body)
+        .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, format!("state write refused: {e}")))?;
+    let current = c
+        .store
+        .current(&c.ws)
+        .await
+        .map_err(|e| Refusal::from_store(&e))?;
+    let current_meta = match &current {
+        Some(cur) => Some(StateMeta::parse(&cur.data).map_err(|e| {
+            Refusal::new(
+                StatusCode::CONFLICT,
+                format!("the current state is unreadable: {e}"),
+            )
+        })?),
+        None => None,
+    };
+    let check = check_successor(
+        current
+            .as_ref()
+            .zip(current_meta.as_ref())
+            .map(|(cur, m)| (m, &cur.data[..])),
+        &meta,
+        &body,
+    )
+    .map_err(|e| Refusal::new(StatusCode::CONFLICT, format!("state write refused: {e}")))?;
+    if check == WriteCheck::Unchanged {
+        return Ok(StatusCode::OK.into_response());
+    }
+    let mode = current.map_or(PutMode::Create, |cur| PutMode::Update(cur.token));
+    let state = NewState {
+        data: body,
+        serial: meta.serial,
+        lineage: meta.lineage,
+    };
+    let info = c
+        .store
+        .put(&c.ws, state, mode, Some(&c.fence))
+        .await
+        .map_err(|e| Refusal::from_store(&e))?;
+    shared
+        .activity
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .versions
+        .push(info.number);
+    if let Some(logger) = &c.logger {
+        logger
+            .runner(
+                "",
+                &format!(
+                    "state version {} saved (serial {})",
+                    info.number, info.serial
+                ),
+            )
+            .await;
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn delete(shared: &Shared) -> Handled {
+    let c = &shared.config;
+    let Some(current) = c
+        .store
+        .current(&c.ws)
+        .await
+        .map_err(|e| Refusal::from_store(&e))?
+    else {
+        return Ok(StatusCode::OK.into_response());
+    };
+    c.store
+        .delete_current(&c.ws, &current.token, Some(&c.fence))
+        .await
+        .map_err(|e| Refusal::from_store(&e))?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// Whether the job's lease is still the live one; terraform must not lock without it.
+async fn check_lease(shared: &Shared) -> Result<(), Refusal> {
+    let c = &shared.config;
+    let lease = c
+        .store
+        .lease(&c.ws)
+        .await
+        .map_err(|e| Refusal::from_store(&e))?;
+    match lease {
+        Some(l)
+            if l.owner == c.fence.owner
+                && l.fence == c.fence.token
+                && !l.is_expired_at(time::OffsetDateTime::now_utc()) =>
+        {
+            Ok(())
+        }
+        other => {
+            let holder = other.map_or_else(
+                || "nobody".to_owned(),
+                |l| format!("{} (fence {})", l.owner, l.fence),
+            );
+            let mut refusal = Refusal::new(
+                StatusCode::LOCKED,
+                format!(
+                    "the job's lease on {} is lost; it is now held by {holder}",
+                    c.ws
+                ),
+            );
+            refusal.body = Some(serde_json::json!({
+                "ID": "lease-lost",
+                "Operation": "lease",
+                "Info": refusal.message,
+                "Who": holder,
+            }));
+            Err(refusal)
+        }
+    }
+}
+
+async fn lock(shared: &Shared, body: Bytes) -> Handled {
+    let info: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!("lock info is not JSON: {e}"),
+        )
+    })?;
+    let Some(id) = info.get("ID").and_then(|v| v.as_str()).map(str::to_owned) else {
+        return Err(Refusal::new(StatusCode::BAD_REQUEST, "lock info has no ID"));
+    };
+    check_lease(shared).await?;
+    let mut lock = shared.lock.lock().await;
+    if let Some(held) = lock.as_ref()
+        && held.get("ID").and_then(|v| v.as_str()) != Some(id.as_str())
+    {
+        let mut refusal = Refusal::new(StatusCode::LOCKED, "the state is already locked");
+        refusal.body = Some(held.clone());
+        return Err(refusal);
+    }
+    *lock = Some(info);
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn unlock(shared: &Shared, body: Bytes) -> Handled {
+    let id = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("ID").and_then(|v| v.as_str()).map(str::to_owned));
+    let mut lock = shared.lock.lock().await;
+    match (lock.as_ref(), id) {
+        (None, _) => Ok(StatusCode::OK.into_response()),
+        (Some(held), Some(id)) if held.get("ID").and_then(|v| v.as_str()) == Some(id.as_str()) => {
+            *lock = None;
+            Ok(StatusCode::OK.into_response())
+        }
+        (Some(held), _) => {
+            let mut refusal = Refusal::new(StatusCode::CONFLICT, "unlock names another lock");
+            refusal.body = Some(held.clone());
+            Err(refusal)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use state_backends::memory::MemoryStore;
+    use state_backends::tfstate::empty_state;
+    use state_backends::{LeaseRequest, StateStore};
+    use tower::ServiceExt;
+
+    use super::*;
+
+    struct Fixture {
+        shared: Arc<Shared>,
+        store: Arc<dyn StateStore>,
+        ws: WorkspaceId,
+    }
+
+    async fn fixture(ttl: Duration) -> Fixture {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+        let ws = WorkspaceId::new("t", "w").unwrap();
+        let lease = store
+            .acquire_lease(
+                &ws,
+                &LeaseRequest {
+                    owner: "job-1".into(),
+                    ttl,
+                    info: serde_json::Value::Null,
+                },
+            )
+            .await
+            .unwrap();
+        let shared = Arc::new(Shared {
+            config: Config {
+                store: store.clone(),
+                ws: ws.clone(),
+                fence: lease.fence(),
+                logger: None,
+            },
+            password: "pw".into(),
+            lock: Mutex::new(None),
+            activity: std::sync::Mutex::new(Activity::default()),
+        });
+        Fixture { shared, store, ws }
+    }
+
+    async fn send(
+        f: &Fixture,
+        method: &str,
+        uri: &str,
+        body: impl Into<Body>,
+    ) -> (StatusCode, String) {
+        let auth = base64::engine::general_purpose::STANDARD.encode("terrace:pw");
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, format!("Basic {auth}"))
+            .body(body.into())
+            .unwrap();
+        let response = router(f.shared.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn writes_are_checked_versioned_and_refusals_change_nothing() {
+        let f = fixture(Duration::from_secs(60)).await;
+        assert_eq!(
+            send(&f, "GET", "/state", Body::empty()).await.0,
+            StatusCode::NO_CONTENT
+        );
+        assert_eq!(
+            send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            send(&f, "POST", "/state", empty_state("l", 2)).await.0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            send(&f, "POST", "/state", empty_state("l", 2)).await.0,
+            StatusCode::OK,
+            "same bytes again"
+        );
+
+        let (status, body) = send(&f, "POST", "/state", empty_state("l", 1)).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(body.contains("older than the current serial 2"), "{body}");
+        let (status, body) = send(&f, "POST", "/state", empty_state("other", 3)).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(body.contains("lineage"), "{body}");
+        let (status, body) = send(&f, "POST", "/state", "{\"version\":3}").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(body.contains("version 3"), "{body}");
+
+        let versions = f.store.versions(&f.ws).await.unwrap();
+        assert_eq!(
+            versions.iter().map(|v| v.serial).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        let (status, body) = send(&f, "GET", "/state", Body::empty()).await;
+        assert_eq!(
+            (status, body.as_bytes()),
+            (StatusCode::OK, &empty_state("l", 2)[..])
+        );
+        let activity = f.shared.activity.lock().unwrap().clone();
+        assert_eq!(activity.versions, vec![1, 2]);
+        assert_eq!(activity.refused.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn lock_protocol_and_lock_ids_on_writes() {
+        let f = fixture(Duration::from_secs(60)).await;
+        let info = r#"{"ID":"abc","Operation":"OperationTypeApply","Who":"me"}"#;
+        assert_eq!(send(&f, "LOCK", "/state", info).await.0, StatusCode::OK);
+        let (status, body) = send(&f, "LOCK", "/state", r#"{"ID":"other"}"#).await;
+        assert_eq!(status, StatusCode::LOCKED);
+        assert!(
+            body.contains("\"ID\":\"abc\""),
+            "the holder's lock info is returned: {body}"
+        );
+        let (status, _) = send(&f, "POST", "/state?ID=wrong", empty_state("l", 1)).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert_eq!(
+            send(&f, "POST", "/state?ID=abc", empty_state("l", 1))
+                .await
+                .0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            send(&f, "UNLOCK", "/state", r#"{"ID":"zzz"}"#).await.0,
+            StatusCode::CONFLICT
+        );
+        assert_eq!(send(&f, "UNLOCK", "/state", info).await.0, StatusCode::OK);
+        assert_eq!(
+            send(&f, "LOCK", "/state", r#"{"ID":"other"}"#).await.0,
+            StatusCode::OK
+        );
+    }
+
+    #[tokio::test]
+    async fn a_job_whose_lease_expired_can_neither_lock_nor_write() {
+        let f = fixture(Duration::from_millis(100)).await;
+        assert_eq!(
+            send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+            StatusCode::OK
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (status, body) = send(&f, "LOCK", "/state", r#"{"ID":"x"}"#).await;
+        assert_eq!(status, StatusCode::LOCKED);
+        assert!(body.contains("lease"), "{body}");
+        let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
+        assert_eq!(status, StatusCode::LOCKED);
+        assert!(body.contains("expired"), "{body}");
+        assert_eq!(f.store.versions(&f.ws).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn wrong_credentials_are_refused_before_anything_else() {
+        let f = fixture(Duration::from_secs(60)).await;
+        let request = Request::builder()
+            .method("POST")
+            .uri("/state")
+            .header(header::AUTHORIZATION, "Basic dGVycmFjZTp3cm9uZw==")
+            .body(Body::from(empty_state("l", 1)))
+            .unwrap();
+        let response = router(f.shared.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(f.store.current(&f.ws).await.unwrap().is_none());
+    }
+}

@@ -1,0 +1,192 @@
+//! Templates: a folder of terraform files and a `template.yaml` that declares the variables a job
+//! may set, with their types and constraints, and rules across variables.
+//!
+//! ```yaml
+//! description: A network and a cluster in the test cloud
+//! variables:
+//!   region:     { type: string, required: true, enum: [eu-west-1, us-east-1] }
+//!   node_count: { type: number, default: 1, min: 1, max: 20 }
+//!   ha:         { type: bool, default: false }
+//!   name:       { type: string, required: true, pattern: "^[a-z][a-z0-9-]{2,30}$" }
+//!   password:   { type: string, sensitive: true }
+//! rules:
+//!   - when: { ha: true }
+//!     require: { node_count: { min: 3 } }
+//!     message: a highly available cluster needs at least 3 nodes
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The file in a template folder that declares its variables.
+pub const SPEC_FILE: &str = "template.yaml";
+
+/// The type of a template variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VarType {
+    String,
+    Number,
+    Bool,
+    List,
+    Map,
+}
+
+impl VarType {
+    pub fn matches(self, value: &serde_json::Value) -> bool {
+        use serde_json::Value as V;
+        matches!(
+            (self, value),
+            (Self::String, V::String(_))
+                | (Self::Number, V::Number(_))
+                | (Self::Bool, V::Bool(_))
+                | (Self::List, V::Array(_))
+                | (Self::Map, V::Object(_))
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::String => "string",
+            Self::Number => "number",
+            Self::Bool => "bool",
+            Self::List => "list",
+            Self::Map => "map",
+        }
+    }
+}
+
+/// Limits on a value: allowed values, bounds (numbers; item counts of lists and maps; length of
+/// strings) and a regular expression (strings).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraint {
+    #[serde(default, rename = "enum", skip_serializing_if = "Option::is_none")]
+    pub one_of: Option<Vec<serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+}
+
+/// One declared variable.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Variable {
+    #[serde(rename = "type")]
+    pub var_type: VarType,
+    #[serde(default)]
+    pub required: bool,
+    #[serde(default)]
+    pub default: Option<serde_json::Value>,
+    #[serde(default)]
+    pub sensitive: bool,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(flatten)]
+    pub constraint: Constraint,
+}
+
+/// A rule across variables: when every `when` variable equals its value, each `require`d
+/// variable must meet its constraint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub when: BTreeMap<String, serde_json::Value>,
+    pub require: BTreeMap<String, Constraint>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// The content of `template.yaml`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateSpec {
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub variables: BTreeMap<String, Variable>,
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+}
+
+/// A template found on disk.
+#[derive(Clone, Debug)]
+pub struct Template {
+    pub dir: PathBuf,
+    pub spec: TemplateSpec,
+}
+
+/// Why a template could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("template folder {0} does not exist")]
+    Missing(PathBuf),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is invalid: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl Template {
+    /// Loads `<root>/<name>/<version>` and checks its `template.yaml` for self-consistency.
+    ///
+    /// # Errors
+    /// [`TemplateError`] naming the file and the problem.
+    pub fn load(root: &Path, name: &str, version: &str) -> Result<Self, TemplateError> {
+        let dir = root.join(name).join(version);
+        if !dir.is_dir() {
+            return Err(TemplateError::Missing(dir));
+        }
+        let path = dir.join(SPEC_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let spec: TemplateSpec =
+            serde_norway::from_str(&text).map_err(|e| TemplateError::Invalid {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        spec.check()
+            .map_err(|message| TemplateError::Invalid { path, message })?;
+        Ok(Self { dir, spec })
+    }
+}
+
+impl TemplateSpec {
+    /// Checks that patterns compile, defaults fit their declarations and rules name declared
+    /// variables.
+    fn check(&self) -> Result<(), String> {
+        for (name, var) in &self.variables {
+            if let Some(pattern) = &var.constraint.pattern {
+                regex::Regex::new(pattern)
+                    .map_err(|e| format!("variables.{name}.pattern does not compile: {e}"))?;
+            }
+            if let Some(default) = &var.default
+                && !var.var_type.matches(default)
+            {
+                return Err(format!(
+                    "variables.{name}.default is not a {}",
+                    var.var_type.name()
+                ));
+            }
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            for name in rule.when.keys().chain(rule.require.keys()) {
+                if !self.variables.contains_key(name) {
+                    return Err(format!("rules[{i}] names the undeclared variable {name:?}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

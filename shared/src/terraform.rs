@@ -1,0 +1,366 @@
+//! Running the terraform (or OpenTofu) binary: one [`Command`] at a time, in the job's workdir,
+//! with a scrubbed environment, in its own process group, its output streamed line by line.
+//!
+//! # Cancellation
+//! When the job's token fires, terraform gets SIGINT (it then stops cleanly, persists its state
+//! through the backend and releases its lock); after the grace period the whole process group
+//! (terraform and its provider plugins) gets SIGKILL. Both pipes are drained before `wait()`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio_util::sync::CancellationToken;
+
+use crate::logs::{Logger, Stream};
+
+/// The saved plan's file name in the workdir.
+pub const PLAN_FILE: &str = "terrace.tfplan";
+
+/// How to run terraform on this machine.
+#[derive(Clone, Debug)]
+pub struct TerraformConfig {
+    /// `terraform`, `tofu`, or a path to either.
+    pub binary: PathBuf,
+    /// A plugin cache shared by jobs (`TF_PLUGIN_CACHE_DIR`).
+    pub plugin_cache: Option<PathBuf>,
+    /// A CLI configuration file (`TF_CLI_CONFIG_FILE`), e.g. for a provider mirror.
+    pub cli_config: Option<PathBuf>,
+    /// Names of variables of the runner's environment that terraform may see (its provider
+    /// credentials, e.g. `AWS_PROFILE`); nothing else is inherited.
+    pub pass_env: Vec<String>,
+    /// How long terraform has to stop after SIGINT before the process group is killed.
+    pub grace: Duration,
+}
+
+impl Default for TerraformConfig {
+    fn default() -> Self {
+        Self {
+            binary: PathBuf::from("terraform"),
+            plugin_cache: None,
+            cli_config: None,
+            pass_env: Vec::new(),
+            grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The variables of the runner's environment terraform always inherits (not credentials).
+const BASE_ENV: [&str; 6] = ["PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSL_CERT_FILE"];
+
+/// A terraform subcommand, with the flags Terrace always uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    Init {
+        backend_config: PathBuf,
+    },
+    Plan {
+        destroy: bool,
+        detailed_exitcode: bool,
+    },
+    ShowPlan,
+    Apply,
+    Output,
+}
+
+impl Command {
+    /// The step name used in logs and results.
+    pub fn step(&self) -> &'static str {
+        match self {
+            Command::Init { .. } => "init",
+            Command::Plan { .. } => "plan",
+            Command::ShowPlan => "show",
+            Command::Apply => "apply",
+            Command::Output => "output",
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = match self {
+            Command::Init { backend_config } => vec![
+                "init".into(),
+                format!("-backend-config={}", backend_config.display()),
+                "-reconfigure".into(),
+            ],
+            Command::Plan {
+                destroy,
+                detailed_exitcode,
+            } => {
+                let mut a = vec!["plan".into(), format!("-out={PLAN_FILE}")];
+                if *destroy {
+                    a.push("-destroy".into());
+                }
+                if *detailed_exitcode {
+                    a.push("-detailed-exitcode".into());
+                }
+                a
+            }
+            Command::ShowPlan => vec!["show".into(), "-json".into(), PLAN_FILE.into()],
+            Command::Apply => vec!["apply".into(), PLAN_FILE.into()],
+            Command::Output => vec!["output".into(), "-json".into()],
+        };
+        if matches!(
+            self,
+            Command::Init { .. } | Command::Plan { .. } | Command::Apply
+        ) {
+            args.push("-input=false".into());
+        }
+        args.push("-no-color".into());
+        args
+    }
+
+    /// Whether stdout is data for the runner (JSON) rather than log lines.
+    fn captures_stdout(&self) -> bool {
+        matches!(self, Command::ShowPlan | Command::Output)
+    }
+}
+
+/// Why a command did not run to its own end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interrupted {
+    /// Stopped within the grace period after SIGINT.
+    Gracefully,
+    /// Killed with SIGKILL after the grace period.
+    Killed,
+}
+
+/// How a command ended.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The exit code, `None` when killed by a signal.
+    pub exit_code: Option<i32>,
+    /// stdout, for commands whose output is data.
+    pub stdout: Vec<u8>,
+    /// The lines of stderr that start with `Error:` (and the line after), for error reports.
+    pub errors: Vec<String>,
+    pub interrupted: Option<Interrupted>,
+    pub duration: Duration,
+}
+
+impl Outcome {
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0) && self.interrupted.is_none()
+    }
+}
+
+/// Why terraform could not be started.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start {binary}: {source}")]
+pub struct SpawnError {
+    pub binary: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Runs `command` in `workdir`, streaming its output to `logger`, until it ends or `cancel`
+/// fires (then SIGINT, grace, SIGKILL).
+///
+/// # Errors
+/// [`SpawnError`] when the binary cannot be started.
+pub async fn run(
+    config: &TerraformConfig,
+    workdir: &Path,
+    command: &Command,
+    logger: &Logger,
+    cancel: &CancellationToken,
+) -> Result<Outcome, SpawnError> {
+    let step = command.step();
+    let started = Instant::now();
+    let mut cmd = tokio::process::Command::new(&config.binary);
+    cmd.args(command.args())
+        .current_dir(workdir)
+        .env_clear()
+        .envs(environment(config, workdir))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|source| SpawnError {
+        binary: config.binary.display().to_string(),
+        source,
+    })?;
+    let pgid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let capture = command.captures_stdout();
+    let out_task = tokio::spawn(pump(stdout, logger.clone(), Stream::Stdout, step, capture));
+    let err_task = tokio::spawn(pump(stderr, logger.clone(), Stream::Stderr, step, false));
+
+    let mut interrupted = None;
+    let status = tokio::select! {
+        status = child.wait() => status,
+        () = cancel.cancelled() => {
+            logger.runner(step, "interrupting terraform (SIGINT)").await;
+            signal(pgid, Signal::SIGINT);
+            match tokio::time::timeout(config.grace, child.wait()).await {
+                Ok(status) => {
+                    interrupted = Some(Interrupted::Gracefully);
+                    status
+                }
+                Err(_) => {
+                    logger
+                        .runner(step, &format!("terraform did not stop within {:?}; killing it", config.grace))
+                        .await;
+                    signal(pgid, Signal::SIGKILL);
+                    interrupted = Some(Interrupted::Killed);
+                    child.wait().await
+                }
+            }
+        }
+    };
+    // Plugins share the process group; make sure none outlives terraform holding the pipes.
+    if interrupted.is_some() {
+        signal(pgid, Signal::SIGKILL);
+    }
+    let (stdout, _) = out_task.await.unwrap_or_default();
+    let (_, errors) = err_task.await.unwrap_or_default();
+    let exit_code = status.ok().and_then(|s| s.code());
+    Ok(Outcome {
+        exit_code,
+        stdout,
+        errors,
+        interrupted,
+        duration: started.elapsed(),
+    })
+}
+
+fn signal(pgid: Option<Pid>, sig: Signal) {
+    if let Some(pgid) = pgid {
+        // The group may already be gone; that is the outcome we want.
+        let _ = killpg(pgid, sig);
+    }
+}
+
+/// Reads lines until EOF; logs them, or captures them when `capture`. Returns (captured bytes,
+/// error lines).
+async fn pump(
+    reader: impl AsyncRead + Unpin,
+    logger: Logger,
+    stream: Stream,
+    step: &'static str,
+    capture: bool,
+) -> (Vec<u8>, Vec<String>) {
+    let mut reader = BufReader::new(reader);
+    let mut captured = Vec::new();
+    let mut errors = Vec::new();
+    let mut take_next = false;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if capture {
+            captured.extend_from_slice(&buf);
+            continue;
+        }
+        let text = String::from_utf8_lossy(&buf);
+        let text = text.trim_end_matches(['\n', '\r']);
+        let trimmed = text.trim_start_matches(['│', '╷', '╵', ' ']);
+        if trimmed.starts_with("Error: ") {
+            errors.push(logger.redactor().redact(trimmed));
+            take_next = true;
+        } else if take_next && !trimmed.is_empty() {
+            if let Some(last) = errors.last_mut() {
+                last.push_str(" — ");
+                last.push_str(&logger.redactor().redact(trimmed));
+            }
+            take_next = false;
+        }
+        logger.line(stream, step, text).await;
+    }
+    (captured, errors)
+}
+
+/// The whole environment terraform sees.
+fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = BASE_ENV
+        .iter()
+        .chain(
+            config
+                .pass_env
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .iter(),
+        )
+        .filter_map(|name| std::env::var(name).ok().map(|v| ((*name).to_owned(), v)))
+        .collect();
+    env.extend([
+        ("TF_IN_AUTOMATION".to_owned(), "1".to_owned()),
+        ("TF_INPUT".to_owned(), "0".to_owned()),
+        ("CHECKPOINT_DISABLE".to_owned(), "1".to_owned()),
+        // Each job has its own home, so no user's ~/.terraformrc or credentials leak in.
+        (
+            "HOME".to_owned(),
+            workdir.join(".home").display().to_string(),
+        ),
+    ]);
+    if let Some(cache) = &config.plugin_cache {
+        env.push((
+            "TF_PLUGIN_CACHE_DIR".to_owned(),
+            cache.display().to_string(),
+        ));
+    }
+    if let Some(cli) = &config.cli_config {
+        env.push(("TF_CLI_CONFIG_FILE".to_owned(), cli.display().to_string()));
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subcommands_always_disable_input_and_color() {
+        let plan = Command::Plan {
+            destroy: true,
+            detailed_exitcode: true,
+        };
+        assert_eq!(
+            plan.args(),
+            [
+                "plan",
+                "-out=terrace.tfplan",
+                "-destroy",
+                "-detailed-exitcode",
+                "-input=false",
+                "-no-color"
+            ]
+        );
+        assert_eq!(
+            Command::ShowPlan.args(),
+            ["show", "-json", "terrace.tfplan", "-no-color"]
+        );
+        assert!(Command::Output.captures_stdout());
+    }
+
+    #[test]
+    fn the_environment_is_an_allow_list() {
+        let config = TerraformConfig {
+            pass_env: vec!["TERRACE_TEST_PASSED".into()],
+            plugin_cache: Some("/cache".into()),
+            ..TerraformConfig::default()
+        };
+        let env = environment(&config, Path::new("/w"));
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(names.contains(&"TF_IN_AUTOMATION"));
+        assert!(names.contains(&"TF_PLUGIN_CACHE_DIR"));
+        assert!(env.contains(&("HOME".to_owned(), "/w/.home".to_owned())));
+        assert!(
+            !names.contains(&"CARGO"),
+            "inherited variables must not leak: {names:?}"
+        );
+        assert!(!names.iter().any(|n| n.starts_with("TF_LOG")));
+    }
+}

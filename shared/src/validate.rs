@@ -1,0 +1,676 @@
+//! Validation of a job against its template: every problem at once, each with the field path,
+//! what is wrong and how to fix it. The executor accepts only a [`ValidatedJob`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::job::{self, FIELDS, Job, OnFailure, Operation, RawJob, TemplateRef};
+use crate::template::{Constraint, Template, VarType};
+
+/// The longest deadline a job may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// One problem with a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ValidationError {
+    /// The path of the field, e.g. `variables.node_count`; empty for the whole document.
+    pub field: String,
+    /// What is wrong.
+    pub problem: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+impl ValidationError {
+    pub fn new(
+        field: impl Into<String>,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        Self {
+            field: field.into(),
+            problem: problem.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let field = if self.field.is_empty() {
+            "job"
+        } else {
+            &self.field
+        };
+        write!(f, "{field}: {} (fix: {})", self.problem, self.fix)
+    }
+}
+
+/// A job whose every field, and every variable against its template, has been checked.
+#[derive(Clone, Debug)]
+pub struct ValidatedJob {
+    pub job: Job,
+    pub template: Template,
+    /// The values of sensitive variables, to be redacted from every log line and result.
+    pub sensitive_values: Vec<String>,
+}
+
+/// Describes a JSON value's kind for messages.
+pub fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a bool",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+/// Checks a parsed job document against the templates under `templates_root`.
+///
+/// # Errors
+/// Every problem found, in field order.
+pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec<ValidationError>> {
+    let mut errors = Vec::new();
+    let doc = &raw.0;
+
+    for key in doc.keys() {
+        if !FIELDS.contains(&key.as_str()) {
+            errors.push(ValidationError::new(
+                key.clone(),
+                "is not a job field",
+                suggest(key, &FIELDS, "remove it"),
+            ));
+        }
+    }
+
+    let id = required_str(doc, "id", &mut errors).and_then(|id| {
+        check_id(id)
+            .map_err(|e| errors.push(e))
+            .ok()
+            .map(|()| id.to_owned())
+    });
+    let mut names = ["tenant", "workspace"].map(|field| {
+        let value = required_str(doc, field, &mut errors)?;
+        match state_backends::check_name(value) {
+            Ok(()) => Some(value.to_owned()),
+            Err(e) => {
+                errors.push(ValidationError::new(
+                    field,
+                    e.reason,
+                    state_backends::NAME_RULE,
+                ));
+                None
+            }
+        }
+    });
+    let operation = required_str(doc, "operation", &mut errors).and_then(|op| {
+        let found = Operation::ALL.into_iter().find(|o| o.as_str() == op);
+        if found.is_none() {
+            let names: Vec<&str> = Operation::ALL.iter().map(|o| o.as_str()).collect();
+            errors.push(ValidationError::new(
+                "operation",
+                format!("{op:?} is not an operation"),
+                suggest(op, &names, "use one of plan, apply, destroy, drift-check"),
+            ));
+        }
+        found
+    });
+    let timeout = match doc.get("timeout") {
+        None => Some(job::DEFAULT_TIMEOUT),
+        Some(value) => match job::parse_duration(value) {
+            Ok(d) if d.is_zero() || d > MAX_TIMEOUT => {
+                errors.push(ValidationError::new(
+                    "timeout",
+                    format!("{}s is out of range", d.as_secs()),
+                    "use a timeout between 1s and 24h",
+                ));
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                errors.push(ValidationError::new("timeout", "is not a duration", e));
+                None
+            }
+        },
+    };
+    let on_failure = match doc.get("on_failure") {
+        None => Some(OnFailure::default()),
+        Some(value) => match serde_json::from_value::<OnFailure>(value.clone()) {
+            Ok(policy) => Some(policy),
+            Err(_) => {
+                errors.push(ValidationError::new(
+                    "on_failure",
+                    format!("{value} is not a failure policy"),
+                    format!("use one of {}", OnFailure::NAMES.join(", ")),
+                ));
+                None
+            }
+        },
+    };
+    let template =
+        template_ref(doc.get("template"), &mut errors).and_then(|r| {
+            match Template::load(templates_root, &r.name, &r.version) {
+                Ok(t) => Some((r, t)),
+                Err(e) => {
+                    errors.push(ValidationError::new(
+                        "template",
+                        e.to_string(),
+                        format!(
+                            "name a template that exists under the templates root {}",
+                            templates_root.display()
+                        ),
+                    ));
+                    None
+                }
+            }
+        });
+    let supplied = match doc.get("variables") {
+        None => Some(serde_json::Map::new()),
+        Some(Value::Object(map)) => Some(map.clone()),
+        Some(other) => {
+            errors.push(ValidationError::new(
+                "variables",
+                format!("must be a mapping, found {}", kind_of(other)),
+                "write variables as NAME: VALUE pairs",
+            ));
+            None
+        }
+    };
+    let variables = match (&template, &supplied) {
+        (Some((_, t)), Some(vars)) => Some(check_variables(t, vars, &mut errors)),
+        _ => None,
+    };
+
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let (
+        Some(id),
+        [Some(tenant), Some(workspace)],
+        Some(operation),
+        Some(timeout),
+        Some(on_failure),
+    ) = (
+        id,
+        std::mem::take(&mut names),
+        operation,
+        timeout,
+        on_failure,
+    )
+    else {
+        unreachable!("every missing field pushed an error");
+    };
+    let (Some((template_ref, template)), Some(variables)) = (template, variables) else {
+        unreachable!("every missing field pushed an error");
+    };
+    let sensitive_values = template
+        .spec
+        .variables
+        .iter()
+        .filter(|(_, v)| v.sensitive)
+        .filter_map(|(name, _)| variables.get(name))
+        .flat_map(secret_strings)
+        .collect();
+    Ok(ValidatedJob {
+        job: Job {
+            id,
+            tenant,
+            workspace,
+            operation,
+            template: template_ref,
+            variables,
+            timeout,
+            on_failure,
+        },
+        template,
+        sensitive_values,
+    })
+}
+
+/// The strings a sensitive value may show up as in terraform's output.
+fn secret_strings(value: &Value) -> Vec<String> {
+    match value {
+        Value::String(s) if !s.is_empty() => vec![s.clone()],
+        Value::Null | Value::String(_) => Vec::new(),
+        Value::Array(items) => items.iter().flat_map(secret_strings).collect(),
+        Value::Object(map) => map.values().flat_map(secret_strings).collect(),
+        other => vec![other.to_string()],
+    }
+}
+
+fn required_str<'a>(
+    doc: &'a serde_json::Map<String, Value>,
+    field: &str,
+    errors: &mut Vec<ValidationError>,
+) -> Option<&'a str> {
+    match doc.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => Some(s),
+        None | Some(Value::Null) => {
+            errors.push(ValidationError::new(
+                field,
+                "is required",
+                format!("add a {field} field"),
+            ));
+            None
+        }
+        Some(other) => {
+            errors.push(ValidationError::new(
+                field,
+                format!("must be a non-empty string, found {}", kind_of(other)),
+                format!("write {field} as a string"),
+            ));
+            None
+        }
+    }
+}
+
+fn check_id(id: &str) -> Result<(), ValidationError> {
+    let ok = id.len() <= 128
+        && id.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            "id",
+            format!("{id:?} is not a valid job id"),
+            "use up to 128 letters, digits, '-', '_' or '.', starting with a letter or digit",
+        ))
+    }
+}
+
+fn template_ref(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Option<TemplateRef> {
+    let Some(value) = value else {
+        errors.push(ValidationError::new(
+            "template",
+            "is required",
+            "add template: { name: NAME, version: VERSION }",
+        ));
+        return None;
+    };
+    let Value::Object(map) = value else {
+        errors.push(ValidationError::new(
+            "template",
+            format!("must be a mapping, found {}", kind_of(value)),
+            "write template: { name: NAME, version: VERSION }",
+        ));
+        return None;
+    };
+    let before = errors.len();
+    for key in map.keys() {
+        if key != "name" && key != "version" {
+            errors.push(ValidationError::new(
+                format!("template.{key}"),
+                "is not a template field",
+                suggest(key, &["name", "version"], "remove it"),
+            ));
+        }
+    }
+    let mut part = |field: &str| match map.get(field) {
+        Some(Value::String(s)) if is_path_segment(s) => Some(s.clone()),
+        Some(Value::String(s)) => {
+            errors.push(ValidationError::new(
+                format!("template.{field}"),
+                format!("{s:?} is not a valid template {field}"),
+                "use letters, digits, '-', '_' or '.', not starting with '.'",
+            ));
+            None
+        }
+        _ => {
+            errors.push(ValidationError::new(
+                format!("template.{field}"),
+                "is required and must be a string",
+                format!("add template.{field}"),
+            ));
+            None
+        }
+    };
+    let (name, version) = (part("name"), part("version"));
+    if errors.len() > before {
+        return None;
+    }
+    Some(TemplateRef {
+        name: name?,
+        version: version?,
+    })
+}
+
+fn is_path_segment(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Checks supplied variables against the template and returns them with defaults applied.
+fn check_variables(
+    template: &Template,
+    supplied: &serde_json::Map<String, Value>,
+    errors: &mut Vec<ValidationError>,
+) -> BTreeMap<String, Value> {
+    let declared = &template.spec.variables;
+    let names: Vec<&str> = declared.keys().map(String::as_str).collect();
+    for key in supplied.keys() {
+        if !declared.contains_key(key) {
+            errors.push(ValidationError::new(
+                format!("variables.{key}"),
+                "is not declared by the template",
+                suggest(
+                    key,
+                    &names,
+                    &format!("remove it; the template declares {}", names.join(", ")),
+                ),
+            ));
+        }
+    }
+    let mut values = BTreeMap::new();
+    for (name, var) in declared {
+        let field = format!("variables.{name}");
+        let value = match supplied.get(name) {
+            Some(Value::Null) | None => match &var.default {
+                Some(default) => default.clone(),
+                None if var.required => {
+                    errors.push(ValidationError::new(
+                        field,
+                        "is required by the template",
+                        format!("set {name} to a {}", var.var_type.name()),
+                    ));
+                    continue;
+                }
+                None => continue,
+            },
+            Some(value) => value.clone(),
+        };
+        if !var.var_type.matches(&value) {
+            errors.push(ValidationError::new(
+                field,
+                format!(
+                    "must be a {}, found {}",
+                    var.var_type.name(),
+                    kind_of(&value)
+                ),
+                format!("set {name} to a {}", var.var_type.name()),
+            ));
+            continue;
+        }
+        let shown = if var.sensitive {
+            "(sensitive value)".to_owned()
+        } else {
+            value.to_string()
+        };
+        if let Err((problem, fix)) = check_constraint(&var.constraint, var.var_type, &value, &shown)
+        {
+            errors.push(ValidationError::new(field, problem, fix));
+            continue;
+        }
+        values.insert(name.clone(), value);
+    }
+    for (i, rule) in template.spec.rules.iter().enumerate() {
+        let applies = rule
+            .when
+            .iter()
+            .all(|(name, expected)| values.get(name) == Some(expected));
+        if !applies {
+            continue;
+        }
+        let condition: Vec<String> = rule
+            .when
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect();
+        for (name, constraint) in &rule.require {
+            let var_type = declared[name].var_type;
+            let problem = match values.get(name) {
+                None => Some(("is required".to_owned(), format!("set {name}"))),
+                Some(value) => {
+                    check_constraint(constraint, var_type, value, &value.to_string()).err()
+                }
+            };
+            if let Some((problem, fix)) = problem {
+                let why = rule
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| format!("rule {i} of the template"));
+                errors.push(ValidationError::new(
+                    format!("variables.{name}"),
+                    format!("{problem} when {}: {why}", condition.join(" and ")),
+                    fix,
+                ));
+            }
+        }
+    }
+    values
+}
+
+/// Checks one value against a constraint; the error is (problem, fix).
+fn check_constraint(
+    c: &Constraint,
+    var_type: VarType,
+    value: &Value,
+    shown: &str,
+) -> Result<(), (String, String)> {
+    if let Some(allowed) = &c.one_of
+        && !allowed.contains(value)
+    {
+        let list: Vec<String> = allowed.iter().map(Value::to_string).collect();
+        return Err((
+            format!("{shown} is not an allowed value"),
+            format!("use one of {}", list.join(", ")),
+        ));
+    }
+    let (measure, what) = match (var_type, value) {
+        (VarType::Number, Value::Number(n)) => (n.as_f64(), ""),
+        (VarType::String, Value::String(s)) => (Some(s.chars().count() as f64), " characters"),
+        (VarType::List, Value::Array(a)) => (Some(a.len() as f64), " items"),
+        (VarType::Map, Value::Object(m)) => (Some(m.len() as f64), " entries"),
+        _ => (None, ""),
+    };
+    if let Some(x) = measure {
+        if let Some(min) = c.min
+            && x < min
+        {
+            return Err((
+                format!("must be at least {min}{what}, found {x}{what}"),
+                format!("use a value of at least {min}{what}"),
+            ));
+        }
+        if let Some(max) = c.max
+            && x > max
+        {
+            return Err((
+                format!("must be at most {max}{what}, found {x}{what}"),
+                format!("use a value of at most {max}{what}"),
+            ));
+        }
+    }
+    if let (Some(pattern), Value::String(s)) = (&c.pattern, value) {
+        let re = regex::Regex::new(pattern)
+            .map_err(|e| (format!("bad pattern: {e}"), "fix the template".into()))?;
+        if !re.is_match(s) {
+            return Err((
+                format!("{shown} does not match the pattern {pattern}"),
+                format!("use a value matching {pattern}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// "did you mean …" when a close name exists, else `otherwise`.
+fn suggest(given: &str, known: &[&str], otherwise: &str) -> String {
+    known
+        .iter()
+        .map(|k| (edit_distance(given, k), *k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 3))
+        .min()
+        .map_or_else(
+            || otherwise.to_owned(),
+            |(_, k)| format!("did you mean {k:?}?"),
+        )
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &str = r#"
+variables:
+  region: { type: string, required: true, enum: [eu-west-1, us-east-1] }
+  name: { type: string, required: true, pattern: "^[a-z][a-z0-9-]{2,30}$" }
+  node_count: { type: number, default: 1, min: 1, max: 20 }
+  ha: { type: bool, default: false }
+  tags: { type: map, default: {} }
+  password: { type: string, sensitive: true, default: "", pattern: "^.{0,64}$" }
+rules:
+  - when: { ha: true }
+    require: { node_count: { min: 3 } }
+    message: a highly available cluster needs at least 3 nodes
+"#;
+
+    fn templates() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("k8s/1.0.0");
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(t.join("template.yaml"), SPEC).unwrap();
+        std::fs::write(t.join("main.tf"), "").unwrap();
+        dir
+    }
+
+    fn check(text: &str) -> Result<ValidatedJob, Vec<ValidationError>> {
+        let root = templates();
+        validate(&RawJob::parse(text).unwrap(), root.path())
+    }
+
+    const GOOD: &str = r#"
+id: job-1
+tenant: acme
+workspace: prod
+operation: apply
+template: { name: k8s, version: 1.0.0 }
+variables: { region: eu-west-1, name: main, ha: true, node_count: 3, password: hunter22 }
+timeout: 10m
+on_failure: destroy-created
+"#;
+
+    #[test]
+    fn a_good_job_gets_defaults_and_its_secrets_listed() {
+        let job = check(GOOD).unwrap();
+        assert_eq!(job.job.timeout, Duration::from_secs(600));
+        assert_eq!(job.job.on_failure, OnFailure::DestroyCreated);
+        assert_eq!(job.job.variables["tags"], serde_json::json!({}));
+        assert_eq!(job.sensitive_values, vec!["hunter22".to_owned()]);
+    }
+
+    #[test]
+    fn every_mistake_is_reported_with_its_field_and_a_fix() {
+        let bad = r#"
+id: job-1
+tenant: Acme
+workspace: prod
+operation: deploy
+regoin: eu
+template: { name: k8s, version: 1.0.0 }
+variables: { region: mars-1, name: "9bad", ha: true, node_count: 2, colour: red }
+timeout: forever
+"#;
+        let errors = check(bad).unwrap_err();
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "regoin",
+                "tenant",
+                "operation",
+                "timeout",
+                "variables.colour",
+                "variables.name",
+                "variables.region",
+                "variables.node_count",
+            ],
+            "{errors:#?}"
+        );
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert!(
+            text[0].contains("did you mean \"region\"") || text[0].contains("remove it"),
+            "{}",
+            text[0]
+        );
+        assert!(
+            text[2].contains("\"deploy\" is not an operation"),
+            "{}",
+            text[2]
+        );
+        assert!(
+            text[6].contains("use one of \"eu-west-1\", \"us-east-1\""),
+            "{}",
+            text[6]
+        );
+        assert!(text[7].contains("at least 3 nodes"), "{}", text[7]);
+    }
+
+    #[test]
+    fn sensitive_values_never_appear_in_errors() {
+        let errors = check(&GOOD.replace("hunter22", &"s".repeat(70))).unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert!(!errors[0].to_string().contains("sss"), "{}", errors[0]);
+        assert!(errors[0].to_string().contains("(sensitive value)"));
+    }
+
+    #[test]
+    fn missing_template_and_wrong_types() {
+        let errors = check(
+            "id: j\ntenant: a\nworkspace: w\noperation: plan\ntemplate: { name: nope, version: '1' }\n",
+        )
+        .unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].problem.contains("does not exist"),
+            "{}",
+            errors[0]
+        );
+
+        let errors = check(&GOOD.replace("node_count: 3", "node_count: \"3\"")).unwrap_err();
+        assert_eq!(errors[0].field, "variables.node_count");
+        assert!(
+            errors[0]
+                .problem
+                .contains("must be a number, found a string")
+        );
+
+        let errors = check(&GOOD.replace("name: k8s", "name: ../../etc")).unwrap_err();
+        assert_eq!(errors[0].field, "template.name");
+    }
+
+    #[test]
+    fn suggestions_find_close_names() {
+        assert_eq!(
+            suggest("workspce", &FIELDS, "x"),
+            "did you mean \"workspace\"?"
+        );
+        assert_eq!(suggest("zzzzzz", &FIELDS, "remove it"), "remove it");
+    }
+}
