@@ -130,13 +130,18 @@ impl Runner {
             return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
         }
         let redactor = Redactor::new(job.sensitive_values.iter().cloned());
-        let started_at = OffsetDateTime::now_utc();
-        let started = Instant::now();
-
         let lease = match self.acquire(&ws, job, &cancel).await? {
             Ok(lease) => lease,
             Err(holder) => return Ok(RunOutcome::Busy { holder }),
         };
+        // Checked again under the lease: the same job may have run while we waited for it.
+        if let Some(previous) = self.previous_result(&ws, &j.id).await? {
+            self.store.release_lease(&ws, &lease).await?;
+            return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
+        }
+        // The run starts when the workspace is ours; waiting for it is not part of the run.
+        let started_at = OffsetDateTime::now_utc();
+        let started = Instant::now();
         let record = serde_json::json!({
             "id": j.id, "tenant": j.tenant, "workspace": j.workspace,
             "operation": j.operation, "template": j.template,

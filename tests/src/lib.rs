@@ -1,1 +1,294 @@
-//! placeholder
+//! The harness of Terrace's integration tests: a sandbox per test (store, test cloud folder,
+//! templates, queue), the real `terrace` binary, the real terraform binary and the testcloud
+//! provider installed by `scripts/install-terraform.sh` and `scripts/install-testcloud-provider.sh`.
+//!
+//! Nothing is skipped: a missing terraform, provider or binary fails the test with the command
+//! that installs it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use state_backends::fs::FsStore;
+use state_backends::{StateStore, VersionInfo, WorkspaceId};
+
+/// The repository's root folder.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the repository")
+        .to_owned()
+}
+
+/// The terraform to test with: `TERRACE_TERRAFORM`, else the one the install script puts in
+/// `.cache/tools`.
+pub fn terraform() -> PathBuf {
+    let path = std::env::var_os("TERRACE_TERRAFORM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".cache/tools/terraform/terraform"));
+    assert!(
+        path.exists(),
+        "terraform not found at {}: run scripts/install-terraform.sh (or `make tools`)",
+        path.display()
+    );
+    path
+}
+
+/// The filesystem mirror holding the testcloud provider.
+pub fn plugin_mirror() -> PathBuf {
+    let mirror = repo_root().join(".cache/plugins");
+    assert!(
+        mirror
+            .join("registry.terraform.io/terrace/testcloud")
+            .exists(),
+        "the testcloud provider is not installed in {}: run scripts/install-testcloud-provider.sh (or `make tools`)",
+        mirror.display()
+    );
+    mirror
+}
+
+/// The `terrace` binary built beside this test binary (`cargo build -p local`).
+pub fn terrace_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>");
+    let bin = dir.join("terrace");
+    assert!(
+        bin.exists(),
+        "{} not found: run `cargo build -p local` before the tests (or `make test`)",
+        bin.display()
+    );
+    bin
+}
+
+/// One test's world: a store, a test cloud, templates, a queue, all in a temporary folder.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+    pub store: PathBuf,
+    pub cloud: PathBuf,
+    pub templates: PathBuf,
+    pub queue: PathBuf,
+    cli_config: PathBuf,
+    /// Extra environment for terrace (and, where passed through, terraform).
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("terrace-it-")
+            .tempdir()
+            .expect("tempdir");
+        let root = dir.path().to_owned();
+        let (store, cloud, templates, queue) = (
+            root.join("store"),
+            root.join("cloud"),
+            root.join("templates"),
+            root.join("queue"),
+        );
+        for d in [&cloud, &templates, &queue] {
+            std::fs::create_dir_all(d).expect("sandbox folders");
+        }
+        let repo = repo_root();
+        std::os::unix::fs::symlink(repo.join("templates/demo"), templates.join("demo"))
+            .expect("link demo");
+        std::os::unix::fs::symlink(repo.join("tests/templates/leaky"), templates.join("leaky"))
+            .expect("link leaky");
+        let cli_config = root.join("terraformrc");
+        std::fs::write(
+            &cli_config,
+            format!(
+                "provider_installation {{\n  filesystem_mirror {{\n    path = {:?}\n  }}\n}}\n",
+                plugin_mirror().display().to_string()
+            ),
+        )
+        .expect("cli config");
+        Self {
+            dir,
+            store,
+            cloud,
+            templates,
+            queue,
+            cli_config,
+            env: Vec::new(),
+        }
+    }
+
+    /// A `terrace` command set up for this sandbox.
+    pub fn terrace(&self) -> Command {
+        let mut cmd = Command::new(terrace_bin());
+        cmd.current_dir(self.dir.path())
+            .env("TERRACE_STORE", &self.store)
+            .env("TERRACE_TEMPLATES", &self.templates)
+            .env("TERRACE_TERRAFORM", terraform())
+            .env("TERRACE_TF_CLI_CONFIG", &self.cli_config)
+            .env(
+                "TERRACE_PASS_ENV",
+                "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS",
+            )
+            .env("TERRACE_GRACE", "5")
+            .env("TESTCLOUD_ROOT", &self.cloud)
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// Runs `terrace ARGS` to its end.
+    pub fn run(&self, args: &[&str]) -> Run {
+        let output = self.terrace().args(args).output().expect("terrace starts");
+        Run(output)
+    }
+
+    /// Writes a job file and returns its path.
+    pub fn job(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("job file");
+        path
+    }
+
+    pub fn fs_store(&self) -> FsStore {
+        FsStore::new(&self.store)
+    }
+
+    /// Every state version of a workspace.
+    pub async fn versions(&self, ws: &str) -> Vec<VersionInfo> {
+        let ws: WorkspaceId = ws.parse().expect("tenant/workspace");
+        self.fs_store().versions(&ws).await.expect("versions")
+    }
+
+    /// A run artifact as JSON.
+    pub async fn artifact_json(&self, ws: &str, job: &str, name: &str) -> serde_json::Value {
+        let ws: WorkspaceId = ws.parse().expect("tenant/workspace");
+        let raw = self
+            .fs_store()
+            .artifact(&ws, job, name)
+            .await
+            .expect("artifact")
+            .unwrap_or_else(|| panic!("no artifact {name} for job {job}"));
+        serde_json::from_slice(&raw).expect("artifact is JSON")
+    }
+
+    /// The test cloud's resources: relative path → content.
+    pub fn cloud_files(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for kind in ["network", "cluster"] {
+            let Ok(entries) = std::fs::read_dir(self.cloud.join(kind)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".json") {
+                    out.insert(
+                        format!("{kind}/{name}"),
+                        std::fs::read_to_string(e.path()).expect("read"),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    /// Every file under the store, with its content, for leak checks.
+    pub fn store_files(&self) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.store.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    let data = std::fs::read(&path).expect("read");
+                    out.push((path, data));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A finished `terrace` process.
+pub struct Run(pub Output);
+
+impl Run {
+    pub fn code(&self) -> i32 {
+        self.0.status.code().unwrap_or(-1)
+    }
+
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.0.stdout).into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.0.stderr).into_owned()
+    }
+
+    /// Asserts the exit code, printing the output when it differs.
+    #[track_caller]
+    pub fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code(),
+            code,
+            "terrace exited {}; stdout:\n{}\nstderr:\n{}",
+            self.code(),
+            self.stdout(),
+            self.stderr()
+        );
+        self
+    }
+}
+
+/// A demo job (the demo template) as YAML.
+pub fn demo_job(
+    id: &str,
+    workspace: &str,
+    operation: &str,
+    cluster: &str,
+    node_count: u32,
+) -> String {
+    format!(
+        "id: {id}\ntenant: acme\nworkspace: {workspace}\noperation: {operation}\n\
+         template: {{ name: demo, version: 1.0.0 }}\n\
+         variables:\n  cluster_name: {cluster}\n  region: eu-west-1\n  node_count: {node_count}\n  \
+         admin_password: correct-horse-battery-staple\ntimeout: 5m\n"
+    )
+}
+
+/// PIDs of the children of `pid`, from /proc.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        if rest
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok())
+            == Some(pid)
+        {
+            out.push(child);
+        }
+    }
+    out
+}

@@ -1,0 +1,33 @@
+# Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
+# what they need first (`make tools`).
+.PHONY: tools demo test fmt lint ci bench bench-overhead bench-state-server clean
+
+tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config
+	scripts/install-tools.sh
+
+demo: tools ## apply the demo template through the local runner
+	scripts/demo.sh
+
+test: tools ## the whole test suite, with real terraform
+	cargo build -p local
+	cargo test --workspace
+
+fmt:
+	cargo fmt --all
+
+lint:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+ci: test lint
+
+bench: bench-state-server bench-overhead ## both benchmarks (release builds)
+
+bench-state-server:
+	cargo bench -p shared --bench state_server
+
+bench-overhead: tools
+	benches/overhead.sh
+
+clean:
+	rm -rf .terrace .terrace-demo

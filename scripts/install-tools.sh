@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything the demo and the tests need, idempotently, into .cache/ (git-ignored):
+# protoc (to build the testcloud provider), the real terraform binary with its test-harness
+# wrapper, the testcloud provider in a filesystem mirror, and a terraform CLI config using it.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+if ! command -v protoc >/dev/null 2>&1; then
+    echo "installing protoc (protobuf-compiler) with apt-get" >&2
+    sudo=""
+    [[ "$(id -u)" == 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq protobuf-compiler >&2
+fi
+
+scripts/install-terraform.sh >/dev/null
+mirror="$(scripts/install-testcloud-provider.sh)"
+cat > .cache/terraformrc <<HCL
+provider_installation {
+  filesystem_mirror {
+    path = "$mirror"
+  }
+}
+HCL
+echo "tools ready: .cache/tools/terraform/terraform, provider mirror $mirror" >&2

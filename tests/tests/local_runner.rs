@@ -1,0 +1,582 @@
+//! The local runner end to end: the real `terrace` binary, the real terraform binary, the
+//! testcloud provider, and the `fs` store.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tests::{Sandbox, children_of, demo_job};
+
+#[tokio::test]
+async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
+    let sb = Sandbox::new();
+    let job = sb.job(
+        "apply-1.yaml",
+        &demo_job("apply-1", "demo", "apply", "demo", 3),
+    );
+    let run = sb.run(&["run", job.to_str().unwrap()]);
+    run.expect_code(0);
+    assert!(
+        run.stdout().contains("status:     succeeded"),
+        "{}",
+        run.stdout()
+    );
+
+    let result = sb
+        .artifact_json("acme/demo", "apply-1", "result.json")
+        .await;
+    assert_eq!(result["status"], "succeeded");
+    let steps: Vec<&str> = result["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps, ["init", "plan", "show", "apply", "output"]);
+    assert_eq!(result["changes"]["add"], 2);
+    let cluster_id = result["outputs"]["cluster_id"]["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(cluster_id.starts_with("cls-"), "{cluster_id}");
+    assert_eq!(
+        result["outputs"]["endpoint"]["value"],
+        "https://demo.eu-west-1.testcloud.local"
+    );
+    assert_eq!(result["outputs"]["admin_url"]["value"], "(sensitive value)");
+
+    // The test cloud holds exactly the two resources, as the outputs say.
+    let cloud = sb.cloud_files();
+    assert_eq!(cloud.len(), 2, "{cloud:?}");
+    let cluster: Value =
+        serde_json::from_str(&cloud[&format!("cluster/{cluster_id}.json")]).unwrap();
+    assert_eq!(
+        (cluster["node_count"].as_f64(), cluster["region"].as_str()),
+        (Some(3.0), Some("eu-west-1"))
+    );
+
+    let versions = sb.versions("acme/demo").await;
+    assert!(!versions.is_empty());
+    assert_eq!(
+        result["state_versions"],
+        serde_json::json!(versions.iter().map(|v| v.number).collect::<Vec<_>>())
+    );
+    let state: Value = serde_json::from_slice(
+        &std::fs::read(sb.store.join("acme/demo/terraform.tfstate")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["resources"].as_array().unwrap().len(), 2);
+
+    // The same job id again: not run again.
+    let again = sb.run(&["run", job.to_str().unwrap()]);
+    again.expect_code(0);
+    assert!(
+        again.stdout().contains("already finished"),
+        "{}",
+        again.stdout()
+    );
+    assert_eq!(sb.versions("acme/demo").await.len(), versions.len());
+
+    // The same request under new ids: no changes planned, the cloud untouched. Terraform bumps
+    // a serial of 0 once even without changes (its own rule), so by the third apply no new
+    // version may appear at all.
+    for (i, id) in ["apply-2", "apply-3"].iter().enumerate() {
+        let before = sb.versions("acme/demo").await;
+        let job = sb.job(
+            &format!("{id}.yaml"),
+            &demo_job(id, "demo", "apply", "demo", 3),
+        );
+        sb.run(&["run", "-q", job.to_str().unwrap()]).expect_code(0);
+        let result = sb.artifact_json("acme/demo", id, "result.json").await;
+        assert_eq!(
+            result["changes"]["resources"],
+            serde_json::json!([]),
+            "{id}: {result}"
+        );
+        assert_eq!(
+            result["outputs"]["cluster_id"]["value"],
+            cluster_id.as_str()
+        );
+        assert_eq!(sb.cloud_files(), cloud, "{id} changed the cloud");
+        let after = sb.versions("acme/demo").await;
+        if i == 1 {
+            assert_eq!(after, before, "a no-op apply wrote a state version");
+        }
+        let current: Value = serde_json::from_slice(
+            &std::fs::read(sb.store.join("acme/demo/terraform.tfstate")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            current["resources"], state["resources"],
+            "{id} changed the state's resources"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_job_with_five_mistakes_gets_five_precise_messages_and_nothing_runs() {
+    let sb = Sandbox::new();
+    let job = sb.job(
+        "bad.yaml",
+        "id: bad-1\ntenant: acme\nworkspace: demo\noperation: deploy\n\
+         template: { name: demo, version: 1.0.0 }\n\
+         variables:\n  cluster_name: Demo_Cluster\n  region: mars-1\n  node_count: 0\n  \
+         admin_password: correct-horse-battery-staple\n  colour: blue\n",
+    );
+    let run = sb.run(&["run", job.to_str().unwrap()]);
+    run.expect_code(65);
+    let stderr = run.stderr();
+    let problems: Vec<&str> = stderr.lines().filter(|l| l.starts_with("  - ")).collect();
+    assert_eq!(problems.len(), 5, "{stderr}");
+    let expected = [
+        ("operation:", "\"deploy\" is not an operation"),
+        ("variables.colour:", "is not declared by the template"),
+        ("variables.cluster_name:", "does not match the pattern"),
+        ("variables.node_count:", "must be at least 1"),
+        (
+            "variables.region:",
+            "use one of \"eu-west-1\", \"eu-central-1\", \"us-east-1\"",
+        ),
+    ];
+    for (field, text) in expected {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains(field) && p.contains(text) && p.contains("(fix: ")),
+            "no message for {field} containing {text:?}:\n{stderr}"
+        );
+    }
+    assert!(!sb.store.exists(), "an invalid job wrote to the store");
+    assert!(sb.cloud_files().is_empty());
+
+    let validate = sb.run(&["validate", job.to_str().unwrap()]);
+    validate.expect_code(65);
+    let good = sb.job("good.yaml", &demo_job("good-1", "demo", "plan", "demo", 1));
+    let ok = sb.run(&["validate", good.to_str().unwrap()]);
+    ok.expect_code(0);
+    assert!(
+        ok.stdout().contains("valid (plan demo@1.0.0 in acme/demo)"),
+        "{}",
+        ok.stdout()
+    );
+}
+
+/// (start, end) of a finished job, from its result.
+fn interval(result: &Value) -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let parse = |k: &str| {
+        time::OffsetDateTime::parse(
+            result[k].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap()
+    };
+    (parse("started_at"), parse("finished_at"))
+}
+
+#[tokio::test]
+async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_parallel() {
+    let mut sb = Sandbox::new();
+    // Each create takes a second, so the jobs overlap whenever they are allowed to.
+    sb.env
+        .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "1000".into()));
+    std::fs::write(
+        sb.queue.join("a1.yaml"),
+        demo_job("a1", "ws-a", "apply", "alpha", 1),
+    )
+    .unwrap();
+    std::fs::write(
+        sb.queue.join("a2.yaml"),
+        demo_job("a2", "ws-a", "apply", "alpha", 2),
+    )
+    .unwrap();
+    std::fs::write(
+        sb.queue.join("b1.yaml"),
+        demo_job("b1", "ws-b", "apply", "beta", 1),
+    )
+    .unwrap();
+    std::fs::write(sb.queue.join("x-invalid.yaml"), "id: x\ntenant: acme\n").unwrap();
+
+    let serve = sb.run(&[
+        "serve",
+        "-q",
+        "--queue",
+        sb.queue.to_str().unwrap(),
+        "--concurrency",
+        "3",
+        "--once",
+        "--poll-ms",
+        "50",
+    ]);
+    serve.expect_code(0);
+
+    for name in ["a1.yaml", "a2.yaml", "b1.yaml"] {
+        assert!(
+            sb.queue.join("done").join(name).exists(),
+            "{name} not done: {}",
+            serve.stderr()
+        );
+        let result: Value = serde_json::from_slice(
+            &std::fs::read(sb.queue.join("done").join(format!("{name}.result.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(result["status"], "succeeded");
+    }
+    let rejected: Value = serde_json::from_slice(
+        &std::fs::read(sb.queue.join("failed/x-invalid.yaml.result.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rejected["status"], "rejected");
+    assert!(
+        rejected["errors"].as_array().unwrap().len() >= 3,
+        "{rejected}"
+    );
+
+    let a1 = interval(&sb.artifact_json("acme/ws-a", "a1", "result.json").await);
+    let a2 = interval(&sb.artifact_json("acme/ws-a", "a2", "result.json").await);
+    let b1 = interval(&sb.artifact_json("acme/ws-b", "b1", "result.json").await);
+    let overlaps =
+        |x: (time::OffsetDateTime, time::OffsetDateTime),
+         y: (time::OffsetDateTime, time::OffsetDateTime)| { x.0 < y.1 && y.0 < x.1 };
+    assert!(
+        !overlaps(a1, a2),
+        "two jobs of one workspace ran at once: {a1:?} {a2:?}"
+    );
+    assert!(
+        overlaps(a1, b1) || overlaps(a2, b1),
+        "ws-b did not run beside ws-a: {a1:?} {a2:?} {b1:?}"
+    );
+
+    // Each acquisition of ws-a's lease got a new fence.
+    let f1 = sb.artifact_json("acme/ws-a", "a1", "job.json").await["lease"]["fence"]
+        .as_u64()
+        .unwrap();
+    let f2 = sb.artifact_json("acme/ws-a", "a2", "job.json").await["lease"]["fence"]
+        .as_u64()
+        .unwrap();
+    assert_ne!(f1, f2);
+    assert_eq!(f1.max(f2), 2);
+}
+
+#[tokio::test]
+async fn a_second_process_finds_the_workspace_busy_and_can_wait_for_it() {
+    let mut sb = Sandbox::new();
+    sb.env
+        .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "2500".into()));
+    let first = sb.job("p1.yaml", &demo_job("p1", "shared", "apply", "shared", 1));
+    let second = sb.job("p2.yaml", &demo_job("p2", "shared", "apply", "shared", 1));
+    let mut running = sb
+        .terrace()
+        .args(["run", "-q", first.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_lease(&sb, "acme/shared", "p1").await;
+
+    // The same job id delivered again while it runs: it waits, then finds the job done.
+    let duplicate = sb
+        .terrace()
+        .args(["run", "-q", "--wait", "60", first.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let busy = sb.run(&["run", "-q", second.to_str().unwrap()]);
+    busy.expect_code(75);
+    assert!(
+        busy.stderr().contains("leased by job p1"),
+        "{}",
+        busy.stderr()
+    );
+
+    let waited = sb.run(&["run", "-q", "--wait", "60", second.to_str().unwrap()]);
+    waited.expect_code(0);
+    assert!(running.wait().unwrap().success());
+    let duplicate = tests::Run(duplicate.wait_with_output().unwrap());
+    duplicate.expect_code(0);
+    assert!(
+        duplicate.stdout().contains("already finished"),
+        "{}",
+        duplicate.stdout()
+    );
+    let logs = shared::logs::read_log(&sb.fs_store(), &"acme/shared".parse().unwrap(), "p1")
+        .await
+        .unwrap();
+    let inits = logs.iter().filter(|l| l.text == "terraform init").count();
+    assert_eq!(inits, 1, "job p1 ran more than once");
+    let p1 = interval(&sb.artifact_json("acme/shared", "p1", "result.json").await);
+    let p2 = interval(&sb.artifact_json("acme/shared", "p2", "result.json").await);
+    assert!(p2.0 >= p1.1, "p2 started before p1 released the workspace");
+}
+
+async fn wait_for_lease(sb: &Sandbox, ws: &str, owner: &str) {
+    use state_backends::StateStore;
+    let ws: state_backends::WorkspaceId = ws.parse().unwrap();
+    let store = sb.fs_store();
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < give_up {
+        if store
+            .lease(&ws)
+            .await
+            .unwrap()
+            .is_some_and(|l| l.owner == owner)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{owner} never took the lease of {ws}");
+}
+
+#[tokio::test]
+async fn a_runner_killed_during_apply_leaves_a_lease_that_expires_and_loses_no_version() {
+    let mut sb = Sandbox::new();
+    sb.env.push(("TERRACE_LEASE_TTL".into(), "3".into()));
+    let base = sb.job("k1.yaml", &demo_job("k1", "kill", "apply", "first", 1));
+    sb.run(&["run", "-q", base.to_str().unwrap()])
+        .expect_code(0);
+    let before = sb.versions("acme/kill").await;
+    let before_data: Vec<Vec<u8>> = before
+        .iter()
+        .map(|v| {
+            std::fs::read(
+                sb.store
+                    .join(format!("acme/kill/versions/{:010}.tfstate", v.number)),
+            )
+            .unwrap()
+        })
+        .collect();
+
+    // A rename replaces the cluster; its create takes 20 s, and the runner dies meanwhile.
+    sb.env
+        .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "20000".into()));
+    let victim = sb.job("k2.yaml", &demo_job("k2", "kill", "apply", "second", 1));
+    let mut child = sb
+        .terrace()
+        .args(["run", victim.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains("Creating...") {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l.contains("Creating...")),
+        "apply never started:\n{}",
+        seen.join("\n")
+    );
+    // The runner and its terraform die together, as when a container is killed.
+    let terraform_groups: Vec<i32> = children_of(child.id())
+        .into_iter()
+        .map(|p| p as i32)
+        .collect();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for pgid in terraform_groups {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pgid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+
+    // The dead runner's lease is still recorded, and no result was written for it.
+    use state_backends::StateStore;
+    let ws: state_backends::WorkspaceId = "acme/kill".parse().unwrap();
+    let lease = sb
+        .fs_store()
+        .lease(&ws)
+        .await
+        .unwrap()
+        .expect("the dead runner's lease remains");
+    assert_eq!(lease.owner, "k2");
+
+    // The next job waits for the lease to expire, then runs.
+    sb.env.retain(|(k, _)| k != "TESTCLOUD_CREATE_DELAY_MS");
+    let next = sb.job("k3.yaml", &demo_job("k3", "kill", "apply", "second", 1));
+    let started = Instant::now();
+    let run = sb.run(&["run", "-q", "--wait", "60", next.to_str().unwrap()]);
+    run.expect_code(0);
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let result = sb.artifact_json("acme/kill", "k3", "result.json").await;
+    assert_eq!(result["status"], "succeeded");
+    let fence = sb.artifact_json("acme/kill", "k3", "job.json").await["lease"]["fence"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        fence > lease.fence,
+        "the next job's fence {fence} is not above the dead one's {}",
+        lease.fence
+    );
+
+    // Every version accepted before the kill is still there, byte for byte.
+    let after = sb.versions("acme/kill").await;
+    assert!(after.len() > before.len());
+    for (v, data) in before.iter().zip(&before_data) {
+        assert_eq!(&after[v.number as usize - 1], v);
+        let now = std::fs::read(
+            sb.store
+                .join(format!("acme/kill/versions/{:010}.tfstate", v.number)),
+        )
+        .unwrap();
+        assert_eq!(&now, data, "version {} changed", v.number);
+    }
+    let numbers: Vec<u64> = after.iter().map(|v| v.number).collect();
+    assert_eq!(numbers, (1..=after.len() as u64).collect::<Vec<_>>());
+    let names: Vec<String> = sb
+        .cloud_files()
+        .values()
+        .map(|c| {
+            serde_json::from_str::<Value>(c).unwrap()["name"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(names.contains(&"second".to_owned()), "{names:?}");
+}
+
+#[tokio::test]
+async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
+    let sb = Sandbox::new();
+    for (id, nodes) in [("r1", 1), ("r2", 4)] {
+        let job = sb.job(
+            &format!("{id}.yaml"),
+            &demo_job(id, "restore", "apply", "rest", nodes),
+        );
+        sb.run(&["run", "-q", job.to_str().unwrap()]).expect_code(0);
+    }
+    let versions = sb.versions("acme/restore").await;
+    let first = versions.first().unwrap().number;
+    let first_state: Value = serde_json::from_slice(
+        &std::fs::read(
+            sb.store
+                .join(format!("acme/restore/versions/{first:010}.tfstate")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+
+    let listed = sb.run(&["state", "versions", "acme/restore"]);
+    listed.expect_code(0);
+    assert!(listed.stdout().contains("(current)"), "{}", listed.stdout());
+
+    let restored = sb.run(&[
+        "state",
+        "restore",
+        "acme/restore",
+        "--version",
+        &first.to_string(),
+    ]);
+    restored.expect_code(0);
+    let after = sb.versions("acme/restore").await;
+    assert_eq!(
+        after.len(),
+        versions.len() + 1,
+        "a restore adds exactly one version"
+    );
+    assert_eq!(&after[..versions.len()], &versions[..], "history untouched");
+    let newest = after.last().unwrap();
+    assert!(
+        newest.serial > versions.last().unwrap().serial,
+        "the serial rolls forward"
+    );
+    let shown = sb.run(&["state", "show", "acme/restore"]);
+    let current: Value = serde_json::from_str(&shown.stdout()).unwrap();
+    assert_eq!(
+        current["resources"], first_state["resources"],
+        "the old content is current again"
+    );
+    assert_eq!(current["lineage"], first_state["lineage"]);
+
+    // A drift check refreshes from the real infrastructure: the cloud matches the template.
+    let clean = sb.job(
+        "d2.yaml",
+        &demo_job("d2", "restore", "drift-check", "rest", 4),
+    );
+    sb.run(&["run", "-q", clean.to_str().unwrap()])
+        .expect_code(0);
+    assert_eq!(
+        sb.artifact_json("acme/restore", "d2", "result.json").await["drift"],
+        false
+    );
+
+    let (path, content) = sb
+        .cloud_files()
+        .into_iter()
+        .find(|(p, _)| p.starts_with("cluster/"))
+        .unwrap();
+    let mut cluster: Value = serde_json::from_str(&content).unwrap();
+    cluster["node_count"] = 7.into();
+    std::fs::write(sb.cloud.join(path), serde_json::to_vec(&cluster).unwrap()).unwrap();
+    let drifted = sb.job(
+        "d3.yaml",
+        &demo_job("d3", "restore", "drift-check", "rest", 4),
+    );
+    sb.run(&["run", "-q", drifted.to_str().unwrap()])
+        .expect_code(2);
+    assert_eq!(
+        sb.artifact_json("acme/restore", "d3", "result.json").await["drift"],
+        true
+    );
+}
+
+#[tokio::test]
+async fn sensitive_values_appear_in_no_log_line_and_no_result() {
+    let sb = Sandbox::new();
+    let token = "tok-5ecr3t-XYZZY";
+    let job = sb.job(
+        "leak.yaml",
+        &format!(
+            "id: leak-1\ntenant: acme\nworkspace: leak\noperation: apply\n\
+             template: {{ name: leaky, version: 1.0.0 }}\nvariables: {{ name: leaky, token: {token} }}\n"
+        ),
+    );
+    let run = sb.run(&["run", job.to_str().unwrap()]);
+    run.expect_code(0);
+    // Terraform printed the secret (plan, apply, outputs); Terrace masked every occurrence.
+    assert!(
+        !run.stdout().contains(token) && !run.stderr().contains(token),
+        "the console shows the secret"
+    );
+    assert!(
+        run.stderr().contains("leaky-(sensitive value)"),
+        "{}",
+        run.stderr()
+    );
+
+    let ws: state_backends::WorkspaceId = "acme/leak".parse().unwrap();
+    let logs = shared::logs::read_log(&sb.fs_store(), &ws, "leak-1")
+        .await
+        .unwrap();
+    assert!(logs.len() > 20, "the log is stored");
+    assert!(logs.iter().any(|l| l.text.contains("(sensitive value)")));
+    for (path, data) in sb.store_files() {
+        let rel = path
+            .strip_prefix(&sb.store)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let is_state = rel.ends_with(".tfstate");
+        // Terraform's state holds the values it manages, by design; nothing else may.
+        if !is_state {
+            assert!(
+                !String::from_utf8_lossy(&data).contains(token),
+                "{rel} contains the secret"
+            );
+        }
+    }
+    let result = sb.artifact_json("acme/leak", "leak-1", "result.json").await;
+    assert_eq!(
+        result["outputs"]["connection"]["value"],
+        "token=(sensitive value)"
+    );
+}
