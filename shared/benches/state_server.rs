@@ -97,6 +97,7 @@ async fn main() {
         store,
         ws,
         fence: lease.fence(),
+        password: shared::state_server::random_secret(),
         logger: None,
     })
     .await
@@ -104,8 +105,11 @@ async fn main() {
     let ep = server.endpoint().clone();
     let url = ep.address.strip_prefix("http://").unwrap();
     let (addr, path) = url.split_once('/').unwrap();
+    // Like Go's HTTP client (terraform's), no Nagle delay between a request's head and body.
+    let stream = TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
     let mut client = Client {
-        reader: BufReader::new(TcpStream::connect(addr).await.unwrap()),
+        reader: BufReader::new(stream),
         auth: base64::engine::general_purpose::STANDARD
             .encode(format!("{}:{}", ep.username, ep.password)),
         path: format!("/{path}"),

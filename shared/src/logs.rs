@@ -80,14 +80,29 @@ impl Logger {
     }
 }
 
-/// Starts the pump that feeds `sinks`; returns the logger and the pump's handle. The pump ends
-/// (after flushing every sink) when the last clone of the logger is dropped.
-pub fn start(
-    redactor: Redactor,
-    mut sinks: Vec<Box<dyn LogSink>>,
-) -> (Logger, tokio::task::JoinHandle<()>) {
+/// The running pump of a job's log.
+#[derive(Debug)]
+pub struct Pump {
+    task: tokio::task::JoinHandle<()>,
+    close: tokio_util::sync::CancellationToken,
+}
+
+impl Pump {
+    /// Writes every line sent so far, flushes every sink and stops. Lines sent afterwards (by
+    /// loggers still alive elsewhere) are dropped.
+    pub async fn finish(self) {
+        self.close.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Starts the pump that feeds `sinks`; returns the logger and the pump. The pump ends, after
+/// flushing every sink, on [`Pump::finish`] or when the last clone of the logger is dropped.
+pub fn start(redactor: Redactor, mut sinks: Vec<Box<dyn LogSink>>) -> (Logger, Pump) {
     let (tx, mut rx) = mpsc::channel::<LogLine>(1024);
-    let pump = tokio::spawn(async move {
+    let close = tokio_util::sync::CancellationToken::new();
+    let closed = close.clone();
+    let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -103,6 +118,14 @@ pub fn start(
                         sink.flush().await;
                     }
                 }
+                () = closed.cancelled() => {
+                    while let Ok(line) = rx.try_recv() {
+                        for sink in &mut sinks {
+                            sink.write(&line).await;
+                        }
+                    }
+                    break;
+                }
             }
         }
         for sink in &mut sinks {
@@ -114,7 +137,7 @@ pub fn start(
         seq: Arc::new(AtomicU64::new(0)),
         redactor: Arc::new(redactor),
     };
-    (logger, pump)
+    (logger, Pump { task, close })
 }
 
 /// Prints lines to the process's stderr, prefixed with the job id.
@@ -154,25 +177,29 @@ pub struct StoreSink {
     store: Arc<dyn StateStore>,
     ws: WorkspaceId,
     job_id: String,
+    fence: u64,
     buf: Vec<u8>,
     chunk: u64,
 }
 
 impl StoreSink {
-    pub fn new(store: Arc<dyn StateStore>, ws: WorkspaceId, job_id: &str) -> Self {
+    /// A sink for the attempt of `job_id` holding the lease with `fence`.
+    pub fn new(store: Arc<dyn StateStore>, ws: WorkspaceId, job_id: &str, fence: u64) -> Self {
         Self {
             store,
             ws,
             job_id: job_id.to_owned(),
+            fence,
             buf: Vec::new(),
             chunk: 0,
         }
     }
 }
 
-/// The artifact name of log chunk `n`.
-pub fn chunk_name(n: u64) -> String {
-    format!("log/{n:06}.ndjson")
+/// The artifact name of log chunk `n` of the attempt with lease `fence`: attempts sort in the
+/// order they held the workspace, chunks in the order they were written.
+pub fn chunk_name(fence: u64, n: u64) -> String {
+    format!("log/{fence:010}-{n:06}.ndjson")
 }
 
 #[async_trait::async_trait]
@@ -193,7 +220,12 @@ impl LogSink for StoreSink {
         let data = Bytes::from(std::mem::take(&mut self.buf));
         if let Err(e) = self
             .store
-            .put_artifact(&self.ws, &self.job_id, &chunk_name(self.chunk), data)
+            .put_artifact(
+                &self.ws,
+                &self.job_id,
+                &chunk_name(self.fence, self.chunk),
+                data,
+            )
             .await
         {
             // The console still has the lines; the run goes on without its durable log.
@@ -236,15 +268,17 @@ mod tests {
     async fn lines_are_redacted_numbered_and_stored_in_order() {
         let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
         let ws = WorkspaceId::new("t", "w").unwrap();
-        let sink = StoreSink::new(store.clone(), ws.clone(), "job");
+        let sink = StoreSink::new(store.clone(), ws.clone(), "job", 7);
         let (logger, pump) = start(Redactor::new(["s3cr3t".to_owned()]), vec![Box::new(sink)]);
         for i in 0..3000 {
             logger
                 .line(Stream::Stdout, "plan", &format!("line {i} s3cr3t"))
                 .await;
         }
+        let _still_alive = logger.clone();
         drop(logger);
-        pump.await.unwrap();
+        // A logger clone held elsewhere (the lease watchdog) must not keep the pump alive.
+        pump.finish().await;
         let lines = read_log(&*store, &ws, "job").await.unwrap();
         assert_eq!(lines.len(), 3000);
         assert!(lines.iter().enumerate().all(|(i, l)| l.seq == i as u64 + 1));

@@ -4,10 +4,16 @@
 pub const MASK: &str = "(sensitive value)";
 
 /// Replaces every occurrence of a set of secrets in text.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Redactor {
     /// Longest first, so a secret containing another is masked whole.
     secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Redactor({} secrets)", self.secrets.len())
+    }
 }
 
 impl Redactor {
@@ -24,6 +30,17 @@ impl Redactor {
             let escaped = escaped[1..escaped.len() - 1].to_owned();
             if escaped != secret {
                 all.push(escaped);
+            }
+            // Output is redacted line by line: each line of a multi-line secret (a PEM key)
+            // is a secret of its own.
+            if secret.contains('\n') {
+                all.extend(
+                    secret
+                        .lines()
+                        .map(str::trim)
+                        .filter(|line| line.len() >= 4)
+                        .map(str::to_owned),
+                );
             }
             all.push(secret);
         }
@@ -88,5 +105,9 @@ mod tests {
         let v = r.redact_json(&serde_json::json!({ "k": ["x topsecret"] }));
         assert_eq!(v, serde_json::json!({ "k": [format!("x {MASK}")] }));
         assert!(Redactor::new([String::new()]).is_empty());
+        assert!(!format!("{r:?}").contains("topsecret"));
+        let pem =
+            Redactor::new(["-----BEGIN KEY-----\nMIIBOgIBAAJBAK\n-----END KEY-----".to_owned()]);
+        assert_eq!(pem.redact("  MIIBOgIBAAJBAK"), format!("  {MASK}"));
     }
 }

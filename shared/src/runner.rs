@@ -129,47 +129,83 @@ impl Runner {
         if let Some(previous) = self.previous_result(&ws, &j.id).await? {
             return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
         }
-        let redactor = Redactor::new(job.sensitive_values.iter().cloned());
         let lease = match self.acquire(&ws, job, &cancel).await? {
             Ok(lease) => lease,
             Err(holder) => return Ok(RunOutcome::Busy { holder }),
         };
+        // Everything under the lease runs in its own task, so that whatever happens there
+        // (an error, a panic), the lease is released here.
+        let leased = tokio::spawn({
+            let (runner, job, ws, lease) = (self.clone(), job.clone(), ws.clone(), lease.clone());
+            async move { runner.run_leased(&job, &ws, &lease, cancel).await }
+        })
+        .await;
+        let released = self.store.release_lease(&ws, &lease).await;
+        let outcome = match leased {
+            Ok(outcome) => outcome?,
+            Err(e) => anyhow::bail!("the job's task failed: {e}"),
+        };
+        released?;
+        Ok(outcome)
+    }
+
+    /// The part of [`Runner::run`] that holds the lease; the caller releases it.
+    async fn run_leased(
+        &self,
+        job: &ValidatedJob,
+        ws: &WorkspaceId,
+        lease: &Lease,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<RunOutcome> {
+        let j = &job.job;
         // Checked again under the lease: the same job may have run while we waited for it.
-        if let Some(previous) = self.previous_result(&ws, &j.id).await? {
-            self.store.release_lease(&ws, &lease).await?;
+        if let Some(previous) = self.previous_result(ws, &j.id).await? {
             return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
         }
         // The run starts when the workspace is ours; waiting for it is not part of the run.
         let started_at = OffsetDateTime::now_utc();
         let started = Instant::now();
+        // The state server's password is a secret of this job like its sensitive variables.
+        let password = state_server::random_secret();
+        let redactor = Redactor::new(
+            job.sensitive_values
+                .iter()
+                .cloned()
+                .chain([password.clone()]),
+        );
         let record = serde_json::json!({
             "id": j.id, "tenant": j.tenant, "workspace": j.workspace,
             "operation": j.operation, "template": j.template,
-            "variables": redactor.redact_json(&serde_json::to_value(&j.variables)?),
+            "variables": redactor.redact_json(&job.masked_variables()),
             "timeout": j.timeout.as_secs(), "on_failure": j.on_failure,
             "lease": { "fence": lease.fence, "acquired_at": lease.acquired_at.to_string() },
         });
         let stored = self
             .store
             .put_artifact(
-                &ws,
+                ws,
                 &j.id,
                 JOB_FILE,
                 Bytes::from(serde_json::to_vec_pretty(&record)?),
             )
             .await;
 
+        // Log chunks are named by the lease's fence too, so a re-run after a crash adds to the
+        // log of the attempt it follows instead of overwriting it.
         let mut sinks: Vec<Box<dyn LogSink>> = vec![Box::new(StoreSink::new(
             self.store.clone(),
             ws.clone(),
             &j.id,
+            lease.fence,
         ))];
         if self.config.console {
             sinks.push(Box::new(ConsoleSink::new(&j.id)));
         }
         let (logger, pump) = logs::start(redactor.clone(), sinks);
 
-        // The job's token: fired by the caller, the deadline, or a lost lease.
+        // The job's token: fired by the caller, the deadline, or a lost lease. The watchdog
+        // keeps renewing the lease after that, through terraform's grace period, until the
+        // result is written.
         let stop = cancel.child_token();
         let reason: Arc<OnceLock<StopReason>> = Arc::new(OnceLock::new());
         let watchdog = tokio::spawn(watch(
@@ -186,7 +222,7 @@ impl Runner {
         let mut report = Report::default();
         let outcome = match stored {
             Ok(()) => {
-                self.execute(job, &ws, &lease, &logger, &stop, &mut report)
+                self.execute(job, ws, lease, &password, &logger, &stop, &mut report)
                     .await
             }
             Err(e) => Err(JobError {
@@ -197,18 +233,20 @@ impl Runner {
                 retryable: e.is_retryable(),
             }),
         };
-        watchdog.abort();
 
-        let (status, error) = match (outcome, reason.get()) {
-            (Ok(()), None) => (Status::Succeeded, None),
-            (result, Some(reason)) => {
-                let step = result
-                    .err()
-                    .map(|e| e.step)
-                    .unwrap_or_else(|| report.current_step());
-                stopped_error(reason, step)
+        // A job whose steps all succeeded succeeded, even if a stop came after the last one.
+        let (status, error) = match outcome {
+            Ok(()) => (Status::Succeeded, None),
+            Err(e) => {
+                let stopped = reason
+                    .get()
+                    .cloned()
+                    .or_else(|| stop.is_cancelled().then_some(StopReason::Cancelled));
+                match stopped {
+                    Some(reason) => stopped_error(&reason, e.step),
+                    None => (Status::Failed, Some(e)),
+                }
             }
-            (Err(e), None) => (Status::Failed, Some(e)),
         };
         let result = JobResult {
             job_id: j.id.clone(),
@@ -244,23 +282,31 @@ impl Runner {
         };
         logger.runner("", &summary).await;
         drop(logger);
-        let _ = pump.await;
+        pump.finish().await;
 
-        // The result is written redacted, then the lease is released: on every path.
-        let raw = serde_json::to_value(&result)?;
-        let written = self
-            .store
-            .put_artifact(
-                &ws,
-                &j.id,
-                RESULT_FILE,
-                Bytes::from(serde_json::to_vec_pretty(&redactor.redact_json(&raw))?),
-            )
-            .await;
-        let released = self.store.release_lease(&ws, &lease).await;
+        // The result is written redacted, while the lease is still renewed.
+        let redacted = redactor.redact_json(&serde_json::to_value(&result)?);
+        let data = Bytes::from(serde_json::to_vec_pretty(&redacted)?);
+        let mut attempt = 0;
+        let written = loop {
+            attempt += 1;
+            match self
+                .store
+                .put_artifact(ws, &j.id, RESULT_FILE, data.clone())
+                .await
+            {
+                Err(e) if attempt < 3 && e.is_retryable() => {
+                    tracing::warn!(error = %e, attempt, "could not write the result; retrying");
+                    tokio::time::sleep(Duration::from_secs(attempt)).await;
+                }
+                other => break other,
+            }
+        };
+        watchdog.abort();
         written?;
-        released?;
-        Ok(RunOutcome::Finished(Box::new(result)))
+        Ok(RunOutcome::Finished(Box::new(serde_json::from_value(
+            redacted,
+        )?)))
     }
 
     /// Takes the workspace's lease, waiting up to `lease_wait` for a busy one.
@@ -307,11 +353,13 @@ impl Runner {
     }
 
     /// Prepares the workdir and runs the operation's steps.
+    #[allow(clippy::too_many_arguments)] // the job's whole context, passed once
     async fn execute(
         &self,
         job: &ValidatedJob,
         ws: &WorkspaceId,
         lease: &Lease,
+        password: &str,
         logger: &Logger,
         stop: &CancellationToken,
         report: &mut Report,
@@ -330,6 +378,7 @@ impl Runner {
             store: self.store.clone(),
             ws: ws.clone(),
             fence: lease.fence(),
+            password: password.to_owned(),
             logger: Some(logger.clone()),
         })
         .await
@@ -421,15 +470,6 @@ struct Report {
     drift: Option<bool>,
     outputs: std::collections::BTreeMap<String, crate::result::Output>,
     versions: Vec<u64>,
-}
-
-impl Report {
-    fn current_step(&self) -> String {
-        self.steps
-            .last()
-            .map(|s| s.step.clone())
-            .unwrap_or_else(|| "prepare".into())
-    }
 }
 
 struct Steps<'a> {
@@ -618,8 +658,9 @@ fn stopped_error(reason: &StopReason, step: String) -> (Status, Option<JobError>
     )
 }
 
-/// Renews the lease every third of its TTL and stops the job on its deadline, on the caller's
-/// cancel, or when the lease is lost.
+/// Renews the lease every third of its TTL until aborted, and stops the job on its deadline,
+/// on the caller's cancel, or when the lease is lost. Renewal goes on after a stop: terraform
+/// still writes its state during the grace period, and the result is written after that.
 #[allow(clippy::too_many_arguments)] // one task's whole context; a struct would only rename it
 async fn watch(
     store: Arc<dyn StateStore>,
@@ -632,26 +673,26 @@ async fn watch(
     logger: Logger,
 ) {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut renew = tokio::time::interval(ttl / 3);
+    let mut renew = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
     renew.tick().await;
+    let mut deadline_armed = true;
     loop {
         tokio::select! {
-            () = tokio::time::sleep_until(deadline) => {
+            () = tokio::time::sleep_until(deadline), if deadline_armed => {
+                deadline_armed = false;
                 let _ = reason.set(StopReason::Timeout);
-                logger.runner("", &format!("timeout of {}s reached", timeout.as_secs())).await;
                 stop.cancel();
-                return;
+                logger.runner("", &format!("timeout of {}s reached", timeout.as_secs())).await;
             }
-            () = stop.cancelled() => {
+            () = stop.cancelled(), if reason.get().is_none() => {
                 let _ = reason.set(StopReason::Cancelled);
-                return;
             }
             _ = renew.tick() => match store.renew_lease(&ws, &lease, ttl).await {
                 Ok(renewed) => lease = renewed,
                 Err(StoreError::LeaseLost { reason: why, .. }) => {
                     let _ = reason.set(StopReason::LeaseLost(why.clone()));
-                    logger.runner("", &format!("lease lost: {why}; stopping terraform")).await;
                     stop.cancel();
+                    logger.runner("", &format!("lease lost: {why}; stopping terraform")).await;
                     return;
                 }
                 Err(e) => tracing::warn!(error = %e, "could not renew the lease; will retry"),

@@ -58,13 +58,19 @@ pub struct Activity {
     pub refused: Vec<String>,
 }
 
-/// What the server needs: the store, the workspace, the job's fence and a logger.
+/// What the server needs: the store, the workspace, the job's fence, the password terraform
+/// must present (see [`random_secret`]; the caller adds it to the job's redactor) and a logger.
 pub struct Config {
     pub store: Arc<dyn StateStore>,
     pub ws: WorkspaceId,
     pub fence: Fence,
+    pub password: String,
     pub logger: Option<Logger>,
 }
+
+/// The largest state the server accepts. Terraform states of hundreds of megabytes exist; the
+/// server listens on loopback only and buffers one request at a time per job.
+pub const MAX_STATE_BYTES: usize = 1 << 30;
 
 struct Shared {
     config: Config,
@@ -90,7 +96,7 @@ impl StateServer {
     pub async fn start(config: Config) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr: SocketAddr = listener.local_addr()?;
-        let password = random_secret();
+        let password = config.password.clone();
         let shared = Arc::new(Shared {
             config,
             password: password.clone(),
@@ -163,6 +169,7 @@ pub fn random_secret() -> String {
 fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/state", axum::routing::any(handle))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_STATE_BYTES))
         .with_state(shared)
 }
 
@@ -340,6 +347,8 @@ async fn post(shared: &Shared, lock_id: Option<&str>, body: Bytes) -> Handled {
     )
     .map_err(|e| Refusal::new(StatusCode::CONFLICT, format!("state write refused: {e}")))?;
     if check == WriteCheck::Unchanged {
+        // Nothing to write, but a writer without the lease is still told so.
+        check_lease(shared).await?;
         return Ok(StatusCode::OK.into_response());
     }
     let mode = current.map_or(PutMode::Create, |cur| PutMode::Update(cur.token));
@@ -510,6 +519,7 @@ mod tests {
                 store: store.clone(),
                 ws: ws.clone(),
                 fence: lease.fence(),
+                password: "pw".into(),
                 logger: None,
             },
             password: "pw".into(),
@@ -628,6 +638,8 @@ mod tests {
         let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
         assert_eq!(status, StatusCode::LOCKED);
         assert!(body.contains("expired"), "{body}");
+        let (status, _) = send(&f, "POST", "/state", empty_state("l", 1)).await;
+        assert_eq!(status, StatusCode::LOCKED, "even a no-op write is refused without the lease");
         assert_eq!(f.store.versions(&f.ws).await.unwrap().len(), 1);
     }
 

@@ -48,6 +48,26 @@ impl Default for TerraformConfig {
     }
 }
 
+/// How long the output of a finished terraform is still read.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Variables that change how terraform itself behaves; never passed through from the runner.
+const NEVER_PASS: [&str; 8] = [
+    "TF_LOG",
+    "TF_CLI_ARGS",
+    "TF_WORKSPACE",
+    "TF_DATA_DIR",
+    "TF_CLI_CONFIG_FILE",
+    "TF_PLUGIN_CACHE_DIR",
+    "TF_IN_AUTOMATION",
+    "HOME",
+];
+
+/// Whether `name` may be passed through (`TF_LOG_PATH`, `TF_CLI_ARGS_plan` are refused too).
+fn may_pass(name: &str) -> bool {
+    !NEVER_PASS.iter().any(|never| name.starts_with(never))
+}
+
 /// The variables of the runner's environment terraform always inherits (not credentials).
 const BASE_ENV: [&str; 6] = ["PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSL_CERT_FILE"];
 
@@ -198,30 +218,35 @@ pub async fn run(
     let status = tokio::select! {
         status = child.wait() => status,
         () = cancel.cancelled() => {
-            logger.runner(step, "interrupting terraform (SIGINT)").await;
+            // Signal first: logging may wait on a slow sink.
             signal(pgid, Signal::SIGINT);
+            logger.runner(step, "interrupting terraform (SIGINT)").await;
             match tokio::time::timeout(config.grace, child.wait()).await {
                 Ok(status) => {
                     interrupted = Some(Interrupted::Gracefully);
                     status
                 }
                 Err(_) => {
-                    logger
-                        .runner(step, &format!("terraform did not stop within {:?}; killing it", config.grace))
-                        .await;
                     signal(pgid, Signal::SIGKILL);
+                    logger
+                        .runner(step, &format!("terraform did not stop within {:?}; killed it", config.grace))
+                        .await;
                     interrupted = Some(Interrupted::Killed);
                     child.wait().await
                 }
             }
         }
     };
-    // Plugins share the process group; make sure none outlives terraform holding the pipes.
-    if interrupted.is_some() {
-        signal(pgid, Signal::SIGKILL);
-    }
-    let (stdout, _) = out_task.await.unwrap_or_default();
-    let (_, errors) = err_task.await.unwrap_or_default();
+    // Plugins share the process group; none may outlive terraform holding the pipes open.
+    signal(pgid, Signal::SIGKILL);
+    let drain = |task: tokio::task::JoinHandle<(Vec<u8>, Vec<String>)>| async move {
+        match tokio::time::timeout(DRAIN_TIMEOUT, task).await {
+            Ok(Ok(drained)) => drained,
+            _ => Default::default(),
+        }
+    };
+    let (stdout, _) = drain(out_task).await;
+    let (_, errors) = drain(err_task).await;
     let exit_code = status.ok().and_then(|s| s.code());
     Ok(Outcome {
         exit_code,
@@ -283,17 +308,15 @@ async fn pump(
 
 /// The whole environment terraform sees.
 fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = BASE_ENV
+    let passed = config
+        .pass_env
         .iter()
-        .chain(
-            config
-                .pass_env
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>()
-                .iter(),
-        )
-        .filter_map(|name| std::env::var(name).ok().map(|v| ((*name).to_owned(), v)))
+        .map(String::as_str)
+        .filter(|n| may_pass(n));
+    let mut env: Vec<(String, String)> = BASE_ENV
+        .into_iter()
+        .chain(passed)
+        .filter_map(|name| std::env::var(name).ok().map(|v| (name.to_owned(), v)))
         .collect();
     env.extend([
         ("TF_IN_AUTOMATION".to_owned(), "1".to_owned()),
@@ -362,5 +385,15 @@ mod tests {
             "inherited variables must not leak: {names:?}"
         );
         assert!(!names.iter().any(|n| n.starts_with("TF_LOG")));
+        assert!(may_pass("AWS_PROFILE") && may_pass("TESTCLOUD_ROOT"));
+        for refused in [
+            "TF_LOG",
+            "TF_LOG_PATH",
+            "TF_CLI_ARGS_plan",
+            "TF_WORKSPACE",
+            "HOME",
+        ] {
+            assert!(!may_pass(refused), "{refused} may be passed");
+        }
     }
 }

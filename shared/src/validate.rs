@@ -60,6 +60,28 @@ pub struct ValidatedJob {
     pub sensitive_values: Vec<String>,
 }
 
+impl ValidatedJob {
+    /// The job's variables with the values of sensitive ones masked, for records and logs.
+    pub fn masked_variables(&self) -> Value {
+        let declared = &self.template.spec.variables;
+        Value::Object(
+            self.job
+                .variables
+                .iter()
+                .map(|(name, value)| {
+                    let sensitive = declared.get(name).is_some_and(|v| v.sensitive);
+                    let shown = if sensitive {
+                        Value::String(crate::redact::MASK.to_owned())
+                    } else {
+                        value.clone()
+                    };
+                    (name.clone(), shown)
+                })
+                .collect(),
+        )
+    }
+}
+
 /// Describes a JSON value's kind for messages.
 pub fn kind_of(value: &Value) -> &'static str {
     match value {
@@ -422,17 +444,24 @@ fn check_variables(
         if !applies {
             continue;
         }
+        let shown = |name: &str, value: &Value| {
+            if declared.get(name).is_some_and(|v| v.sensitive) {
+                crate::redact::MASK.to_owned()
+            } else {
+                value.to_string()
+            }
+        };
         let condition: Vec<String> = rule
             .when
             .iter()
-            .map(|(k, v)| format!("{k} = {v}"))
+            .map(|(k, v)| format!("{k} = {}", shown(k, v)))
             .collect();
         for (name, constraint) in &rule.require {
             let var_type = declared[name].var_type;
             let problem = match values.get(name) {
                 None => Some(("is required".to_owned(), format!("set {name}"))),
                 Some(value) => {
-                    check_constraint(constraint, var_type, value, &value.to_string()).err()
+                    check_constraint(constraint, var_type, value, &shown(name, value)).err()
                 }
             };
             if let Some((problem, fix)) = problem {
@@ -630,6 +659,15 @@ timeout: forever
             text[6]
         );
         assert!(text[7].contains("at least 3 nodes"), "{}", text[7]);
+    }
+
+    #[test]
+    fn records_show_sensitive_variables_masked_whatever_their_type() {
+        let job = check(GOOD).unwrap();
+        let masked = job.masked_variables();
+        assert_eq!(masked["password"], crate::redact::MASK);
+        assert_eq!(masked["region"], "eu-west-1");
+        assert!(!masked.to_string().contains("hunter22"));
     }
 
     #[test]

@@ -98,7 +98,7 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Writes `data` to `path` atomically: temp file, fsync, rename, fsync of the folder.
 pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let parent = path.parent().expect("paths in the store have a parent");
-    fs::create_dir_all(parent).map_err(io_err("create folder", parent))?;
+    create_dir_durable(parent)?;
     let tmp = parent.join(format!(
         ".tmp-{}-{}",
         std::process::id(),
@@ -117,6 +117,43 @@ pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Creates `dir` and its missing ancestors, fsyncing the parent of each one created, so that a
+/// file written into a new folder survives a crash with its folder.
+fn create_dir_durable(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dir_durable(parent)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(io_err("create folder", dir)(e)),
+    }
+    if let Some(parent) = dir.parent() {
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync folder", parent))?;
+    }
+    Ok(())
+}
+
+/// After a version is committed, the convenience copy is refreshed; its failure does not undo
+/// the commit, so it is logged, not returned.
+fn refresh_copy(path: &Path, data: Option<&[u8]>) {
+    let result = match data {
+        Some(data) => write_atomic(path, data),
+        None => match fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", path)(e)),
+            _ => Ok(()),
+        },
+    };
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "could not refresh the copy of the current state");
+    }
 }
 
 fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
@@ -173,7 +210,7 @@ impl Dir {
     }
 
     fn lock(&self) -> Result<Locked> {
-        fs::create_dir_all(&self.path).map_err(io_err("create folder", &self.path))?;
+        create_dir_durable(&self.path)?;
         let path = self.path.join(".lock");
         let file = OpenOptions::new()
             .create(true)
@@ -355,7 +392,7 @@ impl StateStore for FsStore {
             write_atomic(&dir.version_path(number, "json"), &meta)?;
             write_atomic(&dir.version_path(number, "tfstate"), &state.data)?;
             // The version is committed; the plain copy is a convenience and may lag on a crash.
-            write_atomic(&dir.path.join("terraform.tfstate"), &state.data)?;
+            refresh_copy(&dir.path.join("terraform.tfstate"), Some(&state.data));
             Ok(info)
         })
         .await
@@ -372,12 +409,8 @@ impl StateStore for FsStore {
             let _lock = dir.lock()?;
             let head = dir.check_write(&PutMode::Update(expected), fence.as_ref())?;
             write_atomic(&dir.version_path(head.number() + 1, "deleted"), b"")?;
-            match fs::remove_file(dir.path.join("terraform.tfstate")) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    Err(io_err("remove", &dir.path.join("terraform.tfstate"))(e))
-                }
-                _ => Ok(()),
-            }
+            refresh_copy(&dir.path.join("terraform.tfstate"), None);
+            Ok(())
         })
         .await
     }

@@ -17,7 +17,11 @@ pub struct LeaseRecord {
 }
 
 pub(crate) fn plus(now: OffsetDateTime, ttl: Duration) -> OffsetDateTime {
-    now + time::Duration::try_from(ttl).unwrap_or(time::Duration::MAX)
+    // A TTL past the calendar's end is "a century": long enough, and no overflow.
+    time::Duration::try_from(ttl)
+        .ok()
+        .and_then(|d| now.checked_add(d))
+        .unwrap_or_else(|| now + time::Duration::days(36_500))
 }
 
 impl LeaseRecord {

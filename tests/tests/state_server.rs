@@ -53,6 +53,7 @@ async fn writes_with_an_older_serial_or_another_lineage_are_refused_and_history_
         store: store.clone(),
         ws: ws.clone(),
         fence: lease.fence(),
+        password: shared::state_server::random_secret(),
         logger: None,
     })
     .await

@@ -80,10 +80,12 @@ struct Global {
     #[arg(long, env = "TERRACE_PASS_ENV", value_delimiter = ',', global = true)]
     pass_env: Vec<String>,
     /// Seconds a workspace lease lasts without renewal (a crashed runner's lease frees itself after this).
-    #[arg(long, env = "TERRACE_LEASE_TTL", default_value_t = 60, global = true)]
+    #[arg(long, env = "TERRACE_LEASE_TTL", default_value_t = 60, global = true,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_ttl: u64,
     /// Seconds terraform has to stop after an interrupt before it is killed.
-    #[arg(long, env = "TERRACE_GRACE", default_value_t = 30, global = true)]
+    #[arg(long, env = "TERRACE_GRACE", default_value_t = 30, global = true,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
     grace: u64,
     /// Print only the summary, not the live log.
     #[arg(long, short, global = true)]

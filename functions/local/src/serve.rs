@@ -42,8 +42,6 @@ enum Verdict {
 }
 
 struct Finished {
-    name: String,
-    workspace: String,
     verdict: Verdict,
     result: Option<serde_json::Value>,
 }
@@ -52,6 +50,15 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
     let q = &args.queue;
     for sub in ["running", "done", "failed"] {
         std::fs::create_dir_all(q.join(sub))?;
+    }
+    // One server per queue folder: the lock is held until the process ends.
+    let lock = std::fs::File::create(q.join(".serve.lock"))?;
+    if lock.try_lock().is_err() {
+        eprintln!(
+            "another `terrace serve` is using the queue {}; stop it first",
+            q.display()
+        );
+        return Ok(exit::BUSY);
     }
     recover_orphans(q)?;
     let runner = Runner::new(Arc::new(FsStore::new(&g.store)), runner_config(g));
@@ -64,13 +71,18 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
     );
 
     let mut tasks: JoinSet<Finished> = JoinSet::new();
+    let mut claimed: HashMap<tokio::task::Id, (String, String)> = HashMap::new();
     let mut active: HashSet<String> = HashSet::new();
     let mut not_before: HashMap<String, Instant> = HashMap::new();
     let poll = Duration::from_millis(args.poll_ms.max(10));
     loop {
         let mut pending = 0;
         if !cancel.is_cancelled() {
-            for name in queued_files(q)? {
+            let names = queued_files(q).unwrap_or_else(|e| {
+                eprintln!("cannot list the queue {}: {e:#}", q.display());
+                Vec::new()
+            });
+            for name in names {
                 if not_before.get(&name).is_some_and(|t| Instant::now() < *t) {
                     pending += 1;
                     continue;
@@ -79,15 +91,16 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                 let validated = match load_job(&path, &g.templates) {
                     Ok(Ok(v)) => v,
                     Ok(Err(errors)) => {
-                        let report = serde_json::json!({
-                            "status": "rejected",
-                            "errors": errors,
-                        });
-                        finish(q, &path, "failed", &report)?;
-                        eprintln!(
-                            "{name}: invalid job, moved to failed/ ({} problem(s))",
-                            errors.len()
-                        );
+                        let report = serde_json::json!({ "status": "rejected", "errors": errors });
+                        match finish(q, &path, "failed", &report) {
+                            Ok(()) => eprintln!(
+                                "{name}: invalid job, moved to failed/ ({} problem(s))",
+                                errors.len()
+                            ),
+                            Err(e) => {
+                                eprintln!("{name}: invalid job, and it could not be moved: {e:#}")
+                            }
+                        }
                         continue;
                     }
                     Err(e) => {
@@ -101,15 +114,15 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                     continue;
                 }
                 let running = q.join("running").join(&name);
-                if std::fs::rename(&path, &running).is_err() {
-                    continue; // another server claimed it
+                if let Err(e) = std::fs::rename(&path, &running) {
+                    eprintln!("{name}: cannot claim it: {e}");
+                    continue;
                 }
                 active.insert(ws.clone());
                 let (runner, cancel) = (runner.clone(), cancel.child_token());
-                tasks.spawn(async move {
-                    let outcome = runner.run(&validated, cancel).await;
-                    let (verdict, result) = match outcome {
-                        Ok(RunOutcome::Finished(r)) | Ok(RunOutcome::AlreadyDone(r)) => {
+                let handle = tasks.spawn(async move {
+                    let (verdict, result) = match runner.run(&validated, cancel).await {
+                        Ok(RunOutcome::Finished(r) | RunOutcome::AlreadyDone(r)) => {
                             let ok = r.status == shared::result::Status::Succeeded;
                             let verdict = if ok { Verdict::Done } else { Verdict::Failed };
                             (verdict, serde_json::to_value(&*r).ok())
@@ -123,20 +136,16 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                             (Verdict::Retry(Instant::now() + wait), None)
                         }
                         Err(e) => {
-                            eprintln!("{name}: runner error: {e:#}");
+                            eprintln!("runner error: {e:#}");
                             (
                                 Verdict::Retry(Instant::now() + Duration::from_secs(5)),
                                 None,
                             )
                         }
                     };
-                    Finished {
-                        name,
-                        workspace: ws,
-                        verdict,
-                        result,
-                    }
+                    Finished { verdict, result }
                 });
+                claimed.insert(handle.id(), (name, ws));
             }
         }
 
@@ -144,27 +153,56 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
             return Ok(exit::OK);
         }
         tokio::select! {
-            Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                let done = joined?;
-                active.remove(&done.workspace);
-                let running = q.join("running").join(&done.name);
-                match done.verdict {
-                    Verdict::Retry(at) => {
-                        std::fs::rename(&running, q.join(&done.name))?;
-                        not_before.insert(done.name, at);
+            Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                let (id, done) = match joined {
+                    Ok((id, done)) => (id, done),
+                    Err(e) => {
+                        // The job's task panicked; its lease frees itself, the file goes back.
+                        (e.id(), Finished { verdict: Verdict::Retry(Instant::now() + Duration::from_secs(5)), result: None })
                     }
-                    Verdict::Done | Verdict::Failed => {
-                        let folder = if matches!(done.verdict, Verdict::Done) { "done" } else { "failed" };
-                        let result = done.result.unwrap_or(serde_json::Value::Null);
-                        finish(q, &running, folder, &result)?;
-                        eprintln!("{}: {}", done.name, folder);
-                    }
+                };
+                let Some((name, ws)) = claimed.remove(&id) else { continue };
+                active.remove(&ws);
+                if let Err(e) = settle(q, &name, done, &mut not_before) {
+                    eprintln!("{name}: could not move it out of running/: {e:#}");
                 }
             }
             () = tokio::time::sleep(poll) => {}
             () = cancel.cancelled(), if !cancel.is_cancelled() => {}
         }
     }
+}
+
+/// Moves a finished job file out of `running/`: to done/ or failed/ with its result, or back to
+/// the queue to be tried again.
+fn settle(
+    q: &Path,
+    name: &str,
+    done: Finished,
+    not_before: &mut HashMap<String, Instant>,
+) -> anyhow::Result<()> {
+    let running = q.join("running").join(name);
+    match done.verdict {
+        Verdict::Retry(at) => {
+            std::fs::rename(&running, q.join(name))?;
+            not_before.insert(name.to_owned(), at);
+        }
+        Verdict::Done | Verdict::Failed => {
+            let folder = if matches!(done.verdict, Verdict::Done) {
+                "done"
+            } else {
+                "failed"
+            };
+            finish(
+                q,
+                &running,
+                folder,
+                &done.result.unwrap_or(serde_json::Value::Null),
+            )?;
+            eprintln!("{name}: {folder}");
+        }
+    }
+    Ok(())
 }
 
 /// Job files waiting in the queue folder, oldest name first.
@@ -199,7 +237,8 @@ fn finish(q: &Path, from: &Path, folder: &str, result: &serde_json::Value) -> an
 }
 
 /// Jobs left in `running/` by a server that died go back to the queue; their runs are either
-/// finished (and will not run again) or will run again once their lease expires.
+/// finished (and will not run again) or will run again once their lease expires. Safe because
+/// the queue's lock says no other server is using the folder.
 fn recover_orphans(q: &Path) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(q.join("running"))? {
         let entry = entry?;
