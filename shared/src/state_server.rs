@@ -639,7 +639,11 @@ mod tests {
         assert_eq!(status, StatusCode::LOCKED);
         assert!(body.contains("expired"), "{body}");
         let (status, _) = send(&f, "POST", "/state", empty_state("l", 1)).await;
-        assert_eq!(status, StatusCode::LOCKED, "even a no-op write is refused without the lease");
+        assert_eq!(
+            status,
+            StatusCode::LOCKED,
+            "even a no-op write is refused without the lease"
+        );
         assert_eq!(f.store.versions(&f.ws).await.unwrap().len(), 1);
     }
 

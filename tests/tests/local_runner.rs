@@ -584,25 +584,43 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
 #[tokio::test]
 async fn a_job_past_its_timeout_is_interrupted_reported_and_releases_its_lease() {
     let mut sb = Sandbox::new();
-    sb.env.push(("TESTCLOUD_CREATE_DELAY_MS".into(), "90000".into()));
+    sb.env
+        .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "90000".into()));
     // Long enough for init, plan and show on a loaded machine; far shorter than the create.
-    let text = demo_job("slow-1", "slow", "apply", "slow", 1).replace("timeout: 5m", "timeout: 15s");
+    let text =
+        demo_job("slow-1", "slow", "apply", "slow", 1).replace("timeout: 5m", "timeout: 15s");
     let job = sb.job("slow.yaml", &text);
     let started = Instant::now();
     let run = sb.run(&["run", "-q", job.to_str().unwrap()]);
     run.expect_code(1);
     // 15 s timeout + 5 s grace (TERRACE_GRACE in the sandbox), far below the 90 s create.
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
 
     let result = sb.artifact_json("acme/slow", "slow-1", "result.json").await;
     assert_eq!(result["status"], "timed-out", "{result}");
     assert_eq!(result["error"]["category"], "timeout");
     assert_eq!(result["error"]["step"], "apply");
-    assert!(run.stdout().contains("raise the job's timeout"), "{}", run.stdout());
+    assert!(
+        run.stdout().contains("raise the job's timeout"),
+        "{}",
+        run.stdout()
+    );
 
     use state_backends::StateStore;
     let ws: state_backends::WorkspaceId = "acme/slow".parse().unwrap();
-    assert!(sb.fs_store().lease(&ws).await.unwrap().is_none(), "the lease was not released");
-    let logs = shared::logs::read_log(&sb.fs_store(), &ws, "slow-1").await.unwrap();
-    assert!(logs.iter().any(|l| l.text.contains("interrupting terraform (SIGINT)")));
+    assert!(
+        sb.fs_store().lease(&ws).await.unwrap().is_none(),
+        "the lease was not released"
+    );
+    let logs = shared::logs::read_log(&sb.fs_store(), &ws, "slow-1")
+        .await
+        .unwrap();
+    assert!(
+        logs.iter()
+            .any(|l| l.text.contains("interrupting terraform (SIGINT)"))
+    );
 }
