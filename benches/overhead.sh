@@ -62,13 +62,20 @@ for i in $(seq 1 "$N"); do
     t0=$(now_ms); through_terrace "$i"; t1=$(now_ms); echo $((t1 - t0)) >> "$work/terrace.ms"
 done
 
-python3 - "$work/bare.ms" "$work/terrace.ms" "$N" <<'PY'
-import statistics, sys
+python3 - "$work/bare.ms" "$work/terrace.ms" "$N" "$work/store" <<'PY'
+import glob, json, statistics, sys
 bare = [int(x) for x in open(sys.argv[1])]
 ter = [int(x) for x in open(sys.argv[2])]
 mb, mt = statistics.median(bare), statistics.median(ter)
+# The runner's own time: the process's wall time minus the time terraform's steps took.
+own = []
+for i, wall in enumerate(ter, start=1):
+    r = json.load(open(f"{sys.argv[4]}/bench/ws-{i}/runs/bench-{i}/result.json"))
+    own.append(wall - sum(s["duration_ms"] for s in r["steps"]))
 print(f"runs: {sys.argv[3]} each, interleaved (ms): bare {bare}  terrace {ter}")
 print(f"median bare terraform (local backend): {mb:.0f} ms")
 print(f"median terrace run (http backend, fs store): {mt:.0f} ms")
 print(f"overhead: {mt - mb:+.0f} ms per job ({(mt - mb) / mb * 100:+.1f}%)  targets: <= 150 ms and <= 5%")
+print(f"of which outside terraform (validation, lease, workdir, state server, log, result): "
+      f"median {statistics.median(own):.0f} ms, max {max(own)} ms")
 PY

@@ -27,7 +27,7 @@ pub enum StoreError {
     /// Someone else holds a live lease on the workspace.
     #[error(
         "workspace {workspace} is leased by {} (fence {}) until {}",
-        holder.owner, holder.fence, holder.expires_at
+        holder.owner, holder.fence, crate::display_time(holder.expires_at)
     )]
     LeaseHeld {
         workspace: WorkspaceId,

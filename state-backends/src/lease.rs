@@ -60,7 +60,10 @@ impl LeaseRecord {
             ));
         }
         if held.is_expired_at(now) {
-            return Err(format!("the lease expired at {}", held.expires_at));
+            return Err(format!(
+                "the lease expired at {}",
+                crate::display_time(held.expires_at)
+            ));
         }
         Ok(held)
     }

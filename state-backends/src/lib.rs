@@ -315,6 +315,16 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     }
 }
 
+/// A time as people read it in messages: RFC 3339, UTC, whole seconds.
+pub fn display_time(t: OffsetDateTime) -> String {
+    let t = t
+        .to_offset(time::UtcOffset::UTC)
+        .replace_nanosecond(0)
+        .unwrap_or(t);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| t.to_string())
+}
+
 /// Hex SHA-256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::{Digest, Sha256};

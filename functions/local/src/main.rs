@@ -219,7 +219,9 @@ fn report_outcome(outcome: &RunOutcome) -> u8 {
         RunOutcome::Busy { holder } => {
             eprintln!(
                 "workspace busy: leased by job {} (fence {}) until {}; try again later or use --wait",
-                holder.owner, holder.fence, holder.expires_at
+                holder.owner,
+                holder.fence,
+                state_backends::display_time(holder.expires_at)
             );
             exit::BUSY
         }

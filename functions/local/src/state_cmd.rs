@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use state_backends::fs::FsStore;
-use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId};
+use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId, display_time};
 use time::OffsetDateTime;
 
 use crate::{Global, exit};
@@ -57,7 +57,11 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 };
                 println!(
                     "{:>7}  {:>6}  {:<36}  {:>8}  {:<25}{mark}",
-                    v.number, v.serial, v.lineage, v.size, v.created_at
+                    v.number,
+                    v.serial,
+                    v.lineage,
+                    v.size,
+                    display_time(v.created_at)
                 );
             }
             Ok(exit::OK)
@@ -87,7 +91,8 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 Err(StoreError::LeaseHeld { holder, .. }) => {
                     eprintln!(
                         "{workspace} is leased by job {} until {}; restore when it is free",
-                        holder.owner, holder.expires_at
+                        holder.owner,
+                        display_time(holder.expires_at)
                     );
                     return Ok(exit::BUSY);
                 }
@@ -114,7 +119,9 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 eprintln!(
                     "{workspace} is leased by job {} (fence {}) until {}, and the lease is live; \
                      if that runner is gone, run again with --force",
-                    lease.owner, lease.fence, lease.expires_at
+                    lease.owner,
+                    lease.fence,
+                    display_time(lease.expires_at)
                 );
                 return Ok(exit::BUSY);
             }
