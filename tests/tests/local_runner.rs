@@ -624,3 +624,119 @@ async fn a_job_past_its_timeout_is_interrupted_reported_and_releases_its_lease()
             .any(|l| l.text.contains("interrupting terraform (SIGINT)"))
     );
 }
+
+#[tokio::test]
+async fn plan_changes_nothing_and_destroy_removes_everything_it_manages() {
+    let sb = Sandbox::new();
+    let plan = sb.job("plan.yaml", &demo_job("plan-1", "life", "plan", "life", 2));
+    sb.run(&["run", "-q", plan.to_str().unwrap()])
+        .expect_code(0);
+    let result = sb.artifact_json("acme/life", "plan-1", "result.json").await;
+    assert_eq!(result["changes"]["add"], 2, "{result}");
+    let steps: Vec<&str> = result["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps, ["init", "plan", "show"]);
+    assert!(sb.cloud_files().is_empty(), "a plan created resources");
+    assert!(
+        sb.versions("acme/life").await.is_empty(),
+        "a plan wrote state"
+    );
+
+    let apply = sb.job(
+        "apply.yaml",
+        &demo_job("apply-1", "life", "apply", "life", 2),
+    );
+    sb.run(&["run", "-q", apply.to_str().unwrap()])
+        .expect_code(0);
+    assert_eq!(sb.cloud_files().len(), 2);
+    let before = sb.versions("acme/life").await.len();
+
+    let destroy = sb.job(
+        "destroy.yaml",
+        &demo_job("destroy-1", "life", "destroy", "life", 2),
+    );
+    sb.run(&["run", "-q", destroy.to_str().unwrap()])
+        .expect_code(0);
+    let result = sb
+        .artifact_json("acme/life", "destroy-1", "result.json")
+        .await;
+    assert_eq!(result["status"], "succeeded");
+    assert_eq!(
+        (
+            result["changes"]["destroy"].as_u64(),
+            result["changes"]["add"].as_u64()
+        ),
+        (Some(2), Some(0))
+    );
+    assert!(
+        sb.cloud_files().is_empty(),
+        "destroy left resources: {:?}",
+        sb.cloud_files()
+    );
+    let after = sb.versions("acme/life").await;
+    assert!(after.len() > before, "the destroy's state was not recorded");
+    let current: Value = serde_json::from_slice(
+        &std::fs::read(sb.store.join("acme/life/terraform.tfstate")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(current["resources"], serde_json::json!([]));
+}
+
+#[tokio::test]
+async fn unlock_refuses_a_live_lease_without_force_and_frees_it_with_force() {
+    use state_backends::StateStore;
+    let sb = Sandbox::new();
+    let ws: state_backends::WorkspaceId = "acme/stuck".parse().unwrap();
+    let stuck = sb
+        .fs_store()
+        .acquire_lease(
+            &ws,
+            &state_backends::LeaseRequest {
+                owner: "stuck-job".into(),
+                ttl: Duration::from_secs(600),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+
+    let refused = sb.run(&["state", "unlock", "acme/stuck"]);
+    refused.expect_code(75);
+    assert!(
+        refused.stderr().contains("leased by job stuck-job")
+            && refused.stderr().contains("--force"),
+        "{}",
+        refused.stderr()
+    );
+    assert_eq!(
+        sb.fs_store().lease(&ws).await.unwrap().map(|l| l.owner),
+        Some("stuck-job".into())
+    );
+
+    let job = sb.job(
+        "after.yaml",
+        &demo_job("after-1", "stuck", "apply", "stuck", 1),
+    );
+    sb.run(&["run", "-q", job.to_str().unwrap()])
+        .expect_code(75);
+
+    let forced = sb.run(&["state", "unlock", "acme/stuck", "--force"]);
+    forced.expect_code(0);
+    assert!(
+        forced
+            .stdout()
+            .contains("broke the live lease of job stuck-job"),
+        "{}",
+        forced.stdout()
+    );
+    sb.run(&["run", "-q", job.to_str().unwrap()]).expect_code(0);
+    let fence = sb.artifact_json("acme/stuck", "after-1", "job.json").await["lease"]["fence"]
+        .as_u64()
+        .unwrap();
+    assert!(fence > stuck.fence);
+    assert!(sb.fs_store().lease(&ws).await.unwrap().is_none());
+}
