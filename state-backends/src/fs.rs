@@ -303,33 +303,12 @@ impl Dir {
 
     /// Checks the write preconditions under the lock; returns the current head.
     fn check_write(&self, mode: &PutMode, fence: Option<&Fence>) -> Result<Head> {
-        if let Some(fence) = fence {
-            self.lease_record()?
-                .check(fence, OffsetDateTime::now_utc())
-                .map_err(|reason| StoreError::LeaseLost {
-                    workspace: self.ws.clone(),
-                    owner: fence.owner.clone(),
-                    fence: fence.token,
-                    reason,
-                })?;
-        }
         let head = self.head()?;
-        let current = head.token();
-        let ok = match mode {
-            PutMode::Create => current.is_none(),
-            PutMode::Update(expected) => current.as_ref() == Some(expected),
+        let record = match fence {
+            Some(_) => self.lease_record()?,
+            None => LeaseRecord::default(),
         };
-        if !ok {
-            let found = current.map_or_else(|| "no state".to_owned(), |t| format!("version {t}"));
-            let wanted = match mode {
-                PutMode::Create => "no state".to_owned(),
-                PutMode::Update(t) => format!("version {t}"),
-            };
-            return Err(StoreError::Conflict {
-                workspace: self.ws.clone(),
-                detail: format!("expected {wanted}, found {found}"),
-            });
-        }
+        crate::lease::check_put(&self.ws, &record, head.token().as_ref(), mode, fence)?;
         Ok(head)
     }
 

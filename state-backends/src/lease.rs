@@ -99,6 +99,46 @@ impl LeaseRecord {
     }
 }
 
+/// The preconditions of a write for stores that check them under their own lock (`fs`,
+/// `memory`): the fence, when given, is the live lease; the current version is as `mode` says.
+pub(crate) fn check_put(
+    ws: &crate::WorkspaceId,
+    record: &LeaseRecord,
+    current: Option<&crate::VersionToken>,
+    mode: &crate::PutMode,
+    fence: Option<&Fence>,
+) -> crate::Result<()> {
+    use crate::{PutMode, StoreError};
+    if let Some(fence) = fence {
+        record
+            .check(fence, OffsetDateTime::now_utc())
+            .map_err(|reason| StoreError::LeaseLost {
+                workspace: ws.clone(),
+                owner: fence.owner.clone(),
+                fence: fence.token,
+                reason,
+            })?;
+    }
+    let ok = match mode {
+        PutMode::Create => current.is_none(),
+        PutMode::Update(expected) => current == Some(expected),
+    };
+    if !ok {
+        let describe = |t: Option<&crate::VersionToken>| {
+            t.map_or_else(|| "no state".to_owned(), |t| format!("version {t}"))
+        };
+        let wanted = match mode {
+            PutMode::Create => describe(None),
+            PutMode::Update(t) => describe(Some(t)),
+        };
+        return Err(StoreError::Conflict {
+            workspace: ws.clone(),
+            detail: format!("expected {wanted}, found {}", describe(current)),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,28 +38,7 @@ impl Workspace {
     }
 
     fn check_write(&self, ws: &WorkspaceId, mode: &PutMode, fence: Option<&Fence>) -> Result<()> {
-        if let Some(fence) = fence {
-            self.lease
-                .check(fence, OffsetDateTime::now_utc())
-                .map_err(|reason| StoreError::LeaseLost {
-                    workspace: ws.clone(),
-                    owner: fence.owner.clone(),
-                    fence: fence.token,
-                    reason,
-                })?;
-        }
-        let current = self.token();
-        let ok = match mode {
-            PutMode::Create => current.is_none(),
-            PutMode::Update(expected) => current.as_ref() == Some(expected),
-        };
-        if !ok {
-            return Err(StoreError::Conflict {
-                workspace: ws.clone(),
-                detail: format!("expected {mode:?}, current version is {current:?}"),
-            });
-        }
-        Ok(())
+        crate::lease::check_put(ws, &self.lease, self.token().as_ref(), mode, fence)
     }
 }
 
