@@ -101,20 +101,23 @@ pub fn check_successor(
     Ok(WriteCheck::Accept)
 }
 
-/// Returns `data` with its `serial` raised to at least `min_serial`.
+/// Returns `data` with its `serial` raised to at least `min_serial`. Every other top-level
+/// value is kept byte for byte (numbers too: no round trip through floating point).
 ///
 /// # Errors
 /// When `data` is not a JSON object.
 pub fn with_serial_at_least(data: &[u8], min_serial: u64) -> Result<Bytes, String> {
-    let mut value: serde_json::Value =
-        serde_json::from_slice(data).map_err(|e| format!("state is not JSON: {e}"))?;
-    let obj = value.as_object_mut().ok_or("state is not a JSON object")?;
-    let serial = obj
+    use serde_json::value::RawValue;
+    let mut fields: std::collections::BTreeMap<String, Box<RawValue>> =
+        serde_json::from_slice(data).map_err(|e| format!("state is not a JSON object: {e}"))?;
+    let serial = fields
         .get("serial")
-        .and_then(serde_json::Value::as_u64)
+        .and_then(|raw| raw.get().parse::<u64>().ok())
         .unwrap_or(0);
-    obj.insert("serial".into(), serial.max(min_serial).into());
-    let mut out = serde_json::to_vec_pretty(&value).map_err(|e| e.to_string())?;
+    let raised =
+        RawValue::from_string(serial.max(min_serial).to_string()).map_err(|e| e.to_string())?;
+    fields.insert("serial".into(), raised);
+    let mut out = serde_json::to_vec(&fields).map_err(|e| e.to_string())?;
     out.push(b'\n');
     Ok(out.into())
 }
@@ -192,5 +195,15 @@ mod tests {
         assert_eq!((m.serial, m.lineage.as_str()), (9, "a"));
         let kept = with_serial_at_least(&empty_state("a", 12), 9).unwrap();
         assert_eq!(StateMeta::parse(&kept).unwrap().serial, 12);
+        // Numbers beyond what a float holds survive untouched.
+        let big = br#"{"version":4,"serial":1,"lineage":"a","resources":[{"id":123456789012345678901234567890,"f":0.1000000000000000055511151231257827}]}"#;
+        let out = with_serial_at_least(big, 5).unwrap();
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        assert!(text.contains("123456789012345678901234567890"), "{text}");
+        assert!(
+            text.contains("0.1000000000000000055511151231257827"),
+            "{text}"
+        );
+        assert!(text.contains("\"serial\":5"), "{text}");
     }
 }
