@@ -8,9 +8,11 @@
 //! - `lease.json`: the lease record; `backups/<label>.tfstate`; `runs/<job-id>/…`.
 //! - `.lock`: an advisory file lock (`flock`) serialising writers across processes.
 //!
-//! Every file is written to a temporary name in the same folder, fsynced, renamed into place
-//! and its folder fsynced, so a crash leaves either the old file or the new one, never a torn
-//! one. The rename of the version file is the commit point of a write.
+//! Every file is written to a temporary name in the same folder and renamed into place, so a
+//! crash leaves either the old file or the new one, never a torn one. A version is fsynced, then
+//! its folder: that rename is the commit point of a write. Its facts (`<n>.json`) are fsynced
+//! before it and made durable by the same folder fsync; the `terraform.tfstate` copy is not
+//! fsynced at all (it is rebuilt from the versions). Folders are fsynced when created.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -95,8 +97,24 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Sto
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// Writes `data` to `path` atomically: temp file, fsync, rename, fsync of the folder.
+/// Writes `data` to `path` atomically and durably: temp file, fsync, rename, fsync of the folder.
 pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    write_file(path, data, Durability::Durable)
+}
+
+/// How much of a write must be on disk before it returns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// The content and its name: fsync of the file, then of its folder.
+    Durable,
+    /// The content only; a later `Durable` write into the same folder makes the name durable.
+    ContentOnly,
+    /// Nothing: for copies that are rebuilt from durable data.
+    Lazy,
+}
+
+/// Writes `data` to `path` through a temporary file and a rename, fsyncing per `durability`.
+fn write_file(path: &Path, data: &[u8], durability: Durability) -> Result<()> {
     let parent = path.parent().expect("paths in the store have a parent");
     create_dir_durable(parent)?;
     let tmp = parent.join(format!(
@@ -107,8 +125,13 @@ pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let result = (|| {
         let mut file = File::create(&tmp).map_err(io_err("create", &tmp))?;
         file.write_all(data).map_err(io_err("write", &tmp))?;
-        file.sync_all().map_err(io_err("fsync", &tmp))?;
+        if durability != Durability::Lazy {
+            file.sync_all().map_err(io_err("fsync", &tmp))?;
+        }
         fs::rename(&tmp, path).map_err(io_err("rename into place", path))?;
+        if durability != Durability::Durable {
+            return Ok(());
+        }
         File::open(parent)
             .and_then(|d| d.sync_all())
             .map_err(io_err("fsync folder", parent))
@@ -145,7 +168,7 @@ fn create_dir_durable(dir: &Path) -> Result<()> {
 /// the commit, so it is logged, not returned.
 fn refresh_copy(path: &Path, data: Option<&[u8]>) {
     let result = match data {
-        Some(data) => write_atomic(path, data),
+        Some(data) => write_file(path, data, Durability::Lazy),
         None => match fs::remove_file(path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", path)(e)),
             _ => Ok(()),
@@ -368,7 +391,12 @@ impl StateStore for FsStore {
                 sha256: sha256_hex(&state.data),
             };
             let meta = serde_json::to_vec_pretty(&info).expect("version info serializes");
-            write_atomic(&dir.version_path(number, "json"), &meta)?;
+            // The facts first; the version's own durable write (same folder) commits both.
+            write_file(
+                &dir.version_path(number, "json"),
+                &meta,
+                Durability::ContentOnly,
+            )?;
             write_atomic(&dir.version_path(number, "tfstate"), &state.data)?;
             // The version is committed; the plain copy is a convenience and may lag on a crash.
             refresh_copy(&dir.path.join("terraform.tfstate"), Some(&state.data));
