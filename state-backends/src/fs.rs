@@ -12,7 +12,7 @@
 //! crash leaves either the old file or the new one, never a torn one. A version is fsynced, then
 //! its folder: that rename is the commit point of a write. Its facts (`<n>.json`) are fsynced
 //! before it and made durable by the same folder fsync; the `terraform.tfstate` copy is not
-//! fsynced at all (it is rebuilt from the versions). Folders are fsynced when created.
+//! fsynced at all (nothing reads it back; after a crash it may lag until the next write). Folders are fsynced when created.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
