@@ -175,6 +175,45 @@ impl Sandbox {
         serde_json::from_slice(&raw).expect("artifact is JSON")
     }
 
+    /// Writes the demo job `id` (see [`demo_job`]), runs it with `terrace run -q`, asserts the
+    /// exit code and returns the stored result.
+    pub async fn run_demo(
+        &self,
+        id: &str,
+        workspace: &str,
+        operation: &str,
+        cluster: &str,
+        node_count: u32,
+        code: i32,
+    ) -> serde_json::Value {
+        let job = self.job(
+            &format!("{id}.yaml"),
+            &demo_job(id, workspace, operation, cluster, node_count),
+        );
+        self.run(&["run", "-q", job.to_str().expect("utf-8 path")])
+            .expect_code(code);
+        self.artifact_json(&format!("acme/{workspace}"), id, "result.json")
+            .await
+    }
+
+    /// The store's copy of a workspace's current state (`tenant/workspace`), as JSON.
+    pub fn current_state(&self, ws: &str) -> serde_json::Value {
+        let raw =
+            std::fs::read(self.store.join(ws).join("terraform.tfstate")).expect("current state");
+        serde_json::from_slice(&raw).expect("state is JSON")
+    }
+
+    /// One state version of a workspace (`tenant/workspace`), as JSON.
+    pub fn version_state(&self, ws: &str, number: u64) -> serde_json::Value {
+        let raw = std::fs::read(
+            self.store
+                .join(ws)
+                .join(format!("versions/{number:010}.tfstate")),
+        )
+        .expect("version");
+        serde_json::from_slice(&raw).expect("state is JSON")
+    }
+
     /// The test cloud's resources: relative path → content.
     pub fn cloud_files(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
@@ -262,6 +301,19 @@ pub fn demo_job(
          variables:\n  cluster_name: {cluster}\n  region: eu-west-1\n  node_count: {node_count}\n  \
          admin_password: correct-horse-battery-staple\ntimeout: 5m\n"
     )
+}
+
+/// The names of a result's steps, in order.
+pub fn step_names(result: &serde_json::Value) -> Vec<String> {
+    result["steps"]
+        .as_array()
+        .map(|steps| {
+            steps
+                .iter()
+                .filter_map(|s| s["step"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// PIDs of the children of `pid`, from /proc.

@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tests::{Sandbox, children_of, demo_job};
+use tests::{Sandbox, children_of, demo_job, step_names};
 
 #[tokio::test]
 async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
@@ -27,13 +27,10 @@ async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
         .artifact_json("acme/demo", "apply-1", "result.json")
         .await;
     assert_eq!(result["status"], "succeeded");
-    let steps: Vec<&str> = result["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["step"].as_str().unwrap())
-        .collect();
-    assert_eq!(steps, ["init", "plan", "show", "apply", "output"]);
+    assert_eq!(
+        step_names(&result),
+        ["init", "plan", "show", "apply", "output"]
+    );
     assert_eq!(result["changes"]["add"], 2);
     let cluster_id = result["outputs"]["cluster_id"]["value"]
         .as_str()
@@ -62,10 +59,7 @@ async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
         result["state_versions"],
         serde_json::json!(versions.iter().map(|v| v.number).collect::<Vec<_>>())
     );
-    let state: Value = serde_json::from_slice(
-        &std::fs::read(sb.store.join("acme/demo/terraform.tfstate")).unwrap(),
-    )
-    .unwrap();
+    let state = sb.current_state("acme/demo");
     assert_eq!(state["resources"].as_array().unwrap().len(), 2);
 
     // The same job id again: not run again.
@@ -83,12 +77,7 @@ async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
     // version may appear at all.
     for (i, id) in ["apply-2", "apply-3"].iter().enumerate() {
         let before = sb.versions("acme/demo").await;
-        let job = sb.job(
-            &format!("{id}.yaml"),
-            &demo_job(id, "demo", "apply", "demo", 3),
-        );
-        sb.run(&["run", "-q", job.to_str().unwrap()]).expect_code(0);
-        let result = sb.artifact_json("acme/demo", id, "result.json").await;
+        let result = sb.run_demo(id, "demo", "apply", "demo", 3, 0).await;
         assert_eq!(
             result["changes"]["resources"],
             serde_json::json!([]),
@@ -103,12 +92,9 @@ async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
         if i == 1 {
             assert_eq!(after, before, "a no-op apply wrote a state version");
         }
-        let current: Value = serde_json::from_slice(
-            &std::fs::read(sb.store.join("acme/demo/terraform.tfstate")).unwrap(),
-        )
-        .unwrap();
         assert_eq!(
-            current["resources"], state["resources"],
+            sb.current_state("acme/demo")["resources"],
+            state["resources"],
             "{id} changed the state's resources"
         );
     }
@@ -447,23 +433,11 @@ async fn a_runner_killed_during_apply_leaves_a_lease_that_expires_and_loses_no_v
 #[tokio::test]
 async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
     let sb = Sandbox::new();
-    for (id, nodes) in [("r1", 1), ("r2", 4)] {
-        let job = sb.job(
-            &format!("{id}.yaml"),
-            &demo_job(id, "restore", "apply", "rest", nodes),
-        );
-        sb.run(&["run", "-q", job.to_str().unwrap()]).expect_code(0);
-    }
+    sb.run_demo("r1", "restore", "apply", "rest", 1, 0).await;
+    sb.run_demo("r2", "restore", "apply", "rest", 4, 0).await;
     let versions = sb.versions("acme/restore").await;
     let first = versions.first().unwrap().number;
-    let first_state: Value = serde_json::from_slice(
-        &std::fs::read(
-            sb.store
-                .join(format!("acme/restore/versions/{first:010}.tfstate")),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let first_state = sb.version_state("acme/restore", first);
 
     let listed = sb.run(&["state", "versions", "acme/restore"]);
     listed.expect_code(0);
@@ -498,17 +472,12 @@ async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
     assert_eq!(current["lineage"], first_state["lineage"]);
 
     // A drift check refreshes from the real infrastructure: the cloud matches the template.
-    let clean = sb.job(
-        "d2.yaml",
-        &demo_job("d2", "restore", "drift-check", "rest", 4),
-    );
-    sb.run(&["run", "-q", clean.to_str().unwrap()])
-        .expect_code(0);
-    assert_eq!(
-        sb.artifact_json("acme/restore", "d2", "result.json").await["drift"],
-        false
-    );
+    let clean = sb
+        .run_demo("d2", "restore", "drift-check", "rest", 4, 0)
+        .await;
+    assert_eq!(clean["drift"], false);
 
+    // Now the cloud changes out of band.
     let (path, content) = sb
         .cloud_files()
         .into_iter()
@@ -517,15 +486,13 @@ async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
     let mut cluster: Value = serde_json::from_str(&content).unwrap();
     cluster["node_count"] = 7.into();
     std::fs::write(sb.cloud.join(path), serde_json::to_vec(&cluster).unwrap()).unwrap();
-    let drifted = sb.job(
-        "d3.yaml",
-        &demo_job("d3", "restore", "drift-check", "rest", 4),
-    );
-    sb.run(&["run", "-q", drifted.to_str().unwrap()])
-        .expect_code(2);
+    let drifted = sb
+        .run_demo("d3", "restore", "drift-check", "rest", 4, 2)
+        .await;
+    assert_eq!(drifted["drift"], true);
     assert_eq!(
-        sb.artifact_json("acme/restore", "d3", "result.json").await["drift"],
-        true
+        drifted["changes"]["resources"][0]["address"],
+        "testcloud_cluster.main"
     );
 }
 
@@ -628,48 +595,26 @@ async fn a_job_past_its_timeout_is_interrupted_reported_and_releases_its_lease()
 #[tokio::test]
 async fn plan_changes_nothing_and_destroy_removes_everything_it_manages() {
     let sb = Sandbox::new();
-    let plan = sb.job("plan.yaml", &demo_job("plan-1", "life", "plan", "life", 2));
-    sb.run(&["run", "-q", plan.to_str().unwrap()])
-        .expect_code(0);
-    let result = sb.artifact_json("acme/life", "plan-1", "result.json").await;
+    let result = sb.run_demo("plan-1", "life", "plan", "life", 2, 0).await;
     assert_eq!(result["changes"]["add"], 2, "{result}");
-    let steps: Vec<&str> = result["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["step"].as_str().unwrap())
-        .collect();
-    assert_eq!(steps, ["init", "plan", "show"]);
+    assert_eq!(step_names(&result), ["init", "plan", "show"]);
     assert!(sb.cloud_files().is_empty(), "a plan created resources");
     assert!(
         sb.versions("acme/life").await.is_empty(),
         "a plan wrote state"
     );
 
-    let apply = sb.job(
-        "apply.yaml",
-        &demo_job("apply-1", "life", "apply", "life", 2),
-    );
-    sb.run(&["run", "-q", apply.to_str().unwrap()])
-        .expect_code(0);
+    sb.run_demo("apply-1", "life", "apply", "life", 2, 0).await;
     assert_eq!(sb.cloud_files().len(), 2);
     let before = sb.versions("acme/life").await.len();
 
-    let destroy = sb.job(
-        "destroy.yaml",
-        &demo_job("destroy-1", "life", "destroy", "life", 2),
-    );
-    sb.run(&["run", "-q", destroy.to_str().unwrap()])
-        .expect_code(0);
     let result = sb
-        .artifact_json("acme/life", "destroy-1", "result.json")
+        .run_demo("destroy-1", "life", "destroy", "life", 2, 0)
         .await;
     assert_eq!(result["status"], "succeeded");
+    let changes = &result["changes"];
     assert_eq!(
-        (
-            result["changes"]["destroy"].as_u64(),
-            result["changes"]["add"].as_u64()
-        ),
+        (changes["destroy"].as_u64(), changes["add"].as_u64()),
         (Some(2), Some(0))
     );
     assert!(
@@ -679,11 +624,10 @@ async fn plan_changes_nothing_and_destroy_removes_everything_it_manages() {
     );
     let after = sb.versions("acme/life").await;
     assert!(after.len() > before, "the destroy's state was not recorded");
-    let current: Value = serde_json::from_slice(
-        &std::fs::read(sb.store.join("acme/life/terraform.tfstate")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(current["resources"], serde_json::json!([]));
+    assert_eq!(
+        sb.current_state("acme/life")["resources"],
+        serde_json::json!([])
+    );
 }
 
 #[tokio::test]
