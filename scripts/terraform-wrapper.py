@@ -2,7 +2,7 @@
 """Test-harness wrapper around the vendor build of Terraform v0.15.0-rc2, the one real terraform
 binary these machines can install. It absorbs that build's quirks so Terrace's code never has to:
 
-- stdout lines may be prefixed with "o:"            -> stripped
+- stdout lines may be prefixed with "o:" or "e:"   -> stripped (some errors go to stdout)
 - [TRACE]/[DEBUG]/… log records on stderr           -> dropped, continuation lines too
 - `apply PLANFILE` applies nothing (the build prunes every node of a saved plan)
                                                     -> re-planned: `apply -auto-approve`, or
@@ -42,7 +42,7 @@ class LogFilter:
 
 
 def strip_prefix(line: bytes) -> bytes:
-    return line[2:] if line.startswith(b"o:") else line
+    return line[2:] if line.startswith((b"o:", b"e:")) else line
 
 
 def saved_plan_to_replan(args):

@@ -92,13 +92,51 @@ pub struct Job {
     #[serde(with = "duration_secs")]
     pub timeout: Duration,
     pub on_failure: OnFailure,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+}
+
+/// How transient failures are retried: exponential backoff with full jitter. Attempt `n`
+/// (from 1) waits a random time between zero and `min(cap, base * 2^(n-1))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1 = no retry).
+    pub attempts: u32,
+    #[serde(with = "duration_millis")]
+    pub base: Duration,
+    #[serde(with = "duration_millis")]
+    pub cap: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 5,
+            base: Duration::from_secs(2),
+            cap: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The longest wait before retry number `retry` (1 for the first retry).
+    pub fn ceiling(&self, retry: u32) -> Duration {
+        let factor = 2u32.saturating_pow(retry.saturating_sub(1));
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+
+    /// The wait before retry number `retry`: uniformly random in `[0, ceiling(retry)]`.
+    pub fn delay(&self, retry: u32) -> Duration {
+        let ceiling = self.ceiling(retry).as_millis() as u64;
+        Duration::from_millis(rand::random_range(0..=ceiling))
+    }
 }
 
 /// The default deadline of a job.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The fields a job file may have, for the "unknown field" message.
-pub const FIELDS: [&str; 8] = [
+pub const FIELDS: [&str; 9] = [
     "id",
     "tenant",
     "workspace",
@@ -107,6 +145,7 @@ pub const FIELDS: [&str; 8] = [
     "variables",
     "timeout",
     "on_failure",
+    "retry",
 ];
 
 /// A job document as written, before its fields are checked.
@@ -145,7 +184,8 @@ impl RawJob {
     }
 }
 
-/// Parses a duration written as seconds (`90`) or with a unit (`90s`, `30m`, `2h`, `1h30m`).
+/// Parses a duration written as seconds (`90`) or with a unit (`250ms`, `90s`, `30m`, `2h`,
+/// `1h30m`).
 ///
 /// # Errors
 /// A message saying what form is expected.
@@ -157,6 +197,12 @@ pub fn parse_duration(value: &serde_json::Value) -> Result<Duration, String> {
     let Some(text) = value.as_str() else {
         return Err(expected.to_owned());
     };
+    if let Some(ms) = text.trim().strip_suffix("ms") {
+        return ms
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| format!("{text:?}: {expected}"));
+    }
     let mut total = 0u64;
     let mut number = String::new();
     for c in text.trim().chars() {
@@ -185,6 +231,20 @@ pub fn parse_duration(value: &serde_json::Value) -> Result<Duration, String> {
         return Err(expected.to_owned());
     }
     Ok(Duration::from_secs(total))
+}
+
+mod duration_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
 }
 
 mod duration_secs {
@@ -216,9 +276,34 @@ mod tests {
             Ok(Duration::from_secs(5400))
         );
         assert_eq!(parse_duration(&json!("45")), Ok(Duration::from_secs(45)));
+        assert_eq!(
+            parse_duration(&json!("250ms")),
+            Ok(Duration::from_millis(250))
+        );
         for bad in [json!("soon"), json!(""), json!(-1), json!("5d")] {
             assert!(parse_duration(&bad).is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn retry_delays_are_full_jitter_under_a_doubling_capped_ceiling() {
+        let p = RetryPolicy {
+            attempts: 5,
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(500),
+        };
+        let ceilings: Vec<u64> = (1..=5).map(|n| p.ceiling(n).as_millis() as u64).collect();
+        assert_eq!(ceilings, [100, 200, 400, 500, 500]);
+        for n in 1..=5 {
+            for _ in 0..50 {
+                assert!(p.delay(n) <= p.ceiling(n));
+            }
+        }
+        assert_eq!(
+            RetryPolicy::default().ceiling(40),
+            Duration::from_secs(60),
+            "no overflow"
+        );
     }
 
     #[test]

@@ -58,6 +58,23 @@ pub struct JobError {
     pub retryable: bool,
 }
 
+/// One attempt of the operation (plan, apply, …, after `init`): how it ended, and how long the
+/// runner waited before the next one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Why it failed; `None` when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<JobError>,
+    /// The wait before the next attempt, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// The ceiling that wait was drawn under (full jitter: uniform in `[0, ceiling]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retry_after_ms: Option<u64>,
+}
+
 /// One step's timing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepTiming {
@@ -180,6 +197,9 @@ pub struct JobResult {
     /// Numbers of the state versions this run wrote.
     #[serde(default)]
     pub state_versions: Vec<u64>,
+    /// Every attempt of the operation, in order.
+    #[serde(default)]
+    pub attempts: Vec<Attempt>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<JobError>,
 }

@@ -17,11 +17,11 @@ use state_backends::{Lease, LeaseRequest, StateStore, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use crate::job::Operation;
+use crate::job::{Operation, RetryPolicy};
 use crate::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
 use crate::redact::Redactor;
 use crate::result::{
-    Category, Changes, JobError, JobResult, Status, StepTiming, outputs_from_json,
+    Attempt, Category, Changes, JobError, JobResult, Status, StepTiming, outputs_from_json,
 };
 use crate::state_server::{self, StateServer};
 use crate::terraform::{self, Command, Interrupted, Outcome, TerraformConfig};
@@ -263,6 +263,7 @@ impl Runner {
             drift: report.drift,
             outputs: report.outputs,
             state_versions: report.versions,
+            attempts: report.attempts,
             error,
         };
         let summary = match &result.error {
@@ -393,7 +394,7 @@ impl Runner {
             logger,
             stop,
         };
-        let result = self.steps(j.operation, &steps, report).await;
+        let result = self.steps(j.operation, j.retry, &steps, report).await;
         let activity = server.shutdown().await;
         report.versions = activity.versions;
         match result {
@@ -411,9 +412,12 @@ impl Runner {
         }
     }
 
+    /// `init` once, then attempts of the operation; a transient failure is retried with
+    /// backoff, each attempt planning afresh from the current state.
     async fn steps(
         &self,
         op: Operation,
+        retry: RetryPolicy,
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Result<(), JobError> {
@@ -421,6 +425,68 @@ impl Runner {
         s.run(&Command::Init { backend_config }, report)
             .await?
             .ok()?;
+        let mut attempt = 1;
+        loop {
+            let error = match self.attempt(op, s, report).await {
+                Ok(()) => {
+                    report.attempts.push(Attempt {
+                        attempt,
+                        error: None,
+                        retry_after_ms: None,
+                        max_retry_after_ms: None,
+                    });
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            let retryable = error.category == Category::Transient && error.retryable;
+            if !retryable || attempt >= retry.attempts || s.stop.is_cancelled() {
+                report.attempts.push(Attempt {
+                    attempt,
+                    error: Some(error.clone()),
+                    retry_after_ms: None,
+                    max_retry_after_ms: None,
+                });
+                let mut error = error;
+                if retryable && attempt >= retry.attempts && attempt > 1 {
+                    error.message = format!("{} (gave up after {attempt} attempts)", error.message);
+                }
+                return Err(error);
+            }
+            let (delay, ceiling) = (retry.delay(attempt), retry.ceiling(attempt));
+            report.attempts.push(Attempt {
+                attempt,
+                error: Some(error.clone()),
+                retry_after_ms: Some(delay.as_millis() as u64),
+                max_retry_after_ms: Some(ceiling.as_millis() as u64),
+            });
+            s.logger
+                .runner(
+                    &error.step,
+                    &format!(
+                        "attempt {attempt} of {} failed ({:?}): {}; retrying in {} ms",
+                        retry.attempts,
+                        error.category,
+                        error.message,
+                        delay.as_millis()
+                    ),
+                )
+                .await;
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = s.stop.cancelled() => return Err(error),
+            }
+            attempt += 1;
+        }
+    }
+
+    /// One attempt: plan, show, and for apply and destroy, apply the plan and read the outputs.
+    async fn attempt(
+        &self,
+        op: Operation,
+        s: &Steps<'_>,
+        report: &mut Report,
+    ) -> Result<(), JobError> {
         let plan = Command::Plan {
             destroy: op == Operation::Destroy,
             detailed_exitcode: op == Operation::DriftCheck,
@@ -470,6 +536,7 @@ struct Report {
     drift: Option<bool>,
     outputs: std::collections::BTreeMap<String, crate::result::Output>,
     versions: Vec<u64>,
+    attempts: Vec<Attempt>,
 }
 
 struct Steps<'a> {
@@ -552,7 +619,13 @@ fn classify(step: &str, outcome: &Outcome) -> JobError {
         });
     let text = outcome.errors.join(" ").to_lowercase();
     let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
-    let (category, hint, retryable) = if has(&["state lock", "locking state", "lease"]) {
+    let (category, hint, retryable) = if has(&[
+        "state lock",
+        "locking state",
+        "lease of",
+        "lease lost",
+        "is leased",
+    ]) {
         (
             Category::StateConflict,
             "the workspace's state is locked by another run; wait for it or break a stale lease with `terrace state unlock`",
@@ -590,15 +663,19 @@ fn classify(step: &str, outcome: &Outcome) -> JobError {
             "the credentials terraform uses cannot do this; check the role or service account granted to the runner",
             false,
         )
-    } else if step == "init"
-        || has(&[
-            "unsupported argument",
-            "missing required argument",
-            "invalid value",
-            "reference to undeclared",
-            "invalid reference",
-        ])
-    {
+    } else if step == "init" {
+        (
+            Category::Validation,
+            "terraform could not initialise: check the template's providers and modules (sources and versions) and that the runner reaches their registry or mirror",
+            false,
+        )
+    } else if has(&[
+        "unsupported argument",
+        "missing required argument",
+        "invalid value",
+        "reference to undeclared",
+        "invalid reference",
+    ]) {
         (
             Category::Validation,
             "the template's terraform configuration is invalid for these variables; fix the template or the job's variables",
@@ -776,4 +853,103 @@ fn hostname() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Real terraform output (Terraform v0.15.0-rc2 with the testcloud provider's injected
+    /// faults), as captured in `tests/fixtures/errors`.
+    fn classify_fixture(step: &str, text: &str) -> JobError {
+        let outcome = Outcome {
+            exit_code: Some(1),
+            stdout: Vec::new(),
+            errors: terraform::ErrorLines::from_text(text),
+            interrupted: None,
+            duration: Duration::ZERO,
+        };
+        classify(step, &outcome)
+    }
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_str!(concat!("../tests/fixtures/errors/", $name))
+        };
+    }
+
+    #[test]
+    fn failures_are_classified_from_real_terraform_output() {
+        let cases = [
+            (
+                "apply",
+                fixture!("apply-transient.stderr"),
+                Category::Transient,
+                true,
+                "RequestLimitExceeded",
+            ),
+            (
+                "apply",
+                fixture!("apply-quota.stderr"),
+                Category::Quota,
+                false,
+                "vCPU limit 32",
+            ),
+            (
+                "apply",
+                fixture!("apply-auth.stderr"),
+                Category::Auth,
+                false,
+                "AccessDenied",
+            ),
+            (
+                "apply",
+                fixture!("apply-already-exists.stderr"),
+                Category::Provider,
+                false,
+                "already exists",
+            ),
+            (
+                "plan",
+                fixture!("plan-undeclared-variable.stderr"),
+                Category::Validation,
+                false,
+                "undeclared input variable",
+            ),
+            (
+                "init",
+                fixture!("init-provider-missing.stdout"),
+                Category::Validation,
+                false,
+                "provider packages",
+            ),
+        ];
+        assert!(
+            classify_fixture("init", fixture!("init-provider-missing.stdout"))
+                .hint
+                .contains("providers and modules")
+        );
+        for (step, text, category, retryable, words) in cases {
+            let e = classify_fixture(step, text);
+            assert_eq!(
+                (e.category, e.retryable),
+                (category, retryable),
+                "{words}: {e:?}"
+            );
+            assert!(
+                e.message.starts_with("Error: ") && e.message.contains(words),
+                "{e:?}"
+            );
+            assert_eq!(e.step, step);
+            assert!(!e.hint.is_empty());
+        }
+    }
+
+    #[test]
+    fn the_message_carries_the_location_line_after_the_error() {
+        let e = classify_fixture("apply", fixture!("apply-quota.stderr"));
+        assert!(e.message.contains("on main.tf line 7"), "{}", e.message);
+    }
 }

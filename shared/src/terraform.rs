@@ -245,8 +245,10 @@ pub async fn run(
             _ => Default::default(),
         }
     };
-    let (stdout, _) = drain(out_task).await;
-    let (_, errors) = drain(err_task).await;
+    // Diagnostics belong on stderr, but some builds print errors on stdout too.
+    let (stdout, out_errors) = drain(out_task).await;
+    let (_, mut errors) = drain(err_task).await;
+    errors.extend(out_errors);
     let exit_code = status.ok().and_then(|s| s.code());
     Ok(Outcome {
         exit_code,
@@ -264,8 +266,43 @@ fn signal(pgid: Option<Pid>, sig: Signal) {
     }
 }
 
+/// Collects terraform's diagnostics from its output: each `Error: …` line with the line after
+/// it (terraform's detail or the source location), box-drawing stripped, redacted.
+#[derive(Debug, Default)]
+pub struct ErrorLines {
+    pub errors: Vec<String>,
+    take_next: bool,
+}
+
+impl ErrorLines {
+    /// Takes one line of output (without its newline).
+    pub fn push(&mut self, line: &str, redactor: &crate::redact::Redactor) {
+        let trimmed = line.trim_start_matches(['│', '╷', '╵', ' ']);
+        if let Some(rest) = trimmed.strip_prefix("Error: ") {
+            self.errors.push(redactor.redact(&format!("Error: {rest}")));
+            self.take_next = true;
+        } else if self.take_next && !trimmed.is_empty() {
+            if let Some(last) = self.errors.last_mut() {
+                last.push_str(" — ");
+                last.push_str(&redactor.redact(trimmed));
+            }
+            self.take_next = false;
+        }
+    }
+
+    /// The diagnostics in a whole text, for fixtures.
+    pub fn from_text(text: &str) -> Vec<String> {
+        let mut lines = Self::default();
+        let redactor = crate::redact::Redactor::default();
+        for line in text.lines() {
+            lines.push(line, &redactor);
+        }
+        lines.errors
+    }
+}
+
 /// Reads lines until EOF; logs them, or captures them when `capture`. Returns (captured bytes,
-/// error lines).
+/// diagnostics).
 async fn pump(
     reader: impl AsyncRead + Unpin,
     logger: Logger,
@@ -275,8 +312,7 @@ async fn pump(
 ) -> (Vec<u8>, Vec<String>) {
     let mut reader = BufReader::new(reader);
     let mut captured = Vec::new();
-    let mut errors = Vec::new();
-    let mut take_next = false;
+    let mut errors = ErrorLines::default();
     let mut buf = Vec::new();
     loop {
         buf.clear();
@@ -290,20 +326,10 @@ async fn pump(
         }
         let text = String::from_utf8_lossy(&buf);
         let text = text.trim_end_matches(['\n', '\r']);
-        let trimmed = text.trim_start_matches(['│', '╷', '╵', ' ']);
-        if trimmed.starts_with("Error: ") {
-            errors.push(logger.redactor().redact(trimmed));
-            take_next = true;
-        } else if take_next && !trimmed.is_empty() {
-            if let Some(last) = errors.last_mut() {
-                last.push_str(" — ");
-                last.push_str(&logger.redactor().redact(trimmed));
-            }
-            take_next = false;
-        }
+        errors.push(text, logger.redactor());
         logger.line(stream, step, text).await;
     }
-    (captured, errors)
+    (captured, errors.errors)
 }
 
 /// The whole environment terraform sees.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::job::{self, FIELDS, Job, OnFailure, Operation, RawJob, TemplateRef};
+use crate::job::{self, FIELDS, Job, OnFailure, Operation, RawJob, RetryPolicy, TemplateRef};
 use crate::template::{Constraint, Template, VarType};
 
 /// The longest deadline a job may ask for.
@@ -176,6 +176,7 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
             }
         },
     };
+    let retry = retry_policy(doc.get("retry"), &mut errors);
     let template =
         template_ref(doc.get("template"), &mut errors).and_then(|r| {
             match Template::load(templates_root, &r.name, &r.version) {
@@ -219,12 +220,14 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
         Some(operation),
         Some(timeout),
         Some(on_failure),
+        Some(retry),
     ) = (
         id,
         std::mem::take(&mut names),
         operation,
         timeout,
         on_failure,
+        retry,
     )
     else {
         unreachable!("every missing field pushed an error");
@@ -250,10 +253,69 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
             variables,
             timeout,
             on_failure,
+            retry,
         },
         template,
         sensitive_values,
     })
+}
+
+/// Reads `retry: { attempts, base, cap }`; every field is optional.
+fn retry_policy(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Option<RetryPolicy> {
+    let mut policy = RetryPolicy::default();
+    let Some(value) = value else {
+        return Some(policy);
+    };
+    let Value::Object(map) = value else {
+        errors.push(ValidationError::new(
+            "retry",
+            format!("must be a mapping, found {}", kind_of(value)),
+            "write retry: { attempts: 5, base: 2s, cap: 60s }",
+        ));
+        return None;
+    };
+    let before = errors.len();
+    for (key, v) in map {
+        let field = format!("retry.{key}");
+        match key.as_str() {
+            "attempts" => match v.as_u64().filter(|n| (1..=20).contains(n)) {
+                Some(n) => policy.attempts = n as u32,
+                None => errors.push(ValidationError::new(
+                    field,
+                    format!("{v} is not a number of attempts"),
+                    "use a whole number from 1 (no retry) to 20",
+                )),
+            },
+            "base" | "cap" => match crate::job::parse_duration(v) {
+                Ok(d) if !d.is_zero() && d <= Duration::from_secs(3600) => {
+                    if key == "base" {
+                        policy.base = d;
+                    } else {
+                        policy.cap = d;
+                    }
+                }
+                Ok(_) => errors.push(ValidationError::new(
+                    field,
+                    "is out of range",
+                    "use a duration between 1ms and 1h",
+                )),
+                Err(e) => errors.push(ValidationError::new(field, "is not a duration", e)),
+            },
+            _ => errors.push(ValidationError::new(
+                field,
+                "is not a retry field",
+                suggest(key, &["attempts", "base", "cap"], "remove it"),
+            )),
+        }
+    }
+    if errors.len() == before && policy.cap < policy.base {
+        errors.push(ValidationError::new(
+            "retry.cap",
+            format!("{:?} is below the base {:?}", policy.cap, policy.base),
+            "use a cap at least as long as the base",
+        ));
+    }
+    (errors.len() == before).then_some(policy)
 }
 
 /// The strings a sensitive value may show up as in terraform's output.
@@ -676,6 +738,30 @@ timeout: forever
         assert_eq!(errors.len(), 1);
         assert!(!errors[0].to_string().contains("sss"), "{}", errors[0]);
         assert!(errors[0].to_string().contains("(sensitive value)"));
+    }
+
+    #[test]
+    fn retry_policies_are_checked_field_by_field() {
+        let job = check(&format!(
+            "{GOOD}retry: {{ attempts: 3, base: 250ms, cap: 2s }}\n"
+        ))
+        .unwrap();
+        assert_eq!(job.job.retry.attempts, 3);
+        assert_eq!(job.job.retry.base, Duration::from_millis(250));
+        assert_eq!(check(GOOD).unwrap().job.retry, RetryPolicy::default());
+        let errors = check(&format!(
+            "{GOOD}retry: {{ attempts: 0, bas: 1s, cap: soon }}\n"
+        ))
+        .unwrap_err();
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["retry.attempts", "retry.bas", "retry.cap"],
+            "{errors:#?}"
+        );
+        assert!(errors[1].fix.contains("did you mean \"base\""));
+        let errors = check(&format!("{GOOD}retry: {{ base: 10s, cap: 1s }}\n")).unwrap_err();
+        assert_eq!(errors[0].field, "retry.cap");
     }
 
     #[test]

@@ -214,6 +214,17 @@ impl Sandbox {
         serde_json::from_slice(&raw).expect("state is JSON")
     }
 
+    /// Configures the test cloud's fault injection (`faults.json`, see the provider's `faults`).
+    pub fn faults(&self, faults: serde_json::Value) {
+        std::fs::write(self.cloud.join("faults.json"), faults.to_string()).expect("faults.json");
+    }
+
+    /// The test cloud's fault configuration as it stands (the counts go down as faults fire).
+    pub fn faults_left(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.cloud.join("faults.json")).expect("faults.json"))
+            .expect("JSON")
+    }
+
     /// The test cloud's resources: relative path → content.
     pub fn cloud_files(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();

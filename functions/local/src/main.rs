@@ -292,6 +292,22 @@ fn print_summary(r: &JobResult) {
             println!("  {name} = {}", out.value);
         }
     }
+    if r.attempts.len() > 1 {
+        println!("attempts:   {}", r.attempts.len());
+        for a in &r.attempts {
+            match (&a.error, a.retry_after_ms) {
+                (Some(e), Some(wait)) => println!(
+                    "  {}: {:?} at {}: {} (retried after {wait} ms)",
+                    a.attempt, e.category, e.step, e.message
+                ),
+                (Some(e), None) => println!(
+                    "  {}: {:?} at {}: {}",
+                    a.attempt, e.category, e.step, e.message
+                ),
+                (None, _) => println!("  {}: succeeded", a.attempt),
+            }
+        }
+    }
     if let Some(e) = &r.error {
         println!(
             "error:      [{:?}] at step {}: {}",

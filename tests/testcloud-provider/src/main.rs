@@ -6,6 +6,7 @@
 
 mod cluster;
 mod diag;
+mod faults;
 mod network;
 mod provider;
 mod resource;

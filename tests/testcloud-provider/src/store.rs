@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::faults::{Kind, Op};
+
 /// A resource as stored on disk.
 pub trait Record: Serialize + DeserializeOwned {
     /// Terraform type name, used in error messages (e.g. `testcloud_network`).
@@ -54,6 +56,9 @@ pub enum StoreError {
         path: PathBuf,
         source: io::Error,
     },
+    /// An injected fault (see [`crate::faults`]): the cloud's error message.
+    #[error("{0}")]
+    Injected(String),
     /// A stored file is not valid JSON for its resource type.
     #[error("invalid resource file {}: {source}", path.display())]
     Json {
@@ -88,6 +93,12 @@ impl Store {
 
     /// Stores a new resource, failing if one with the same name already exists.
     pub fn create<R: Record>(&self, record: &R) -> Result<(), StoreError> {
+        let fault = self.fault::<R>(record.name(), Op::Create)?;
+        if let Some(kind) = fault.filter(|k| *k != Kind::FalseFailure) {
+            return Err(StoreError::Injected(
+                kind.message(R::TYPE_NAME, record.name()),
+            ));
+        }
         if let Some(existing) = self.find_by_name::<R>(record.name())? {
             return Err(StoreError::AlreadyExists {
                 type_name: R::TYPE_NAME,
@@ -95,7 +106,24 @@ impl Store {
                 id: existing.id,
             });
         }
-        self.write(record)
+        self.write(record)?;
+        match fault {
+            Some(kind) => Err(StoreError::Injected(
+                kind.message(R::TYPE_NAME, record.name()),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The injected fault for this operation, if one is configured and left.
+    fn fault<R: Record>(&self, name: &str, op: Op) -> Result<Option<Kind>, StoreError> {
+        crate::faults::take(&self.root, R::TYPE_NAME, name, op).map_err(|source| {
+            io_error(
+                "cannot read faults in",
+                self.root.join(crate::faults::FILE),
+                source,
+            )
+        })
     }
 
     /// Reads a resource; `None` if it does not exist.
@@ -113,6 +141,13 @@ impl Store {
 
     /// Overwrites an existing resource.
     pub fn update<R: Record>(&self, record: &R) -> Result<(), StoreError> {
+        if let Some(kind) = self.fault::<R>(record.name(), Op::Update)?
+            && kind != Kind::FalseFailure
+        {
+            return Err(StoreError::Injected(
+                kind.message(R::TYPE_NAME, record.name()),
+            ));
+        }
         if !self.path::<R>(record.id())?.exists() {
             return Err(StoreError::NotFound {
                 type_name: R::TYPE_NAME,
@@ -125,6 +160,14 @@ impl Store {
     /// Deletes a resource; deleting a missing resource is not an error.
     pub fn delete<R: Record>(&self, id: &str) -> Result<(), StoreError> {
         let path = self.path::<R>(id)?;
+        if let Some(record) = self.read::<R>(id)?
+            && let Some(kind) = self.fault::<R>(record.name(), Op::Delete)?
+            && kind != Kind::FalseFailure
+        {
+            return Err(StoreError::Injected(
+                kind.message(R::TYPE_NAME, record.name()),
+            ));
+        }
         match fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
