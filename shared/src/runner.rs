@@ -117,8 +117,9 @@ impl Runner {
     /// of the job itself is a [`RunOutcome::Finished`] result with an error.
     ///
     /// # Cancellation safety
-    /// Cancel through `cancel`, not by dropping the future: dropping it kills terraform without
-    /// the grace period, and the lease is then only recovered by expiry.
+    /// Cancel through `cancel`, not by dropping the future: a dropped `run` leaves the job
+    /// running in the background to its end, and its lease is then freed by expiry instead of
+    /// being released.
     pub async fn run(
         &self,
         job: &ValidatedJob,
@@ -208,7 +209,8 @@ impl Runner {
         // result is written.
         let stop = cancel.child_token();
         let reason: Arc<OnceLock<StopReason>> = Arc::new(OnceLock::new());
-        let watchdog = tokio::spawn(watch(
+        // Aborted when dropped: on every path out of here, a panic included.
+        let watchdog = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch(
             self.store.clone(),
             ws.clone(),
             lease.clone(),
@@ -217,7 +219,7 @@ impl Runner {
             stop.clone(),
             reason.clone(),
             logger.clone(),
-        ));
+        )));
 
         let mut report = Report::default();
         let outcome = match stored {
@@ -303,7 +305,7 @@ impl Runner {
                 other => break other,
             }
         };
-        watchdog.abort();
+        drop(watchdog);
         written?;
         Ok(RunOutcome::Finished(Box::new(serde_json::from_value(
             redacted,
