@@ -46,17 +46,30 @@ def strip_prefix(line: bytes) -> bytes:
 
 
 def saved_plan_to_replan(args):
-    """`apply [flags] PLAN` -> `apply|destroy -auto-approve [flags]`."""
+    """`apply [flags] PLAN` -> the same change without the saved plan:
+    - a plan that only deletes: `destroy -auto-approve -target=ADDR ...` (exactly those);
+    - a destroy plan of an empty workspace: `destroy -auto-approve` (nothing to do);
+    - anything else: `apply -auto-approve` (re-planned from the same configuration)."""
     positional = [a for a in args[1:] if not a.startswith("-")]
     if not positional or not os.path.isfile(positional[-1]):
         return args
     shown = subprocess.run([REAL, "show", "-json", positional[-1]], capture_output=True)
     text = b"".join(strip_prefix(l) for l in shown.stdout.splitlines(keepends=True))
     plan = json.loads(text)
-    planned = plan.get("planned_values", {}).get("root_module", {})
-    destroy = not planned.get("resources") and not planned.get("child_modules")
     flags = [a for a in args[1:] if a.startswith("-")]
-    return ["destroy" if destroy else "apply", "-auto-approve"] + flags
+    deletes, others = [], []
+    for rc in plan.get("resource_changes", []):
+        actions = rc["change"]["actions"]
+        if "delete" in actions and all(a in ("delete", "no-op", "read") for a in actions):
+            deletes.append(rc["address"])
+        elif any(a not in ("no-op", "read") for a in actions):
+            others.append(rc["address"])
+    planned = plan.get("planned_values", {}).get("root_module", {})
+    if deletes and not others:
+        return ["destroy", "-auto-approve"] + flags + ["-target=" + a for a in deletes]
+    if not others and not planned.get("resources") and not planned.get("child_modules"):
+        return ["destroy", "-auto-approve"] + flags
+    return ["apply", "-auto-approve"] + flags
 
 
 def copy(src, dst, keep):

@@ -75,6 +75,23 @@ pub struct Attempt {
     pub max_retry_after_ms: Option<u64>,
 }
 
+/// What became of the resources a failed run created (`on_failure`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cleanup {
+    /// The job's policy: `keep`, `destroy-created` or `rollback`.
+    pub policy: String,
+    /// Resources this run created (in the state after the run, not before it).
+    pub created: Vec<String>,
+    /// Of those, the ones the cleanup destroyed.
+    pub destroyed: Vec<String>,
+    /// Of those, the ones still there: kept by policy, or not cleaned (see `error`).
+    pub left: Vec<String>,
+    /// Cleanup attempts made (at most 3).
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// One step's timing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepTiming {
@@ -200,6 +217,9 @@ pub struct JobResult {
     /// Every attempt of the operation, in order.
     #[serde(default)]
     pub attempts: Vec<Attempt>,
+    /// What became of the resources a failed run created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleanup: Option<Cleanup>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<JobError>,
 }

@@ -8,6 +8,7 @@
 //! 5. terraform's steps for the operation, logged live and redacted;
 //! 6. the result in `runs/<job-id>/result.json`; the lease released on every path.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -17,11 +18,11 @@ use state_backends::{Lease, LeaseRequest, StateStore, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use crate::job::{Operation, RetryPolicy};
+use crate::job::{OnFailure, Operation, RetryPolicy};
 use crate::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
 use crate::redact::Redactor;
 use crate::result::{
-    Attempt, Category, Changes, JobError, JobResult, Status, StepTiming, outputs_from_json,
+    Attempt, Category, Changes, Cleanup, JobError, JobResult, Status, StepTiming, outputs_from_json,
 };
 use crate::state_server::{self, StateServer};
 use crate::terraform::{self, Command, Interrupted, Outcome, TerraformConfig};
@@ -266,6 +267,7 @@ impl Runner {
             outputs: report.outputs,
             state_versions: report.versions,
             attempts: report.attempts,
+            cleanup: report.cleanup,
             error,
         };
         let summary = match &result.error {
@@ -396,7 +398,14 @@ impl Runner {
             logger,
             stop,
         };
+        let before = self.addresses(ws).await;
         let result = self.steps(j.operation, j.retry, &steps, report).await;
+        if result.is_err() && j.operation == Operation::Apply && !stop.is_cancelled() {
+            report.cleanup = Some(
+                self.clean_up(j.on_failure, before, ws, &steps, report)
+                    .await,
+            );
+        }
         let activity = server.shutdown().await;
         report.versions = activity.versions;
         match result {
@@ -412,6 +421,134 @@ impl Runner {
             }
             other => other,
         }
+    }
+
+    /// The managed resources in the workspace's current state.
+    async fn addresses(&self, ws: &WorkspaceId) -> Result<BTreeSet<String>, String> {
+        match self.store.current(ws).await {
+            Ok(Some(current)) => state_backends::tfstate::resource_addresses(&current.data),
+            Ok(None) => Ok(BTreeSet::new()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// After a failed apply: finds what the run created (state after minus state before) and,
+    /// per `policy`, destroys exactly that, never anything that existed before the run.
+    async fn clean_up(
+        &self,
+        policy: OnFailure,
+        before: Result<BTreeSet<String>, String>,
+        ws: &WorkspaceId,
+        s: &Steps<'_>,
+        report: &mut Report,
+    ) -> Cleanup {
+        let policy_name = serde_json::to_value(policy)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let mut cleanup = Cleanup {
+            policy: policy_name,
+            ..Cleanup::default()
+        };
+        let (before, after) = match (before, self.addresses(ws).await) {
+            (Ok(before), Ok(after)) => (before, after),
+            (Err(e), _) | (_, Err(e)) => {
+                cleanup.error = Some(format!("cannot tell what the run created: {e}"));
+                return cleanup;
+            }
+        };
+        let created: BTreeSet<String> = after.difference(&before).cloned().collect();
+        cleanup.created = created.iter().cloned().collect();
+        cleanup.left = cleanup.created.clone();
+        if created.is_empty() || policy == OnFailure::Keep {
+            if !created.is_empty() {
+                s.logger
+                    .runner(
+                        "cleanup",
+                        &format!(
+                            "keeping what this run created: {}",
+                            cleanup.created.join(", ")
+                        ),
+                    )
+                    .await;
+            }
+            return cleanup;
+        }
+        if policy == OnFailure::Rollback {
+            cleanup.error = Some(
+                "rollback restores only by destroying what the run created; changes to resources that existed before are kept".into(),
+            );
+        }
+        let mut left = created.clone();
+        while cleanup.attempts < 3 && !left.is_empty() && !s.stop.is_cancelled() {
+            cleanup.attempts += 1;
+            s.logger
+                .runner(
+                    "cleanup",
+                    &format!(
+                        "attempt {} to destroy what this run created: {}",
+                        cleanup.attempts,
+                        left.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                )
+                .await;
+            match self.destroy_only(&left, s, report).await {
+                Ok(()) => {}
+                Err(e) if e.category == Category::Internal && e.step == "cleanup" => {
+                    cleanup.error = Some(e.message);
+                    break;
+                }
+                Err(e) => cleanup.error = Some(e.message),
+            }
+            let Ok(now) = self.addresses(ws).await else {
+                break;
+            };
+            left = created.intersection(&now).cloned().collect();
+        }
+        if left.is_empty() {
+            cleanup.error = cleanup.error.filter(|_| policy == OnFailure::Rollback);
+        }
+        cleanup.destroyed = created.difference(&left).cloned().collect();
+        cleanup.left = left.into_iter().collect();
+        cleanup
+    }
+
+    /// Plans the destruction of exactly `targets`, checks that the plan destroys nothing else
+    /// (terraform also destroys what depends on a target), and applies it.
+    async fn destroy_only(
+        &self,
+        targets: &BTreeSet<String>,
+        s: &Steps<'_>,
+        report: &mut Report,
+    ) -> Result<(), JobError> {
+        let plan = Command::Plan {
+            destroy: true,
+            detailed_exitcode: false,
+            targets: targets.iter().cloned().collect(),
+        };
+        s.run(&plan, report).await?.ok()?;
+        let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
+        let changes = Changes::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))?;
+        let beyond: Vec<&str> = changes
+            .resources
+            .iter()
+            .filter(|r| !targets.contains(&r.address))
+            .map(|r| r.address.as_str())
+            .collect();
+        if !beyond.is_empty() {
+            return Err(JobError {
+                category: Category::Internal,
+                step: "cleanup".into(),
+                message: format!(
+                    "the cleanup would also change {}, which existed before the run; nothing was destroyed",
+                    beyond.join(", ")
+                ),
+                hint: "clean up by hand, or change the template so nothing older depends on what the run created".into(),
+                retryable: false,
+            });
+        }
+        s.run(&Command::Apply, report).await?.ok()?;
+        Ok(())
     }
 
     /// `init` once, then attempts of the operation; a transient failure is retried with
@@ -492,6 +629,7 @@ impl Runner {
         let plan = Command::Plan {
             destroy: op == Operation::Destroy,
             detailed_exitcode: op == Operation::DriftCheck,
+            targets: Vec::new(),
         };
         let planned = s.run(&plan, report).await?;
         match (op, planned.exit_code) {
@@ -539,6 +677,7 @@ struct Report {
     outputs: std::collections::BTreeMap<String, crate::result::Output>,
     versions: Vec<u64>,
     attempts: Vec<Attempt>,
+    cleanup: Option<Cleanup>,
 }
 
 struct Steps<'a> {

@@ -80,6 +80,8 @@ pub enum Command {
     Plan {
         destroy: bool,
         detailed_exitcode: bool,
+        /// Resource addresses to limit the plan to (`-target`); empty for all.
+        targets: Vec<String>,
     },
     ShowPlan,
     Apply,
@@ -108,8 +110,10 @@ impl Command {
             Command::Plan {
                 destroy,
                 detailed_exitcode,
+                targets,
             } => {
                 let mut a = vec!["plan".into(), format!("-out={PLAN_FILE}")];
+                a.extend(targets.iter().map(|t| format!("-target={t}")));
                 if *destroy {
                     a.push("-destroy".into());
                 }
@@ -375,12 +379,14 @@ mod tests {
         let plan = Command::Plan {
             destroy: true,
             detailed_exitcode: true,
+            targets: vec!["testcloud_network.n[\"a\"]".into()],
         };
         assert_eq!(
             plan.args(),
             [
                 "plan",
                 "-out=terrace.tfplan",
+                "-target=testcloud_network.n[\"a\"]",
                 "-destroy",
                 "-detailed-exitcode",
                 "-input=false",

@@ -122,6 +122,54 @@ pub fn with_serial_at_least(data: &[u8], min_serial: u64) -> Result<Bytes, Strin
     Ok(out.into())
 }
 
+/// The addresses of the managed resource instances in a state, as terraform writes them in
+/// `-target` (`module.m.type.name["key"]`, `type.name[0]`).
+///
+/// # Errors
+/// When the state is not JSON or its `resources` are malformed.
+pub fn resource_addresses(data: &[u8]) -> Result<std::collections::BTreeSet<String>, String> {
+    #[derive(Deserialize)]
+    struct State {
+        #[serde(default)]
+        resources: Vec<Resource>,
+    }
+    #[derive(Deserialize)]
+    struct Resource {
+        #[serde(default)]
+        module: Option<String>,
+        mode: String,
+        #[serde(rename = "type")]
+        kind: String,
+        name: String,
+        #[serde(default)]
+        instances: Vec<Instance>,
+    }
+    #[derive(Deserialize)]
+    struct Instance {
+        #[serde(default)]
+        index_key: Option<serde_json::Value>,
+    }
+    let state: State =
+        serde_json::from_slice(data).map_err(|e| format!("state does not parse: {e}"))?;
+    let mut out = std::collections::BTreeSet::new();
+    for r in state.resources.into_iter().filter(|r| r.mode == "managed") {
+        let base = match &r.module {
+            Some(module) => format!("{module}.{}.{}", r.kind, r.name),
+            None => format!("{}.{}", r.kind, r.name),
+        };
+        for instance in &r.instances {
+            out.insert(match &instance.index_key {
+                None => base.clone(),
+                Some(serde_json::Value::String(key)) => {
+                    format!("{base}[{}]", serde_json::Value::String(key.clone()))
+                }
+                Some(key) => format!("{base}[{key}]"),
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// A minimal valid empty state, for tests and fixtures.
 pub fn empty_state(lineage: &str, serial: u64) -> Bytes {
     format!(
@@ -185,6 +233,27 @@ mod tests {
         assert_eq!(
             check_successor(None, &meta(0, "z"), b""),
             Ok(WriteCheck::Accept)
+        );
+    }
+
+    #[test]
+    fn resource_addresses_are_written_as_terraform_targets_them() {
+        let state = br#"{"version":4,"serial":1,"lineage":"a","resources":[
+          {"mode":"managed","type":"t","name":"one","instances":[{"attributes":{}}]},
+          {"mode":"managed","type":"t","name":"n","instances":[{"index_key":"a"},{"index_key":"b"}]},
+          {"mode":"managed","type":"t","name":"c","instances":[{"index_key":0}]},
+          {"module":"module.m","mode":"managed","type":"t","name":"x","instances":[{}]},
+          {"mode":"data","type":"d","name":"ignored","instances":[{}]}]}"#;
+        let got: Vec<String> = resource_addresses(state).unwrap().into_iter().collect();
+        assert_eq!(
+            got,
+            [
+                "module.m.t.x",
+                "t.c[0]",
+                "t.n[\"a\"]",
+                "t.n[\"b\"]",
+                "t.one"
+            ]
         );
     }
 

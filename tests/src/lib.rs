@@ -100,8 +100,13 @@ impl Sandbox {
         let repo = repo_root();
         std::os::unix::fs::symlink(repo.join("templates/demo"), templates.join("demo"))
             .expect("link demo");
-        std::os::unix::fs::symlink(repo.join("tests/templates/leaky"), templates.join("leaky"))
-            .expect("link leaky");
+        for name in ["leaky", "fleet"] {
+            std::os::unix::fs::symlink(
+                repo.join("tests/templates").join(name),
+                templates.join(name),
+            )
+            .expect("link template");
+        }
         let cli_config = root.join("terraformrc");
         std::fs::write(
             &cli_config,

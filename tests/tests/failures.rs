@@ -124,3 +124,93 @@ async fn an_auth_error_fails_at_once() {
     assert_eq!(sb.faults_left()[0]["times"], 4);
     assert!(sb.cloud_files().is_empty(), "nothing was created");
 }
+
+fn fleet_job(id: &str, networks: &[&str], on_failure: &str) -> String {
+    format!(
+        "id: {id}\ntenant: acme\nworkspace: fleet\noperation: apply\ntemplate: {{ name: fleet, version: 1.0.0 }}\n\
+         variables: {{ networks: {} }}\non_failure: {on_failure}\n",
+        serde_json::to_string(networks).unwrap()
+    )
+}
+
+/// Two networks exist; a second apply adds three more, and the third of those fails (quota):
+/// two were created by the failed run.
+async fn partial_apply(
+    sb: &Sandbox,
+    on_failure: &str,
+) -> (Value, std::collections::BTreeMap<String, String>) {
+    let first = sb.job("f1.yaml", &fleet_job("f1", &["a", "b"], "keep"));
+    sb.run(&["run", "-q", first.to_str().unwrap()])
+        .expect_code(0);
+    let before = sb.cloud_files();
+    assert_eq!(before.len(), 2);
+    sb.faults(json!([{ "resource": "testcloud_network", "name": "e", "op": "create", "kind": "quota", "times": 1 }]));
+    let second = sb.job(
+        "f2.yaml",
+        &fleet_job("f2", &["a", "b", "c", "d", "e"], on_failure),
+    );
+    sb.run(&["run", "-q", second.to_str().unwrap()])
+        .expect_code(1);
+    (
+        sb.artifact_json("acme/fleet", "f2", "result.json").await,
+        before,
+    )
+}
+
+fn network_names(sb: &Sandbox) -> Vec<String> {
+    let mut names: Vec<String> = sb
+        .cloud_files()
+        .values()
+        .map(|c| {
+            serde_json::from_str::<Value>(c).unwrap()["name"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn destroy_created_removes_exactly_what_the_failed_run_created() {
+    let sb = Sandbox::new();
+    let (result, before) = partial_apply(&sb, "destroy-created").await;
+    assert_eq!(result["error"]["category"], "quota", "{result}");
+    let cleanup = &result["cleanup"];
+    assert_eq!(cleanup["policy"], "destroy-created");
+    assert_eq!(
+        cleanup["created"],
+        json!(["testcloud_network.n[\"c\"]", "testcloud_network.n[\"d\"]"]),
+        "{result}"
+    );
+    assert_eq!(cleanup["destroyed"], cleanup["created"]);
+    assert_eq!(cleanup["left"], json!([]));
+    assert!(cleanup["error"].is_null(), "{cleanup}");
+    assert_eq!(network_names(&sb), ["a", "b"]);
+    // The networks that existed before the job are untouched, byte for byte.
+    for (path, content) in &before {
+        assert_eq!(&sb.cloud_files()[path], content);
+    }
+    let state = sb.current_state("acme/fleet");
+    assert_eq!(
+        state["resources"][0]["instances"].as_array().unwrap().len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn keep_leaves_what_the_failed_run_created_and_lists_it() {
+    let sb = Sandbox::new();
+    let (result, _) = partial_apply(&sb, "keep").await;
+    let cleanup = &result["cleanup"];
+    assert_eq!(cleanup["policy"], "keep");
+    assert_eq!(
+        cleanup["created"],
+        json!(["testcloud_network.n[\"c\"]", "testcloud_network.n[\"d\"]"]),
+        "{result}"
+    );
+    assert_eq!(cleanup["left"], cleanup["created"]);
+    assert_eq!(cleanup["destroyed"], json!([]));
+    assert_eq!(network_names(&sb), ["a", "b", "c", "d"]);
+}

@@ -308,6 +308,24 @@ fn print_summary(r: &JobResult) {
             }
         }
     }
+    if let Some(c) = &r.cleanup
+        && !c.created.is_empty()
+    {
+        println!(
+            "cleanup:    policy {}; created {}",
+            c.policy,
+            c.created.join(", ")
+        );
+        if !c.destroyed.is_empty() {
+            println!("            destroyed {}", c.destroyed.join(", "));
+        }
+        if !c.left.is_empty() {
+            println!("            left in place {}", c.left.join(", "));
+        }
+        if let Some(e) = &c.error {
+            println!("            {e}");
+        }
+    }
     if let Some(e) = &r.error {
         println!(
             "error:      [{:?}] at step {}: {}",
