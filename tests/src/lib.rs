@@ -250,6 +250,20 @@ impl Sandbox {
         out
     }
 
+    /// The names of the test cloud's resources, sorted.
+    pub fn cloud_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .cloud_files()
+            .values()
+            .map(|c| {
+                let resource: serde_json::Value = serde_json::from_str(c).expect("resource JSON");
+                resource["name"].as_str().expect("a name").to_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
     /// Every file under the store, with its content, for leak checks.
     pub fn store_files(&self) -> Vec<(PathBuf, Vec<u8>)> {
         let mut out = Vec::new();

@@ -47,16 +47,7 @@ async fn a_transient_failure_three_times_is_retried_with_growing_backoff_then_su
     assert!(attempts[3]["error"].is_null());
     assert_eq!(sb.faults_left()[0]["times"], 0);
     // Both resources exist once: the retries created no duplicates.
-    let names: Vec<String> = sb
-        .cloud_files()
-        .values()
-        .map(|c| {
-            serde_json::from_str::<Value>(c).unwrap()["name"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+    let names = sb.cloud_names();
     assert_eq!(names.len(), 2, "{names:?}");
 }
 
@@ -157,21 +148,6 @@ async fn partial_apply(
     )
 }
 
-fn network_names(sb: &Sandbox) -> Vec<String> {
-    let mut names: Vec<String> = sb
-        .cloud_files()
-        .values()
-        .map(|c| {
-            serde_json::from_str::<Value>(c).unwrap()["name"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
-    names.sort();
-    names
-}
-
 #[tokio::test]
 async fn destroy_created_removes_exactly_what_the_failed_run_created() {
     let sb = Sandbox::new();
@@ -187,7 +163,7 @@ async fn destroy_created_removes_exactly_what_the_failed_run_created() {
     assert_eq!(cleanup["destroyed"], cleanup["created"]);
     assert_eq!(cleanup["left"], json!([]));
     assert!(cleanup["error"].is_null(), "{cleanup}");
-    assert_eq!(network_names(&sb), ["a", "b"]);
+    assert_eq!(sb.cloud_names(), ["a", "b"]);
     // The networks that existed before the job are untouched, byte for byte.
     for (path, content) in &before {
         assert_eq!(&sb.cloud_files()[path], content);
@@ -212,5 +188,5 @@ async fn keep_leaves_what_the_failed_run_created_and_lists_it() {
     );
     assert_eq!(cleanup["left"], cleanup["created"]);
     assert_eq!(cleanup["destroyed"], json!([]));
-    assert_eq!(network_names(&sb), ["a", "b", "c", "d"]);
+    assert_eq!(sb.cloud_names(), ["a", "b", "c", "d"]);
 }

@@ -417,16 +417,7 @@ async fn a_runner_killed_during_apply_leaves_a_lease_that_expires_and_loses_no_v
     }
     let numbers: Vec<u64> = after.iter().map(|v| v.number).collect();
     assert_eq!(numbers, (1..=after.len() as u64).collect::<Vec<_>>());
-    let names: Vec<String> = sb
-        .cloud_files()
-        .values()
-        .map(|c| {
-            serde_json::from_str::<Value>(c).unwrap()["name"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+    let names = sb.cloud_names();
     assert!(names.contains(&"second".to_owned()), "{names:?}");
 }
 
