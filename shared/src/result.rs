@@ -18,6 +18,9 @@ pub enum Status {
     Failed,
     Cancelled,
     TimedOut,
+    /// The runner stopped without a result (killed, crashed); a later job found its lease
+    /// expired. Not final: the same job id may run again.
+    Interrupted,
 }
 
 impl Status {
@@ -27,6 +30,7 @@ impl Status {
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
             Status::TimedOut => "timed-out",
+            Status::Interrupted => "interrupted",
         }
     }
 }

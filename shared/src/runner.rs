@@ -96,7 +96,8 @@ impl Runner {
         &self.store
     }
 
-    /// The stored result of a job id, if it finished before.
+    /// The stored result of a job id, if it finished before. An `interrupted` job did not
+    /// finish: it may run again.
     ///
     /// # Errors
     /// Store failures, or a result that does not parse.
@@ -106,8 +107,81 @@ impl Runner {
         job_id: &str,
     ) -> anyhow::Result<Option<JobResult>> {
         match self.store.artifact(ws, job_id, RESULT_FILE).await? {
-            Some(raw) => Ok(Some(serde_json::from_slice(&raw)?)),
+            Some(raw) => {
+                let result: JobResult = serde_json::from_slice(&raw)?;
+                Ok((result.status != Status::Interrupted).then_some(result))
+            }
             None => Ok(None),
+        }
+    }
+
+    /// When this job's lease took over an expired one, records the job that held it as
+    /// interrupted (unless it left a result), so its status is known and it may run again.
+    async fn note_interrupted(&self, ws: &WorkspaceId, lease: &Lease, logger: &Logger) {
+        let Some(prev) = &lease.took_over else { return };
+        let (Ok(Some(job)), Ok(None)) = (
+            self.store.artifact(ws, &prev.owner, JOB_FILE).await,
+            self.store.artifact(ws, &prev.owner, RESULT_FILE).await,
+        ) else {
+            return; // not a job of ours (a restore), or it did finish
+        };
+        let job: serde_json::Value = serde_json::from_slice(&job).unwrap_or_default();
+        let Ok(operation) = serde_json::from_value::<Operation>(job["operation"].clone()) else {
+            tracing::warn!(job_id = %prev.owner, "interrupted job has an unreadable job.json");
+            return;
+        };
+        let expired = state_backends::display_time(prev.expired_at);
+        let started_at = job["lease"]["acquired_at"]
+            .as_str()
+            .and_then(|t| {
+                OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+            })
+            .unwrap_or(prev.expired_at);
+        let template = format!(
+            "{}@{}",
+            job["template"]["name"].as_str().unwrap_or("?"),
+            job["template"]["version"].as_str().unwrap_or("?")
+        );
+        let result = JobResult {
+            job_id: prev.owner.clone(),
+            tenant: ws.tenant().to_owned(),
+            workspace: ws.workspace().to_owned(),
+            operation,
+            template,
+            status: Status::Interrupted,
+            started_at,
+            finished_at: prev.expired_at,
+            duration_ms: 0,
+            steps: Vec::new(),
+            changes: None,
+            drift: None,
+            outputs: Default::default(),
+            state_versions: Vec::new(),
+            attempts: Vec::new(),
+            cleanup: None,
+            error: Some(JobError {
+                category: Category::Internal,
+                step: "unknown".into(),
+                message: format!(
+                    "the runner stopped without finishing (killed or crashed); its lease (fence {}) expired at {expired}",
+                    prev.fence
+                ),
+                hint: "every state version it wrote is kept; check `terrace state versions`, then run the job again".into(),
+                retryable: true,
+            }),
+        };
+        let Ok(data) = serde_json::to_vec_pretty(&result) else {
+            return;
+        };
+        if self
+            .store
+            .put_artifact(ws, &prev.owner, RESULT_FILE, Bytes::from(data))
+            .await
+            .is_ok()
+        {
+            logger
+                .runner("prepare", &format!("job {} was interrupted: its runner stopped without a result and its lease expired at {expired}; continuing from the current state", prev.owner))
+                .await;
         }
     }
 
@@ -180,7 +254,7 @@ impl Runner {
             "operation": j.operation, "template": j.template,
             "variables": redactor.redact_json(&job.masked_variables()),
             "timeout": j.timeout.as_secs(), "on_failure": j.on_failure,
-            "lease": { "fence": lease.fence, "acquired_at": lease.acquired_at.to_string() },
+            "lease": { "fence": lease.fence, "acquired_at": state_backends::display_time(lease.acquired_at) },
         });
         let stored = self
             .store
@@ -204,6 +278,7 @@ impl Runner {
             sinks.push(Box::new(ConsoleSink::new(&j.id)));
         }
         let (logger, pump) = logs::start(redactor.clone(), sinks);
+        self.note_interrupted(ws, lease, &logger).await;
 
         // The job's token: fired by the caller, the deadline, or a lost lease. The watchdog
         // keeps renewing the lease after that, through terraform's grace period, until the

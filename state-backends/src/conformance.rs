@@ -258,6 +258,14 @@ pub async fn expired_lease_is_taken_over_and_the_old_holder_is_fenced(store: &dy
         .await
         .expect("an expired lease is free");
     assert!(new.fence > old.fence);
+    let took_over = new
+        .took_over
+        .as_ref()
+        .expect("the successor learns whose lease expired");
+    assert_eq!(
+        (took_over.owner.as_str(), took_over.fence),
+        ("crashed", old.fence)
+    );
     store.release_lease(&ws, &old).await.unwrap();
     assert_eq!(
         store.lease(&ws).await.unwrap().map(|l| l.owner),

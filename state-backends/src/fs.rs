@@ -446,7 +446,7 @@ impl StateStore for FsStore {
                 .acquire(&request, OffsetDateTime::now_utc())
                 .map_err(|holder| StoreError::LeaseHeld {
                     workspace: dir.ws.clone(),
-                    holder: Box::new(holder),
+                    holder,
                 })?;
             dir.save_lease_record(&record)?;
             Ok(lease)

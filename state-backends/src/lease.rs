@@ -26,11 +26,15 @@ pub(crate) fn plus(now: OffsetDateTime, ttl: Duration) -> OffsetDateTime {
 
 impl LeaseRecord {
     /// Takes the lease for `request` when it is free or expired; else returns the live holder.
-    pub fn acquire(&mut self, request: &LeaseRequest, now: OffsetDateTime) -> Result<Lease, Lease> {
+    pub fn acquire(
+        &mut self,
+        request: &LeaseRequest,
+        now: OffsetDateTime,
+    ) -> Result<Lease, Box<Lease>> {
         if let Some(holder) = &self.held
             && !holder.is_expired_at(now)
         {
-            return Err(holder.clone());
+            return Err(Box::new(holder.clone()));
         }
         self.last_fence += 1;
         let lease = Lease {
@@ -39,6 +43,11 @@ impl LeaseRecord {
             acquired_at: now,
             expires_at: plus(now, request.ttl),
             info: request.info.clone(),
+            took_over: self.held.as_ref().map(|expired| crate::TakenOver {
+                owner: expired.owner.clone(),
+                fence: expired.fence,
+                expired_at: expired.expires_at,
+            }),
         };
         self.held = Some(lease.clone());
         Ok(lease)
@@ -166,6 +175,10 @@ mod tests {
         );
         let b = rec.acquire(&req("b", 10), later).unwrap();
         assert_eq!(b.fence, 2);
+        assert_eq!(
+            b.took_over.as_ref().map(|t| (t.owner.as_str(), t.fence)),
+            Some(("a", 1))
+        );
         assert!(
             rec.check(&a.fence(), later)
                 .unwrap_err()
@@ -181,6 +194,8 @@ mod tests {
                 .unwrap_err()
                 .contains("released")
         );
-        assert_eq!(rec.acquire(&req("c", 1), later).unwrap().fence, 3);
+        let c = rec.acquire(&req("c", 1), later).unwrap();
+        assert_eq!(c.fence, 3);
+        assert!(c.took_over.is_none(), "a released lease is not taken over");
     }
 }

@@ -134,6 +134,19 @@ pub struct Lease {
     #[serde(with = "time::serde::rfc3339")]
     pub expires_at: OffsetDateTime,
     pub info: serde_json::Value,
+    /// The expired lease this one took over, if any: its holder stopped without releasing it
+    /// (a crash, a kill), so its job may have been interrupted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub took_over: Option<TakenOver>,
+}
+
+/// The expired lease a new lease took over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakenOver {
+    pub owner: String,
+    pub fence: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expired_at: OffsetDateTime,
 }
 
 impl Lease {

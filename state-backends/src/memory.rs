@@ -135,7 +135,7 @@ impl StateStore for MemoryStore {
                 .acquire(request, OffsetDateTime::now_utc())
                 .map_err(|holder| StoreError::LeaseHeld {
                     workspace: ws.clone(),
-                    holder: Box::new(holder),
+                    holder,
                 })
         })
     }

@@ -419,6 +419,37 @@ async fn a_runner_killed_during_apply_leaves_a_lease_that_expires_and_loses_no_v
     assert_eq!(numbers, (1..=after.len() as u64).collect::<Vec<_>>());
     let names = sb.cloud_names();
     assert!(names.contains(&"second".to_owned()), "{names:?}");
+
+    // The killed job is known as interrupted, and k3's log says so.
+    let k2 = sb.artifact_json("acme/kill", "k2", "result.json").await;
+    assert_eq!(k2["status"], "interrupted", "{k2}");
+    assert!(
+        k2["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stopped without finishing"),
+        "{k2}"
+    );
+    let logs = shared::logs::read_log(&sb.fs_store(), &ws, "k3")
+        .await
+        .unwrap();
+    assert!(
+        logs.iter()
+            .any(|l| l.text.starts_with("job k2 was interrupted")),
+        "k3 was not told"
+    );
+    // An interrupted job is not final: delivered again, it runs (and finds nothing to change).
+    let again = sb.run(&["run", "-q", victim.to_str().unwrap()]);
+    again.expect_code(0);
+    assert!(
+        !again.stdout().contains("already finished"),
+        "{}",
+        again.stdout()
+    );
+    assert_eq!(
+        sb.artifact_json("acme/kill", "k2", "result.json").await["status"],
+        "succeeded"
+    );
 }
 
 #[tokio::test]
