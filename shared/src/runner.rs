@@ -549,11 +549,7 @@ impl Runner {
             }
             return cleanup;
         }
-        if policy == OnFailure::Rollback {
-            cleanup.error = Some(
-                "rollback restores only by destroying what the run created; changes to resources that existed before are kept".into(),
-            );
-        }
+        let mut failure: Option<String> = None;
         let mut left = created.clone();
         while cleanup.attempts < 3 && !left.is_empty() && !s.stop.is_cancelled() {
             cleanup.attempts += 1;
@@ -570,19 +566,25 @@ impl Runner {
             match self.destroy_only(&left, s, report).await {
                 Ok(()) => {}
                 Err(e) if e.category == Category::Internal && e.step == "cleanup" => {
-                    cleanup.error = Some(e.message);
+                    failure = Some(e.message);
                     break;
                 }
-                Err(e) => cleanup.error = Some(e.message),
+                Err(e) => failure = Some(e.message),
             }
             let Ok(now) = self.addresses(ws).await else {
                 break;
             };
             left = created.intersection(&now).cloned().collect();
         }
-        if left.is_empty() {
-            cleanup.error = cleanup.error.filter(|_| policy == OnFailure::Rollback);
-        }
+        // A failure of an earlier attempt matters only if something is still left.
+        let failure = failure.filter(|_| !left.is_empty());
+        let rollback_note = (policy == OnFailure::Rollback).then_some(
+            "rollback restores only by destroying what the run created; changes to resources that existed before are kept",
+        );
+        cleanup.error = match (rollback_note, failure) {
+            (Some(note), Some(failure)) => Some(format!("{failure}; {note}")),
+            (note, failure) => failure.or(note.map(str::to_owned)),
+        };
         cleanup.destroyed = created.difference(&left).cloned().collect();
         cleanup.left = left.into_iter().collect();
         cleanup
