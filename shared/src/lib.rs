@@ -3,8 +3,10 @@
 //! and what its result says. It knows no cloud SDK and no trigger; the functions adapt their
 //! queues and credentials to [`runner::Runner`].
 
+pub mod classify;
 pub mod job;
 pub mod logs;
+pub mod recover;
 pub mod redact;
 pub mod result;
 pub mod runner;

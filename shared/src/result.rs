@@ -43,6 +43,9 @@ pub enum Category {
     Auth,
     Quota,
     Transient,
+    /// The object already exists in the cloud (often after a create that failed after the cloud
+    /// made it); it needs importing or deleting.
+    ProviderConflict,
     Provider,
     StateConflict,
     Timeout,
@@ -56,6 +59,9 @@ pub struct JobError {
     pub category: Category,
     /// The step that failed (`init`, `plan`, `apply`, …, or `lease`, `prepare`).
     pub step: String,
+    /// The resource terraform names in the diagnostic, where it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     pub message: String,
     pub hint: String,
     /// Whether running the same job again may succeed.
@@ -92,6 +98,19 @@ pub struct Cleanup {
     pub left: Vec<String>,
     /// Cleanup attempts made (at most 3).
     pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Terraform's own copy of a state it could not save to the backend (`errored.tfstate`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnsavedState {
+    /// The run artifact that keeps it, byte for byte.
+    pub artifact: String,
+    /// The state version it became, when the runner could push it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pushed_as: Option<u64>,
+    /// Why it could not be pushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -224,6 +243,12 @@ pub struct JobResult {
     /// What became of the resources a failed run created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleanup: Option<Cleanup>,
+    /// Objects the cloud had but the state did not, imported so the run could go on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recovered: Vec<crate::recover::Recovery>,
+    /// A state terraform could not save (its `errored.tfstate`): kept, and pushed when it could.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsaved_state: Option<UnsavedState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<JobError>,
 }

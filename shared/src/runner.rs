@@ -18,14 +18,17 @@ use state_backends::{Lease, LeaseRequest, StateStore, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
+use crate::classify::classify;
 use crate::job::{OnFailure, Operation, RetryPolicy};
 use crate::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
+use crate::recover::{self, Recovery};
 use crate::redact::Redactor;
 use crate::result::{
-    Attempt, Category, Changes, Cleanup, JobError, JobResult, Status, StepTiming, outputs_from_json,
+    Attempt, Category, Changes, Cleanup, JobError, JobResult, Status, StepTiming, UnsavedState,
+    outputs_from_json,
 };
 use crate::state_server::{self, StateServer};
-use crate::terraform::{self, Command, Interrupted, Outcome, TerraformConfig};
+use crate::terraform::{self, Command, Outcome, TerraformConfig};
 use crate::validate::ValidatedJob;
 
 /// The artifact names of a run.
@@ -159,9 +162,12 @@ impl Runner {
             state_versions: Vec::new(),
             attempts: Vec::new(),
             cleanup: None,
+            recovered: Vec::new(),
+            unsaved_state: None,
             error: Some(JobError {
                 category: Category::Internal,
                 step: "unknown".into(),
+                address: None,
                 message: format!(
                     "the runner stopped without finishing (killed or crashed); its lease (fence {}) expired at {expired}",
                     prev.fence
@@ -247,6 +253,7 @@ impl Runner {
             job.sensitive_values
                 .iter()
                 .cloned()
+                .chain(self.config.terraform.env.iter().map(|(_, v)| v.clone()))
                 .chain([password.clone()]),
         );
         let record = serde_json::json!({
@@ -306,6 +313,7 @@ impl Runner {
             Err(e) => Err(JobError {
                 category: Category::Internal,
                 step: "prepare".into(),
+                address: None,
                 message: format!("cannot record the job in the store: {e}"),
                 hint: "check that the store is reachable and writable".into(),
                 retryable: e.is_retryable(),
@@ -321,7 +329,7 @@ impl Runner {
                     .cloned()
                     .or_else(|| stop.is_cancelled().then_some(StopReason::Cancelled));
                 match stopped {
-                    Some(reason) => stopped_error(&reason, e.step),
+                    Some(reason) => stopped_error(&reason, e),
                     None => (Status::Failed, Some(e)),
                 }
             }
@@ -343,6 +351,8 @@ impl Runner {
             state_versions: report.versions,
             attempts: report.attempts,
             cleanup: report.cleanup,
+            recovered: report.recovered,
+            unsaved_state: report.unsaved_state,
             error,
         };
         let summary = match &result.error {
@@ -468,6 +478,9 @@ impl Runner {
         let dir = workdir.path();
 
         let steps = Steps {
+            job_id: &j.id,
+            ws,
+            server: &server,
             config: &self.config.terraform,
             dir,
             logger,
@@ -483,6 +496,10 @@ impl Runner {
         }
         let activity = server.shutdown().await;
         report.versions = activity.versions;
+        if report.keep_workdir {
+            let kept = workdir.keep();
+            tracing::error!(workdir = %kept.display(), "kept the workdir: it holds a state that could not be saved");
+        }
         match result {
             Err(mut e) if !activity.refused.is_empty() => {
                 e.category = Category::StateConflict;
@@ -616,6 +633,7 @@ impl Runner {
             return Err(JobError {
                 category: Category::Internal,
                 step: "cleanup".into(),
+                address: None,
                 message: format!(
                     "the cleanup would also change {}, which existed before the run; nothing was destroyed",
                     beyond.join(", ")
@@ -655,6 +673,26 @@ impl Runner {
                 }
                 Err(e) => e,
             };
+            let mut error = error;
+            if error.category == Category::ProviderConflict
+                && op == Operation::Apply
+                && report.recovered.len() < MAX_IMPORTS
+                && !s.stop.is_cancelled()
+            {
+                match self.import_existing(&error, s, report).await {
+                    Ok(()) => {
+                        report.attempts.push(Attempt {
+                            attempt,
+                            error: Some(error),
+                            retry_after_ms: Some(0),
+                            max_retry_after_ms: None,
+                        });
+                        attempt += 1;
+                        continue;
+                    }
+                    Err(why) => error.hint = format!("{} ({why})", error.hint),
+                }
+            }
             let retryable = error.category == Category::Transient && error.retryable;
             if !retryable || attempt >= retry.attempts || s.stop.is_cancelled() {
                 report.attempts.push(Attempt {
@@ -663,7 +701,6 @@ impl Runner {
                     retry_after_ms: None,
                     max_retry_after_ms: None,
                 });
-                let mut error = error;
                 if retryable && attempt >= retry.attempts && attempt > 1 {
                     error.message = format!("{} (gave up after {attempt} attempts)", error.message);
                 }
@@ -694,6 +731,140 @@ impl Runner {
             }
             attempt += 1;
         }
+    }
+
+    /// After "already exists": imports the object into the state when the error and the plan
+    /// say unambiguously which planned create met it and the object's id.
+    async fn import_existing(
+        &self,
+        error: &JobError,
+        s: &Steps<'_>,
+        report: &mut Report,
+    ) -> Result<(), String> {
+        let plan = report
+            .plan_json
+            .as_deref()
+            .ok_or("there is no plan to find the resource in")?;
+        let in_state = self.addresses(s.ws).await?;
+        let import = recover::import_for(error, plan, &in_state)?;
+        s.logger
+            .runner(
+                "import",
+                &format!(
+                    "{} already exists in the cloud as {} but not in the state (a create that failed after the cloud made it); importing it",
+                    import.address, import.id
+                ),
+            )
+            .await;
+        let command = Command::Import {
+            address: import.address.clone(),
+            id: import.id.clone(),
+        };
+        s.run(&command, report)
+            .await
+            .and_then(Ran::ok)
+            .map_err(|e| {
+                format!(
+                    "importing {} {} failed: {}",
+                    import.address, import.id, e.message
+                )
+            })?;
+        report.recovered.push(Recovery {
+            action: "imported".into(),
+            address: import.address,
+            id: import.id,
+            after: error.message.clone(),
+        });
+        Ok(())
+    }
+
+    /// Terraform's own copy of a state it could not save (`errored.tfstate`): kept as a run
+    /// artifact first, then pushed as a new version with the checks and the fence of any write
+    /// from terraform. True when it is now the workspace's current state.
+    async fn keep_unsaved_state(&self, s: &Steps<'_>, report: &mut Report) -> bool {
+        let path = s.dir.join(ERRORED_STATE);
+        let Ok(data) = tokio::fs::read(&path).await else {
+            return false;
+        };
+        let data = Bytes::from(data);
+        let mut unsaved = UnsavedState {
+            artifact: format!("runs/{}/{ERRORED_STATE}", s.job_id),
+            pushed_as: None,
+            error: None,
+        };
+        s.logger
+            .runner(
+                "apply",
+                &format!(
+                    "terraform could not save its state ({} bytes in {ERRORED_STATE}); keeping it and pushing it",
+                    data.len()
+                ),
+            )
+            .await;
+        let mut errors = Vec::new();
+        for attempt in 1..=3u64 {
+            match self
+                .store
+                .put_artifact(s.ws, s.job_id, ERRORED_STATE, data.clone())
+                .await
+            {
+                Ok(()) => break,
+                Err(e) if e.is_retryable() && attempt < 3 => {
+                    tokio::time::sleep(Duration::from_secs(attempt)).await;
+                }
+                Err(e) => {
+                    // The workdir is kept so the file is not lost with it.
+                    errors.push(format!(
+                        "cannot keep it in the store ({e}); it stays in {}",
+                        path.display()
+                    ));
+                    unsaved.artifact = path.display().to_string();
+                    report.keep_workdir = true;
+                    break;
+                }
+            }
+        }
+        let mut pushed = false;
+        for attempt in 1..=3u64 {
+            match s.server.push(data.clone()).await {
+                Ok(version) => {
+                    unsaved.pushed_as = version;
+                    pushed = true;
+                    let saved = version.map_or_else(
+                        || "it was already the current state".to_owned(),
+                        |v| format!("saved as state version {v}"),
+                    );
+                    s.logger
+                        .runner("apply", &format!("the unsaved state is {saved}"))
+                        .await;
+                    break;
+                }
+                Err((why, retryable)) => {
+                    if retryable && attempt < 3 {
+                        tokio::time::sleep(Duration::from_secs(attempt)).await;
+                        continue;
+                    }
+                    errors.push(format!("cannot push it: {why}"));
+                    s.logger
+                        .runner(
+                            "apply",
+                            &format!(
+                                "the unsaved state cannot be pushed ({why}); it is kept as {}",
+                                unsaved.artifact
+                            ),
+                        )
+                        .await;
+                    break;
+                }
+            }
+        }
+        if errors.is_empty() || pushed {
+            // Handled: a later step in this workdir must not see it again.
+            let _ = tokio::fs::remove_file(&path).await;
+        }
+        unsaved.error = (!errors.is_empty()).then(|| errors.join("; "));
+        report.unsaved_state = Some(unsaved);
+        pushed
     }
 
     /// One attempt: plan, show, and for apply and destroy, apply the plan and read the outputs.
@@ -728,10 +899,23 @@ impl Runner {
             )
             .await;
         report.changes = Some(changes);
+        report.plan_json = Some(shown.stdout);
         if !op.mutates() {
             return Ok(());
         }
-        s.run(&Command::Apply, report).await?.ok()?;
+        let applied = s.run(&Command::Apply, report).await?;
+        if self.keep_unsaved_state(s, report).await {
+            // Terraform finished the apply but could not save; the runner saved its state.
+            if applied.errors.iter().all(|e| is_state_save_error(e)) {
+                s.logger
+                    .runner("apply", "the apply itself succeeded; its state is saved")
+                    .await;
+            } else {
+                applied.ok()?;
+            }
+        } else {
+            applied.ok()?;
+        }
         let output = s.run(&Command::Output, report).await?.ok()?;
         let outputs = outputs_from_json(&output.stdout).map_err(|e| internal("output", e))?;
         report.outputs = outputs
@@ -745,6 +929,24 @@ impl Runner {
     }
 }
 
+/// At most this many objects are imported after "already exists" in one job.
+const MAX_IMPORTS: usize = 5;
+
+/// The file terraform writes its state to when it cannot save it to the backend.
+pub const ERRORED_STATE: &str = "errored.tfstate";
+
+/// Whether a diagnostic is terraform failing to save its state (and nothing else).
+fn is_state_save_error(message: &str) -> bool {
+    let m = message.to_lowercase();
+    [
+        "failed to persist state",
+        "failed to save state",
+        "error saving state",
+    ]
+    .iter()
+    .any(|w| m.contains(w))
+}
+
 /// What the steps found, gathered as they run.
 #[derive(Default)]
 struct Report {
@@ -755,9 +957,18 @@ struct Report {
     versions: Vec<u64>,
     attempts: Vec<Attempt>,
     cleanup: Option<Cleanup>,
+    /// `terraform show -json` of the latest plan.
+    plan_json: Option<Vec<u8>>,
+    recovered: Vec<Recovery>,
+    unsaved_state: Option<UnsavedState>,
+    /// Something in the workdir could not be saved elsewhere: do not delete it.
+    keep_workdir: bool,
 }
 
 struct Steps<'a> {
+    job_id: &'a str,
+    ws: &'a WorkspaceId,
+    server: &'a StateServer,
     config: &'a TerraformConfig,
     dir: &'a Path,
     logger: &'a Logger,
@@ -799,6 +1010,7 @@ impl Steps<'_> {
             .map_err(|e| JobError {
                 category: Category::Internal,
                 step: step.into(),
+                address: None,
                 message: e.to_string(),
                 hint:
                     "install terraform or OpenTofu and point the runner at it (TERRACE_TERRAFORM)"
@@ -818,116 +1030,40 @@ fn internal(step: &str, message: String) -> JobError {
     JobError {
         category: Category::Internal,
         step: step.into(),
+        address: None,
         message,
         hint: "this is a fault of the runner or its machine; see the runner's log".into(),
         retryable: true,
     }
 }
 
-/// A first classification of a failed terraform step from its error lines.
-fn classify(step: &str, outcome: &Outcome) -> JobError {
-    let message = outcome
-        .errors
-        .first()
-        .cloned()
-        .unwrap_or_else(|| match outcome.interrupted {
-            Some(Interrupted::Killed) => "terraform was killed".into(),
-            Some(Interrupted::Gracefully) => "terraform was interrupted".into(),
-            None => format!("terraform {step} exited with code {:?}", outcome.exit_code),
-        });
-    let text = outcome.errors.join(" ").to_lowercase();
-    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
-    let (category, hint, retryable) = if has(&[
-        "state lock",
-        "locking state",
-        "lease of",
-        "lease lost",
-        "is leased",
-    ]) {
-        (
-            Category::StateConflict,
-            "the workspace's state is locked by another run; wait for it or break a stale lease with `terrace state unlock`",
-            true,
+/// The error of a job stopped by its deadline, its caller or a lost lease; `step_error` is what
+/// the step it stopped said, which tells what state the workspace was left in.
+fn stopped_error(reason: &StopReason, step_error: JobError) -> (Status, Option<JobError>) {
+    let killed = step_error.message.starts_with(crate::classify::KILLED);
+    let left = if killed {
+        format!(
+            "; {}: objects it was creating may exist in the cloud without being in the state (the next apply imports those it can), and changes since its last saved state are not recorded",
+            crate::classify::KILLED
         )
-    } else if has(&[
-        "throttl",
-        "rate exceeded",
-        "requestlimitexceeded",
-        "503",
-        "please retry",
-        "timeout",
-    ]) {
-        (
-            Category::Transient,
-            "a temporary failure of the cloud API; running the job again may succeed",
-            true,
-        )
-    } else if has(&["quota", "limit exceeded", "limit reached"]) {
-        (
-            Category::Quota,
-            "a quota of the cloud account is exhausted; raise it or use fewer resources",
-            false,
-        )
-    } else if has(&[
-        "unauthorized",
-        "forbidden",
-        "access denied",
-        "accessdenied",
-        "credentials",
-        "not authorized",
-    ]) {
-        (
-            Category::Auth,
-            "the credentials terraform uses cannot do this; check the role or service account granted to the runner",
-            false,
-        )
-    } else if step == "init" {
-        (
-            Category::Validation,
-            "terraform could not initialise: check the template's providers and modules (sources and versions) and that the runner reaches their registry or mirror",
-            false,
-        )
-    } else if has(&[
-        "unsupported argument",
-        "missing required argument",
-        "invalid value",
-        "reference to undeclared",
-        "invalid reference",
-    ]) {
-        (
-            Category::Validation,
-            "the template's terraform configuration is invalid for these variables; fix the template or the job's variables",
-            false,
-        )
+    } else if step_error.category != Category::Internal {
+        format!("; terraform stopped gracefully ({})", step_error.message)
     } else {
-        (
-            Category::Provider,
-            "the provider reported an error; read the message and the log of the step",
-            false,
-        )
+        String::new()
     };
-    JobError {
-        category,
-        step: step.into(),
-        message,
-        hint: hint.into(),
-        retryable,
-    }
-}
-
-fn stopped_error(reason: &StopReason, step: String) -> (Status, Option<JobError>) {
+    let step = step_error.step;
     let (status, category, message, hint, retryable) = match reason {
         StopReason::Timeout => (
             Status::TimedOut,
             Category::Timeout,
-            "the job ran past its timeout and was interrupted".to_owned(),
+            format!("the job ran past its timeout during {step} and was interrupted{left}"),
             "raise the job's timeout, or check why the step is slow",
             true,
         ),
         StopReason::Cancelled => (
             Status::Cancelled,
             Category::Cancelled,
-            "the job was cancelled".to_owned(),
+            format!("the job was cancelled during {step}{left}"),
             "run the job again when ready",
             true,
         ),
@@ -946,6 +1082,7 @@ fn stopped_error(reason: &StopReason, step: String) -> (Status, Option<JobError>
         Some(JobError {
             category,
             step,
+            address: step_error.address,
             message,
             hint: hint.into(),
             retryable,
@@ -1071,103 +1208,4 @@ fn hostname() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    /// Real terraform output (Terraform v0.15.0-rc2 with the testcloud provider's injected
-    /// faults), as captured in `tests/fixtures/errors`.
-    fn classify_fixture(step: &str, text: &str) -> JobError {
-        let outcome = Outcome {
-            exit_code: Some(1),
-            stdout: Vec::new(),
-            errors: terraform::ErrorLines::from_text(text),
-            interrupted: None,
-            duration: Duration::ZERO,
-        };
-        classify(step, &outcome)
-    }
-
-    macro_rules! fixture {
-        ($name:literal) => {
-            include_str!(concat!("../tests/fixtures/errors/", $name))
-        };
-    }
-
-    #[test]
-    fn failures_are_classified_from_real_terraform_output() {
-        let cases = [
-            (
-                "apply",
-                fixture!("apply-transient.stderr"),
-                Category::Transient,
-                true,
-                "RequestLimitExceeded",
-            ),
-            (
-                "apply",
-                fixture!("apply-quota.stderr"),
-                Category::Quota,
-                false,
-                "vCPU limit 32",
-            ),
-            (
-                "apply",
-                fixture!("apply-auth.stderr"),
-                Category::Auth,
-                false,
-                "AccessDenied",
-            ),
-            (
-                "apply",
-                fixture!("apply-already-exists.stderr"),
-                Category::Provider,
-                false,
-                "already exists",
-            ),
-            (
-                "plan",
-                fixture!("plan-undeclared-variable.stderr"),
-                Category::Validation,
-                false,
-                "undeclared input variable",
-            ),
-            (
-                "init",
-                fixture!("init-provider-missing.stdout"),
-                Category::Validation,
-                false,
-                "provider packages",
-            ),
-        ];
-        assert!(
-            classify_fixture("init", fixture!("init-provider-missing.stdout"))
-                .hint
-                .contains("providers and modules")
-        );
-        for (step, text, category, retryable, words) in cases {
-            let e = classify_fixture(step, text);
-            assert_eq!(
-                (e.category, e.retryable),
-                (category, retryable),
-                "{words}: {e:?}"
-            );
-            assert!(
-                e.message.starts_with("Error: ") && e.message.contains(words),
-                "{e:?}"
-            );
-            assert_eq!(e.step, step);
-            assert!(!e.hint.is_empty());
-        }
-    }
-
-    #[test]
-    fn the_message_carries_the_location_line_after_the_error() {
-        let e = classify_fixture("apply", fixture!("apply-quota.stderr"));
-        assert!(e.message.contains("on main.tf line 7"), "{}", e.message);
-    }
 }

@@ -129,6 +129,19 @@ impl StateServer {
         &self.endpoint
     }
 
+    /// Writes a state on the runner's own behalf, such as the `errored.tfstate` terraform left
+    /// when it could not save, with the checks and the fence of a write from terraform.
+    /// `Ok(None)`: the store already holds exactly this state.
+    ///
+    /// # Errors
+    /// Why the write was refused or failed, as a sentence, and whether trying again may help
+    /// (the store failed, rather than refused).
+    pub async fn push(&self, body: Bytes) -> Result<Option<u64>, (String, bool)> {
+        write_state(&self.shared, body)
+            .await
+            .map_err(|r| (r.message, r.status == StatusCode::SERVICE_UNAVAILABLE))
+    }
+
     /// What was accepted and refused so far.
     pub fn activity(&self) -> Activity {
         self.shared
@@ -320,6 +333,12 @@ async fn check_lock_id(shared: &Shared, id: Option<&str>) -> Result<(), Refusal>
 
 async fn post(shared: &Shared, lock_id: Option<&str>, body: Bytes) -> Handled {
     check_lock_id(shared, lock_id).await?;
+    write_state(shared, body).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// A checked, fenced write: the version it made, `None` when the state was already current.
+async fn write_state(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refusal> {
     let c = &shared.config;
     let meta = StateMeta::parse(&body)
         .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, format!("state write refused: {e}")))?;
@@ -349,7 +368,7 @@ async fn post(shared: &Shared, lock_id: Option<&str>, body: Bytes) -> Handled {
     if check == WriteCheck::Unchanged {
         // Nothing to write, but a writer without the lease is still told so.
         check_lease(shared).await?;
-        return Ok(StatusCode::OK.into_response());
+        return Ok(None);
     }
     let mode = current.map_or(PutMode::Create, |cur| PutMode::Update(cur.token));
     let state = NewState {
@@ -379,7 +398,7 @@ async fn post(shared: &Shared, lock_id: Option<&str>, body: Bytes) -> Handled {
             )
             .await;
     }
-    Ok(StatusCode::OK.into_response())
+    Ok(Some(info.number))
 }
 
 async fn delete(shared: &Shared) -> Handled {

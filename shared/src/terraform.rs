@@ -32,6 +32,11 @@ pub struct TerraformConfig {
     /// Names of variables of the runner's environment that terraform may see (its provider
     /// credentials, e.g. `AWS_PROFILE`); nothing else is inherited.
     pub pass_env: Vec<String>,
+    /// Variables set for terraform by the runner itself, such as the provider credentials a
+    /// function obtained for the customer's account. Their values are treated as secrets:
+    /// redacted from every log line. Variables that change terraform's own behaviour
+    /// (`TF_LOG`, `TF_CLI_ARGS`, …) are refused here too.
+    pub env: Vec<(String, String)>,
     /// How long terraform has to stop after SIGINT before the process group is killed.
     pub grace: Duration,
 }
@@ -43,6 +48,7 @@ impl Default for TerraformConfig {
             plugin_cache: None,
             cli_config: None,
             pass_env: Vec::new(),
+            env: Vec::new(),
             grace: Duration::from_secs(30),
         }
     }
@@ -86,6 +92,11 @@ pub enum Command {
     ShowPlan,
     Apply,
     Output,
+    /// Brings an existing object into the state.
+    Import {
+        address: String,
+        id: String,
+    },
 }
 
 impl Command {
@@ -97,6 +108,7 @@ impl Command {
             Command::ShowPlan => "show",
             Command::Apply => "apply",
             Command::Output => "output",
+            Command::Import { .. } => "import",
         }
     }
 
@@ -125,14 +137,18 @@ impl Command {
             Command::ShowPlan => vec!["show".into(), "-json".into(), PLAN_FILE.into()],
             Command::Apply => vec!["apply".into(), PLAN_FILE.into()],
             Command::Output => vec!["output".into(), "-json".into()],
+            Command::Import { .. } => vec!["import".into()],
         };
         if matches!(
             self,
-            Command::Init { .. } | Command::Plan { .. } | Command::Apply
+            Command::Init { .. } | Command::Plan { .. } | Command::Apply | Command::Import { .. }
         ) {
             args.push("-input=false".into());
         }
         args.push("-no-color".into());
+        if let Command::Import { address, id } = self {
+            args.extend([address.clone(), id.clone()]);
+        }
         args
     }
 
@@ -348,6 +364,13 @@ fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(String, String)
         .chain(passed)
         .filter_map(|name| std::env::var(name).ok().map(|v| (name.to_owned(), v)))
         .collect();
+    env.extend(
+        config
+            .env
+            .iter()
+            .filter(|(name, _)| may_pass(name))
+            .cloned(),
+    );
     env.extend([
         ("TF_IN_AUTOMATION".to_owned(), "1".to_owned()),
         ("TF_INPUT".to_owned(), "0".to_owned()),
@@ -404,12 +427,18 @@ mod tests {
     fn the_environment_is_an_allow_list() {
         let config = TerraformConfig {
             pass_env: vec!["TERRACE_TEST_PASSED".into()],
+            env: vec![
+                ("CLOUD_TOKEN".into(), "t0ken".into()),
+                ("TF_LOG".into(), "TRACE".into()),
+            ],
             plugin_cache: Some("/cache".into()),
             ..TerraformConfig::default()
         };
         let env = environment(&config, Path::new("/w"));
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
         assert!(names.contains(&"TF_IN_AUTOMATION"));
+        assert!(env.contains(&("CLOUD_TOKEN".to_owned(), "t0ken".to_owned())));
+        assert!(!names.contains(&"TF_LOG"), "set variables are filtered too");
         assert!(names.contains(&"TF_PLUGIN_CACHE_DIR"));
         assert!(env.contains(&("HOME".to_owned(), "/w/.home".to_owned())));
         assert!(

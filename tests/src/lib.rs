@@ -5,6 +5,8 @@
 //! Nothing is skipped: a missing terraform, provider or binary fails the test with the command
 //! that installs it.
 
+pub mod failing;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -156,6 +158,38 @@ impl Sandbox {
         let path = self.dir.path().join(name);
         std::fs::write(&path, text).expect("job file");
         path
+    }
+
+    /// A runner in this process over `store`, set up like the sandbox's `terrace` (same
+    /// terraform, provider mirror, test cloud and grace period).
+    pub fn runner(&self, store: std::sync::Arc<dyn StateStore>) -> shared::runner::Runner {
+        use shared::runner::RunnerConfig;
+        use shared::terraform::TerraformConfig;
+        let mut env = vec![(
+            "TESTCLOUD_ROOT".to_owned(),
+            self.cloud.display().to_string(),
+        )];
+        env.extend(self.env.iter().cloned());
+        shared::runner::Runner::new(
+            store,
+            RunnerConfig {
+                terraform: TerraformConfig {
+                    binary: terraform(),
+                    cli_config: Some(self.cli_config.clone()),
+                    env,
+                    grace: std::time::Duration::from_secs(5),
+                    ..TerraformConfig::default()
+                },
+                console: false,
+                ..RunnerConfig::default()
+            },
+        )
+    }
+
+    /// Validates a job text against the sandbox's templates.
+    pub fn validated(&self, text: &str) -> shared::validate::ValidatedJob {
+        let raw = shared::job::RawJob::parse(text).expect("job parses");
+        shared::validate::validate(&raw, &self.templates).expect("job is valid")
     }
 
     pub fn fs_store(&self) -> FsStore {

@@ -190,3 +190,76 @@ async fn keep_leaves_what_the_failed_run_created_and_lists_it() {
     assert_eq!(cleanup["destroyed"], json!([]));
     assert_eq!(sb.cloud_names(), ["a", "b", "c", "d"]);
 }
+
+fn cloud_id(sb: &Sandbox, name: &str) -> String {
+    sb.cloud_files()
+        .values()
+        .map(|c| serde_json::from_str::<Value>(c).unwrap())
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in the cloud"))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_false_failure_is_retried_then_imported_and_no_duplicate_exists() {
+    let sb = Sandbox::new();
+    // The cloud makes network "c" but answers with an error.
+    sb.faults(json!([{ "resource": "testcloud_network", "name": "c", "op": "create", "kind": "false-failure", "times": 1 }]));
+    let text = format!(
+        "{}retry: {{ attempts: 5, base: 200ms, cap: 2s }}\n",
+        fleet_job("ff1", &["a", "b", "c"], "keep")
+    );
+    let job = sb.job("ff1.yaml", &text);
+    let run = sb.run(&["run", "-q", job.to_str().unwrap()]);
+    run.expect_code(0);
+    let result = sb.artifact_json("acme/fleet", "ff1", "result.json").await;
+    assert_eq!(result["status"], "succeeded", "{result}");
+
+    // 1: the false failure (transient); 2: "already exists" (imported); 3: done.
+    let attempts = result["attempts"].as_array().unwrap();
+    let categories: Vec<&Value> = attempts.iter().map(|a| &a["error"]["category"]).collect();
+    assert_eq!(
+        categories,
+        [
+            &json!("transient"),
+            &json!("provider-conflict"),
+            &Value::Null
+        ],
+        "{result}"
+    );
+    assert_eq!(
+        attempts[1]["error"]["address"], "testcloud_network.n",
+        "{result}"
+    );
+    let id = cloud_id(&sb, "c");
+    assert_eq!(
+        result["recovered"],
+        json!([{
+            "action": "imported",
+            "address": "testcloud_network.n[\"c\"]",
+            "id": id,
+            "after": attempts[1]["error"]["message"],
+        }]),
+        "{result}"
+    );
+    // One network per name in the cloud, and the state knows each by its cloud id.
+    assert_eq!(sb.cloud_names(), ["a", "b", "c"]);
+    let state = sb.current_state("acme/fleet");
+    let instances = state["resources"][0]["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 3, "{state}");
+    let c = instances
+        .iter()
+        .find(|i| i["index_key"] == "c")
+        .expect("c in the state");
+    assert_eq!(c["attributes"]["id"], id.as_str());
+    let log = shared::logs::read_log(&sb.fs_store(), &"acme/fleet".parse().unwrap(), "ff1")
+        .await
+        .unwrap();
+    assert!(
+        log.iter()
+            .any(|l| l.text.contains("already exists in the cloud") && l.text.contains(&id)),
+        "the log says what was imported"
+    );
+}

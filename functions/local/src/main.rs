@@ -179,6 +179,7 @@ fn runner_config(g: &Global) -> RunnerConfig {
                 .filter(|n| !n.is_empty())
                 .cloned()
                 .collect(),
+            env: Vec::new(),
             grace: Duration::from_secs(g.grace),
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),

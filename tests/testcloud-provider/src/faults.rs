@@ -5,7 +5,10 @@
 //! ```json
 //! [{ "resource": "testcloud_cluster", "name": "demo", "op": "create", "kind": "transient", "times": 3 }]
 //! ```
-//! `name` may be omitted to match every resource of the type.
+//! `name` may be omitted to match every resource of the type. `slow` and `hang` apply to creates:
+//! a slow create waits `delay_ms` (default 60 000) and gives up when the provider is
+//! interrupted, creating nothing; a hanging create never returns and ignores interrupts, so only
+//! a kill ends it.
 
 use std::fs;
 use std::io;
@@ -38,6 +41,11 @@ pub enum Kind {
     /// The operation is carried out, but an error is returned (the next create then meets
     /// "already exists").
     FalseFailure,
+    /// The create takes `delay_ms`, and is cancelled (nothing created) when terraform is
+    /// interrupted.
+    Slow,
+    /// The create never returns, whatever happens: only killing the provider ends it.
+    Hang,
 }
 
 impl Kind {
@@ -55,7 +63,17 @@ impl Kind {
                 "InternalError: the request timed out while the resource was being provisioned"
                     .to_owned()
             }
+            Kind::Slow | Kind::Hang => {
+                format!("the create of {type_name} \"{name}\" was cancelled; nothing was created")
+            }
         }
+    }
+}
+
+impl Kind {
+    /// Whether an update or delete with this fault fails without doing anything.
+    pub fn fails_at_once(self) -> bool {
+        matches!(self, Kind::Transient | Kind::Quota | Kind::Auth)
     }
 }
 
@@ -68,13 +86,23 @@ pub struct Fault {
     pub op: Op,
     pub kind: Kind,
     pub times: u32,
+    /// How long a `slow` create takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+}
+
+impl Fault {
+    /// How long a `slow` create takes.
+    pub fn delay(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.delay_ms.unwrap_or(60_000))
+    }
 }
 
 /// Consumes one firing of the first fault matching the operation, if any.
 ///
 /// # Errors
 /// When the faults file cannot be read, parsed or rewritten.
-pub fn take(root: &Path, type_name: &str, name: &str, op: Op) -> io::Result<Option<Kind>> {
+pub fn take(root: &Path, type_name: &str, name: &str, op: Op) -> io::Result<Option<Fault>> {
     let path = root.join(FILE);
     if !path.exists() {
         return Ok(None);
@@ -102,14 +130,14 @@ pub fn take(root: &Path, type_name: &str, name: &str, op: Op) -> io::Result<Opti
         return Ok(None);
     };
     fault.times -= 1;
-    let kind = fault.kind;
+    let fired = fault.clone();
     let tmp = root.join(".faults.json.tmp");
     fs::write(
         &tmp,
         serde_json::to_vec_pretty(&faults).map_err(io::Error::other)?,
     )?;
     fs::rename(&tmp, &path)?;
-    Ok(Some(kind))
+    Ok(Some(fired))
 }
 
 #[cfg(test)]
@@ -125,16 +153,21 @@ mod tests {
             op: Op::Create,
             kind: Kind::Transient,
             times: 2,
+            delay_ms: None,
         }];
         fs::write(dir.path().join(FILE), serde_json::to_vec(&faults).unwrap()).unwrap();
-        let take_a = || take(dir.path(), "testcloud_cluster", "a", Op::Create).unwrap();
+        let take_a = || {
+            take(dir.path(), "testcloud_cluster", "a", Op::Create)
+                .unwrap()
+                .map(|f| f.kind)
+        };
         assert_eq!(
             take(dir.path(), "testcloud_cluster", "b", Op::Create).unwrap(),
-            None
+            None::<Fault>
         );
         assert_eq!(
             take(dir.path(), "testcloud_cluster", "a", Op::Delete).unwrap(),
-            None
+            None::<Fault>
         );
         assert_eq!(take_a(), Some(Kind::Transient));
         assert_eq!(take_a(), Some(Kind::Transient));

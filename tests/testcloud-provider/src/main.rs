@@ -7,6 +7,7 @@
 mod cluster;
 mod diag;
 mod faults;
+mod interrupt;
 mod network;
 mod provider;
 mod resource;
@@ -16,5 +17,6 @@ use provider::TestCloudProvider;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
+    interrupt::listen()?;
     tf_provider::serve("testcloud", TestCloudProvider::default()).await
 }

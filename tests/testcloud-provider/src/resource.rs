@@ -14,7 +14,11 @@ use tf_provider::schema::{Attribute, AttributeConstraint, AttributeType, Schema}
 use tf_provider::value::{Value, ValueEmpty};
 use tf_provider::{AttributePath, Diagnostics, Resource};
 
+use std::time::Duration;
+
 use crate::diag;
+use crate::faults::{Kind, Op};
+use crate::interrupt;
 use crate::provider::Context;
 use crate::store::{Record, Store};
 
@@ -188,12 +192,27 @@ impl<S: Spec> Resource for FileResource<S> {
         _provider_meta_state: ValueEmpty,
     ) -> Option<(S::State, Private)> {
         let store = self.context.store(diags)?;
-        create_delay().await;
         let record = S::to_record(&planned_state, Store::new_id::<S::Record>())
             .map_err(|err| report(diags, err))
             .ok()?;
+        let fault = store
+            .take_fault::<S::Record>(record.name(), Op::Create)
+            .map_err(|err| report(diags, err))
+            .ok()?;
+        let finished = match &fault {
+            Some(f) if f.kind == Kind::Hang => std::future::pending().await,
+            Some(f) if f.kind == Kind::Slow => wait_unless_interrupted(f.delay()).await,
+            _ => wait_unless_interrupted(create_delay()).await,
+        };
+        if !finished {
+            report(
+                diags,
+                Kind::Slow.message(S::Record::TYPE_NAME, record.name()),
+            );
+            return None;
+        }
         store
-            .create(&record)
+            .create_after(&record, fault.map(|f| f.kind))
             .map_err(|err| report(diags, err))
             .ok()?;
         Some((S::from_record(record), planned_private_state))
@@ -263,12 +282,21 @@ impl<S: Spec> Resource for FileResource<S> {
 /// runner in the middle of an apply.
 pub const CREATE_DELAY_ENV: &str = "TESTCLOUD_CREATE_DELAY_MS";
 
-async fn create_delay() {
+fn create_delay() -> Duration {
     let delay = std::env::var(CREATE_DELAY_ENV)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    if delay > 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    Duration::from_millis(delay)
+}
+
+/// Waits `delay`; false when the provider was interrupted first.
+async fn wait_unless_interrupted(delay: Duration) -> bool {
+    if delay.is_zero() {
+        return true;
+    }
+    tokio::select! {
+        () = tokio::time::sleep(delay) => true,
+        () = interrupt::interrupted() => false,
     }
 }

@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::faults::{Kind, Op};
+use crate::faults::{Fault, Kind, Op};
 
 /// A resource as stored on disk.
-pub trait Record: Serialize + DeserializeOwned {
+pub trait Record: Serialize + DeserializeOwned + Send + Sync {
     /// Terraform type name, used in error messages (e.g. `testcloud_network`).
     const TYPE_NAME: &'static str;
     /// Folder below the root that holds this resource type (e.g. `network`).
@@ -92,8 +92,20 @@ impl Store {
     }
 
     /// Stores a new resource, failing if one with the same name already exists.
+    #[cfg(test)]
     pub fn create<R: Record>(&self, record: &R) -> Result<(), StoreError> {
-        let fault = self.fault::<R>(record.name(), Op::Create)?;
+        let fault = self.take_fault::<R>(record.name(), Op::Create)?;
+        self.create_after(record, fault.map(|f| f.kind))
+    }
+
+    /// Stores a new resource once the fault fired for this create (if any) has been taken;
+    /// `slow` and `hang` are the caller's to act out before this.
+    pub fn create_after<R: Record>(
+        &self,
+        record: &R,
+        fault: Option<Kind>,
+    ) -> Result<(), StoreError> {
+        let fault = fault.filter(|k| !matches!(k, Kind::Slow | Kind::Hang));
         if let Some(kind) = fault.filter(|k| *k != Kind::FalseFailure) {
             return Err(StoreError::Injected(
                 kind.message(R::TYPE_NAME, record.name()),
@@ -116,7 +128,7 @@ impl Store {
     }
 
     /// The injected fault for this operation, if one is configured and left.
-    fn fault<R: Record>(&self, name: &str, op: Op) -> Result<Option<Kind>, StoreError> {
+    pub fn take_fault<R: Record>(&self, name: &str, op: Op) -> Result<Option<Fault>, StoreError> {
         crate::faults::take(&self.root, R::TYPE_NAME, name, op).map_err(|source| {
             io_error(
                 "cannot read faults in",
@@ -124,6 +136,12 @@ impl Store {
                 source,
             )
         })
+    }
+
+    /// The kind of the fault fired for an update or delete (`slow` and `hang` apply to creates
+    /// only and do nothing here).
+    fn fault<R: Record>(&self, name: &str, op: Op) -> Result<Option<Kind>, StoreError> {
+        Ok(self.take_fault::<R>(name, op)?.map(|f| f.kind))
     }
 
     /// Reads a resource; `None` if it does not exist.
@@ -142,7 +160,7 @@ impl Store {
     /// Overwrites an existing resource.
     pub fn update<R: Record>(&self, record: &R) -> Result<(), StoreError> {
         if let Some(kind) = self.fault::<R>(record.name(), Op::Update)?
-            && kind != Kind::FalseFailure
+            && kind.fails_at_once()
         {
             return Err(StoreError::Injected(
                 kind.message(R::TYPE_NAME, record.name()),
@@ -162,7 +180,7 @@ impl Store {
         let path = self.path::<R>(id)?;
         if let Some(record) = self.read::<R>(id)?
             && let Some(kind) = self.fault::<R>(record.name(), Op::Delete)?
-            && kind != Kind::FalseFailure
+            && kind.fails_at_once()
         {
             return Err(StoreError::Injected(
                 kind.message(R::TYPE_NAME, record.name()),

@@ -1,0 +1,272 @@
+//! What went wrong, from terraform's exit and its diagnostics: a category the caller can branch
+//! on, the step, the resource where terraform names one, a one-line message and a hint.
+//! Unit-tested on real terraform output (`tests/fixtures/errors`).
+
+use crate::result::{Category, JobError};
+use crate::terraform::{Interrupted, Outcome};
+
+/// The message of a step whose terraform did not stop within the grace period.
+pub const KILLED: &str = "terraform did not stop within the grace period and was killed";
+
+/// Classifies a failed terraform step from its exit and its error lines.
+pub fn classify(step: &str, outcome: &Outcome) -> JobError {
+    let first = outcome.errors.first().cloned();
+    let message = match (outcome.interrupted, first) {
+        (Some(Interrupted::Killed), Some(first)) => {
+            format!("{KILLED}; its last error: {first}")
+        }
+        (Some(Interrupted::Killed), None) => KILLED.to_owned(),
+        (_, Some(first)) => first,
+        (Some(Interrupted::Gracefully), None) => "terraform was interrupted".into(),
+        (None, None) => format!("terraform {step} exited with code {:?}", outcome.exit_code),
+    };
+    let text = outcome.errors.join(" ").to_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
+    let (category, hint, retryable) = if has(&[
+        "failed to persist state",
+        "failed to save state",
+        "error saving state",
+    ]) {
+        (
+            Category::StateConflict,
+            "terraform could not save its state; the runner keeps terraform's own copy (errored.tfstate) in the run's folder and pushes it when the lease still allows",
+            false,
+        )
+    } else if has(&[
+        "already exists",
+        "alreadyexists",
+        "already own",
+        "409 conflict",
+        "error 409",
+    ]) {
+        (
+            Category::ProviderConflict,
+            "the object already exists in the cloud but not in the workspace's state (a create that failed after the cloud made it, or an object made outside terraform): import it into the state, or delete it, then run the job again",
+            false,
+        )
+    } else if has(&[
+        "state lock",
+        "locking state",
+        "lease of",
+        "lease lost",
+        "is leased",
+    ]) {
+        (
+            Category::StateConflict,
+            "the workspace's state is locked by another run; wait for it or break a stale lease with `terrace state unlock`",
+            true,
+        )
+    } else if has(&[
+        "throttl",
+        "rate exceeded",
+        "requestlimitexceeded",
+        "503",
+        "please retry",
+        "timeout",
+        "timed out",
+        "internalerror",
+        "internal error",
+        "connection reset",
+    ]) {
+        (
+            Category::Transient,
+            "a temporary failure of the cloud API; running the job again may succeed",
+            true,
+        )
+    } else if has(&["quota", "limit exceeded", "limit reached"]) {
+        (
+            Category::Quota,
+            "a quota of the cloud account is exhausted; raise it or use fewer resources",
+            false,
+        )
+    } else if has(&[
+        "unauthorized",
+        "forbidden",
+        "access denied",
+        "accessdenied",
+        "credentials",
+        "not authorized",
+    ]) {
+        (
+            Category::Auth,
+            "the credentials terraform uses cannot do this; check the role or service account granted to the runner",
+            false,
+        )
+    } else if step == "init" {
+        (
+            Category::Validation,
+            "terraform could not initialise: check the template's providers and modules (sources and versions) and that the runner reaches their registry or mirror",
+            false,
+        )
+    } else if has(&[
+        "unsupported argument",
+        "missing required argument",
+        "invalid value",
+        "reference to undeclared",
+        "invalid reference",
+    ]) {
+        (
+            Category::Validation,
+            "the template's terraform configuration is invalid for these variables; fix the template or the job's variables",
+            false,
+        )
+    } else {
+        (
+            Category::Provider,
+            "the provider reported an error; read the message and the log of the step",
+            false,
+        )
+    };
+    JobError {
+        category,
+        step: step.into(),
+        address: resource_address(&message),
+        message,
+        hint: hint.into(),
+        retryable,
+    }
+}
+
+/// The resource a diagnostic is about: `with ADDRESS,` (terraform 0.15.4 and later, with the
+/// instance key), else `in resource "TYPE" "NAME"` (the resource block, without a key).
+pub fn resource_address(message: &str) -> Option<String> {
+    if let Some(rest) = message.split(" — with ").nth(1) {
+        let address = rest.split([',', ' ']).next().unwrap_or_default();
+        if !address.is_empty() {
+            return Some(address.to_owned());
+        }
+    }
+    let rest = message.split("in resource \"").nth(1)?;
+    let mut parts = rest.split('"');
+    let (type_name, _, name) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(format!("{type_name}.{name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::terraform;
+
+    /// Real terraform output (Terraform v0.15.0-rc2 with the testcloud provider's injected
+    /// faults), as captured in `tests/fixtures/errors`.
+    fn classify_fixture(step: &str, text: &str) -> JobError {
+        let outcome = Outcome {
+            exit_code: Some(1),
+            stdout: Vec::new(),
+            errors: terraform::ErrorLines::from_text(text),
+            interrupted: None,
+            duration: Duration::ZERO,
+        };
+        classify(step, &outcome)
+    }
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_str!(concat!("../tests/fixtures/errors/", $name))
+        };
+    }
+
+    #[test]
+    fn failures_are_classified_from_real_terraform_output() {
+        let cases = [
+            (
+                "apply",
+                fixture!("apply-transient.stderr"),
+                Category::Transient,
+                true,
+                "RequestLimitExceeded",
+            ),
+            (
+                "apply",
+                fixture!("apply-quota.stderr"),
+                Category::Quota,
+                false,
+                "vCPU limit 32",
+            ),
+            (
+                "apply",
+                fixture!("apply-auth.stderr"),
+                Category::Auth,
+                false,
+                "AccessDenied",
+            ),
+            (
+                "apply",
+                fixture!("apply-already-exists.stderr"),
+                Category::ProviderConflict,
+                false,
+                "already exists",
+            ),
+            (
+                "apply",
+                fixture!("apply-false-failure.stderr"),
+                Category::Transient,
+                true,
+                "InternalError",
+            ),
+            (
+                "plan",
+                fixture!("plan-undeclared-variable.stderr"),
+                Category::Validation,
+                false,
+                "undeclared input variable",
+            ),
+            (
+                "init",
+                fixture!("init-provider-missing.stdout"),
+                Category::Validation,
+                false,
+                "provider packages",
+            ),
+        ];
+        assert!(
+            classify_fixture("init", fixture!("init-provider-missing.stdout"))
+                .hint
+                .contains("providers and modules")
+        );
+        for (step, text, category, retryable, words) in cases {
+            let e = classify_fixture(step, text);
+            assert_eq!(
+                (e.category, e.retryable),
+                (category, retryable),
+                "{words}: {e:?}"
+            );
+            assert!(
+                e.message.starts_with("Error: ") && e.message.contains(words),
+                "{e:?}"
+            );
+            assert_eq!(e.step, step);
+            assert!(!e.hint.is_empty());
+            if step == "apply" {
+                assert_eq!(e.address.as_deref(), Some("testcloud_network.net"), "{e:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_message_carries_the_location_line_after_the_error() {
+        let e = classify_fixture("apply", fixture!("apply-quota.stderr"));
+        assert!(e.message.contains("on main.tf line 7"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_address_comes_from_the_with_line_when_terraform_prints_one() {
+        let newer =
+            "Error: creating bucket: BucketAlreadyExists — with aws_s3_bucket.logs[\"eu\"],";
+        assert_eq!(
+            resource_address(newer).as_deref(),
+            Some("aws_s3_bucket.logs[\"eu\"]")
+        );
+        let older = "Error: boom — on main.tf line 7, in resource \"testcloud_network\" \"net\":";
+        assert_eq!(
+            resource_address(older).as_deref(),
+            Some("testcloud_network.net")
+        );
+        assert_eq!(
+            resource_address("Error: Failed to load plugin schemas"),
+            None
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! Recovering from an object the cloud has but the state does not know: a create that failed
+//! after the cloud made it (a *false failure*), or a runner killed before terraform saved its
+//! state. The next create meets "already exists". When the error and the plan say
+//! unambiguously which planned create it was and the object's id, the runner imports it and
+//! plans again; otherwise the error says what to import.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::result::JobError;
+
+/// An object to import into the state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Import {
+    pub address: String,
+    pub id: String,
+}
+
+/// What the runner did about a conflict, for the result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovery {
+    /// `imported`.
+    pub action: String,
+    pub address: String,
+    pub id: String,
+    /// The error that led to it.
+    pub after: String,
+}
+
+/// The id of the existing object in a conflict message: `(id X)`, `ID "X"` or `id "X"`.
+pub fn existing_id(message: &str) -> Option<String> {
+    let quoted = |rest: &str| {
+        let rest = rest.strip_prefix('"')?;
+        Some(rest[..rest.find('"')?].to_owned())
+    };
+    for (marker, close) in [("(id ", ')'), ("(ID ", ')')] {
+        if let Some(at) = message.find(marker) {
+            let rest = &message[at + marker.len()..];
+            if let Some(end) = rest.find(close) {
+                return Some(rest[..end].trim_matches('"').to_owned()).filter(|s| !s.is_empty());
+            }
+        }
+    }
+    for marker in ["ID ", "id "] {
+        for (at, _) in message.match_indices(marker) {
+            if let Some(id) = quoted(&message[at + marker.len()..]).filter(|s| !s.is_empty()) {
+                return Some(id);
+            }
+        }
+    }
+    None
+}
+
+/// The planned create that met `error`, and the id to import it with. `plan_json` is
+/// `terraform show -json` of the attempt's plan; `in_state` the addresses the state now has.
+///
+/// # Errors
+/// Why it cannot be told unambiguously, as a sentence for the user.
+pub fn import_for(
+    error: &JobError,
+    plan_json: &[u8],
+    in_state: &BTreeSet<String>,
+) -> Result<Import, String> {
+    let plan: Value = serde_json::from_slice(plan_json)
+        .map_err(|e| format!("the plan cannot be read to find the resource: {e}"))?;
+    let message = error.message.as_str();
+    let creates: Vec<&Value> = plan["resource_changes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|rc| {
+            rc["mode"] == "managed" && rc["change"]["actions"] == serde_json::json!(["create"])
+        })
+        .filter(|rc| {
+            rc["address"]
+                .as_str()
+                .is_some_and(|a| !in_state.contains(a))
+        })
+        .collect();
+    let address_of = |rc: &Value| rc["address"].as_str().unwrap_or_default().to_owned();
+    let mut candidates: Vec<&Value> = match &error.address {
+        Some(named) => creates
+            .iter()
+            .copied()
+            .filter(|rc| {
+                let a = address_of(rc);
+                a == *named
+                    || a.strip_prefix(named.as_str())
+                        .is_some_and(|k| k.starts_with('['))
+            })
+            .collect(),
+        None => creates
+            .iter()
+            .copied()
+            .filter(|rc| rc["type"].as_str().is_some_and(|t| message.contains(t)))
+            .collect(),
+    };
+    if candidates.len() > 1 {
+        // Narrow down by the planned values the message quotes, such as the object's name.
+        let quotes = |rc: &&Value| {
+            rc["change"]["after"].as_object().is_some_and(|after| {
+                after.values().any(|v| {
+                    v.as_str()
+                        .is_some_and(|s| !s.is_empty() && message.contains(&format!("\"{s}\"")))
+                })
+            })
+        };
+        candidates.retain(quotes);
+    }
+    let id = existing_id(message);
+    match (candidates.as_slice(), id) {
+        ([one], Some(id)) => Ok(Import {
+            address: address_of(one),
+            id,
+        }),
+        ([one], None) => Err(format!(
+            "the error does not name the existing object's id: import it with `terraform import {} <id>`, or delete it, then run the job again",
+            address_of(one)
+        )),
+        ([], _) => Err(
+            "no planned create matches the error: find the object in the cloud and import or delete it"
+                .to_owned(),
+        ),
+        (many, _) => Err(format!(
+            "the error matches several planned creates ({}): import the right one by hand",
+            many.iter().map(|rc| address_of(rc)).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::result::Category;
+
+    fn conflict(message: &str, address: Option<&str>) -> JobError {
+        JobError {
+            category: Category::ProviderConflict,
+            step: "apply".into(),
+            address: address.map(str::to_owned),
+            message: message.into(),
+            hint: String::new(),
+            retryable: false,
+        }
+    }
+
+    fn plan(creates: &[(&str, &str, &str)]) -> Vec<u8> {
+        let changes: Vec<Value> = creates
+            .iter()
+            .map(|(address, type_name, name)| {
+                serde_json::json!({
+                    "address": address, "mode": "managed", "type": type_name,
+                    "change": { "actions": ["create"], "after": { "name": name, "cidr": "10.0.0.0/16" } }
+                })
+            })
+            .collect();
+        serde_json::to_vec(&serde_json::json!({ "resource_changes": changes })).unwrap()
+    }
+
+    #[test]
+    fn ids_are_found_in_the_usual_shapes_of_conflict_messages() {
+        assert_eq!(
+            existing_id(
+                r#"Error: resource already exists: testcloud_network "n1" (id net-54ad5eee)"#
+            )
+            .as_deref(),
+            Some("net-54ad5eee")
+        );
+        assert_eq!(
+            existing_id(r#"Error: A resource with the ID "/subscriptions/s/resourceGroups/rg" already exists"#)
+                .as_deref(),
+            Some("/subscriptions/s/resourceGroups/rg")
+        );
+        assert_eq!(existing_id("Error: BucketAlreadyExists"), None);
+    }
+
+    #[test]
+    fn the_create_that_met_the_conflict_is_found_by_address_and_quoted_name() {
+        let message = r#"Error: resource already exists: testcloud_network "b" (id net-2) — on main.tf line 3, in resource "testcloud_network" "net":"#;
+        let p = plan(&[
+            ("testcloud_network.net[0]", "testcloud_network", "a"),
+            ("testcloud_network.net[1]", "testcloud_network", "b"),
+            ("testcloud_cluster.c", "testcloud_cluster", "b"),
+        ]);
+        let got = import_for(
+            &conflict(message, Some("testcloud_network.net")),
+            &p,
+            &BTreeSet::new(),
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            Import {
+                address: "testcloud_network.net[1]".into(),
+                id: "net-2".into()
+            }
+        );
+    }
+
+    #[test]
+    fn ambiguity_or_a_missing_id_is_reported_not_guessed() {
+        let p = plan(&[
+            ("testcloud_network.a", "testcloud_network", "x"),
+            ("testcloud_network.b", "testcloud_network", "x"),
+        ]);
+        let ambiguous = import_for(
+            &conflict(
+                r#"Error: testcloud_network "x" already exists (id net-1)"#,
+                None,
+            ),
+            &p,
+            &BTreeSet::new(),
+        )
+        .unwrap_err();
+        assert!(
+            ambiguous.contains("testcloud_network.a, testcloud_network.b"),
+            "{ambiguous}"
+        );
+
+        let p = plan(&[("testcloud_network.a", "testcloud_network", "x")]);
+        let no_id = import_for(
+            &conflict(r#"Error: testcloud_network "x" already exists"#, None),
+            &p,
+            &BTreeSet::new(),
+        )
+        .unwrap_err();
+        assert!(
+            no_id.contains("terraform import testcloud_network.a <id>"),
+            "{no_id}"
+        );
+
+        // A resource already in the state is not a candidate.
+        let in_state = BTreeSet::from(["testcloud_network.a".to_owned()]);
+        assert!(
+            import_for(
+                &conflict(
+                    r#"Error: testcloud_network "x" already exists (id n)"#,
+                    None
+                ),
+                &p,
+                &in_state
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! A store whose state writes fail on demand, for the paths where the customer's bucket is
+//! briefly unreachable while terraform saves. Everything else is the real store underneath.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use state_backends::{
+    BackupInfo, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, StateStore,
+    StoreError, VersionInfo, VersionToken, WorkspaceId,
+};
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// Fails the next `n` writes of a state that has resources (a fresh workspace's only such
+/// write is the end of the first apply) with a retryable backend error.
+#[derive(Debug)]
+pub struct FailingPuts {
+    inner: Arc<dyn StateStore>,
+    remaining: AtomicU32,
+    failed: AtomicU32,
+}
+
+impl FailingPuts {
+    pub fn new(inner: Arc<dyn StateStore>, n: u32) -> Self {
+        Self {
+            inner,
+            remaining: AtomicU32::new(n),
+            failed: AtomicU32::new(0),
+        }
+    }
+
+    /// How many writes failed so far.
+    pub fn failed(&self) -> u32 {
+        self.failed.load(Ordering::SeqCst)
+    }
+}
+
+fn has_resources(state: &NewState) -> bool {
+    serde_json::from_slice::<serde_json::Value>(&state.data)
+        .ok()
+        .and_then(|v| v["resources"].as_array().map(|r| !r.is_empty()))
+        .unwrap_or(false)
+}
+
+#[async_trait::async_trait]
+impl StateStore for FailingPuts {
+    fn kind(&self) -> &'static str {
+        "failing-puts"
+    }
+    async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>> {
+        self.inner.current(ws).await
+    }
+    async fn put(
+        &self,
+        ws: &WorkspaceId,
+        state: NewState,
+        mode: PutMode,
+        fence: Option<&Fence>,
+    ) -> Result<VersionInfo> {
+        if has_resources(&state)
+            && self
+                .remaining
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Backend {
+                backend: "failing-puts",
+                message: "injected: the bucket is unreachable".into(),
+                retryable: true,
+                source: None,
+            });
+        }
+        self.inner.put(ws, state, mode, fence).await
+    }
+    async fn delete_current(
+        &self,
+        ws: &WorkspaceId,
+        expected: &VersionToken,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
+        self.inner.delete_current(ws, expected, fence).await
+    }
+    async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>> {
+        self.inner.versions(ws).await
+    }
+    async fn version(&self, ws: &WorkspaceId, number: u64) -> Result<Bytes> {
+        self.inner.version(ws, number).await
+    }
+    async fn acquire_lease(&self, ws: &WorkspaceId, request: &LeaseRequest) -> Result<Lease> {
+        self.inner.acquire_lease(ws, request).await
+    }
+    async fn renew_lease(&self, ws: &WorkspaceId, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.inner.renew_lease(ws, lease, ttl).await
+    }
+    async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()> {
+        self.inner.release_lease(ws, lease).await
+    }
+    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
+        self.inner.break_lease(ws).await
+    }
+    async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
+        self.inner.lease(ws).await
+    }
+    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>> {
+        self.inner.snapshot(ws, label).await
+    }
+    async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
+        self.inner.backups(ws).await
+    }
+    async fn put_artifact(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        name: &str,
+        data: Bytes,
+    ) -> Result<()> {
+        self.inner.put_artifact(ws, job_id, name, data).await
+    }
+    async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>> {
+        self.inner.artifact(ws, job_id, name).await
+    }
+    async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
+        self.inner.artifacts(ws, job_id).await
+    }
+}
