@@ -904,17 +904,22 @@ impl Runner {
             return Ok(());
         }
         let applied = s.run(&Command::Apply, report).await?;
-        if self.keep_unsaved_state(s, report).await {
+        let saved_by_runner = self.keep_unsaved_state(s, report).await;
+        if saved_by_runner && applied.errors.iter().all(|e| is_state_save_error(e)) {
             // Terraform finished the apply but could not save; the runner saved its state.
-            if applied.errors.iter().all(|e| is_state_save_error(e)) {
-                s.logger
-                    .runner("apply", "the apply itself succeeded; its state is saved")
-                    .await;
-            } else {
-                applied.ok()?;
-            }
+            s.logger
+                .runner("apply", "the apply itself succeeded; its state is saved")
+                .await;
         } else {
-            applied.ok()?;
+            applied.ok().map_err(|mut e| {
+                if let Some(unsaved) = report.unsaved_state.as_ref().filter(|_| !saved_by_runner) {
+                    e.hint = format!(
+                        "terraform's final state is kept as {}: nothing it made is lost. Push it with `terrace state push {} FILE` once the store is reachable, before any other job runs in this workspace",
+                        unsaved.artifact, s.ws
+                    );
+                }
+                e
+            })?;
         }
         let output = s.run(&Command::Output, report).await?.ok()?;
         let outputs = outputs_from_json(&output.stdout).map_err(|e| internal("output", e))?;

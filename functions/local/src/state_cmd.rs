@@ -1,4 +1,5 @@
-//! `terrace state …`: list, show and restore a workspace's state versions, and break a lease.
+//! `terrace state …`: list, show, restore and push a workspace's state versions, and break a
+//! lease.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,12 @@ pub enum StateCmd {
         workspace: WorkspaceId,
         #[arg(long)]
         version: u64,
+    },
+    /// Push a state file, such as a run's kept errored.tfstate, as a new version. It gets the
+    /// checks of any write from terraform: same lineage, serial not going back.
+    Push {
+        workspace: WorkspaceId,
+        file: std::path::PathBuf,
     },
     /// Break the workspace's lease. A live lease is only broken with --force.
     Unlock {
@@ -81,22 +88,9 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
         StateCmd::Restore { workspace, version } => {
-            let request = LeaseRequest {
-                owner: format!("restore-{}", OffsetDateTime::now_utc().unix_timestamp()),
-                ttl: Duration::from_secs(g.lease_ttl.max(1)),
-                info: serde_json::json!({ "operation": "restore", "version": version }),
-            };
-            let lease = match store.acquire_lease(&workspace, &request).await {
-                Ok(lease) => lease,
-                Err(StoreError::LeaseHeld { holder, .. }) => {
-                    eprintln!(
-                        "{workspace} is leased by job {} until {}; restore when it is free",
-                        holder.owner,
-                        display_time(holder.expires_at)
-                    );
-                    return Ok(exit::BUSY);
-                }
-                Err(e) => return Err(e.into()),
+            let info = serde_json::json!({ "operation": "restore", "version": version });
+            let Some(lease) = take_lease(g, &store, &workspace, "restore", info).await? else {
+                return Ok(exit::BUSY);
             };
             let restored = store
                 .restore(&workspace, version, Some(&lease.fence()))
@@ -108,6 +102,44 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 info.number, info.serial
             );
             Ok(exit::OK)
+        }
+        StateCmd::Push { workspace, file } => {
+            let data = std::fs::read(&file)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+            let info =
+                serde_json::json!({ "operation": "push", "file": file.display().to_string() });
+            let Some(lease) = take_lease(g, &store, &workspace, "push", info).await? else {
+                return Ok(exit::BUSY);
+            };
+            // The state server's own write path: the same checks as a write from terraform.
+            let server = shared::state_server::StateServer::start(shared::state_server::Config {
+                store: store.clone(),
+                ws: workspace.clone(),
+                fence: lease.fence(),
+                password: shared::state_server::random_secret(),
+                logger: None,
+            })
+            .await?;
+            let pushed = server.push(data.into()).await;
+            server.shutdown().await;
+            store.release_lease(&workspace, &lease).await?;
+            match pushed {
+                Ok(Some(number)) => {
+                    println!("{workspace}: {} pushed as version {number}", file.display());
+                    Ok(exit::OK)
+                }
+                Ok(None) => {
+                    println!(
+                        "{workspace}: {} is already the current state",
+                        file.display()
+                    );
+                    Ok(exit::OK)
+                }
+                Err((why, _)) => {
+                    eprintln!("{workspace}: {} not pushed: {why}", file.display());
+                    Ok(exit::FAILED)
+                }
+            }
         }
         StateCmd::Unlock { workspace, force } => {
             let Some(lease) = store.lease(&workspace).await? else {
@@ -134,5 +166,32 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             );
             Ok(exit::OK)
         }
+    }
+}
+
+/// Takes the workspace's lease for a state command; `None` (after saying so) when it is held.
+async fn take_lease(
+    g: &Global,
+    store: &Arc<dyn StateStore>,
+    workspace: &WorkspaceId,
+    what: &str,
+    info: serde_json::Value,
+) -> anyhow::Result<Option<state_backends::Lease>> {
+    let request = LeaseRequest {
+        owner: format!("{what}-{}", OffsetDateTime::now_utc().unix_timestamp()),
+        ttl: Duration::from_secs(g.lease_ttl.max(1)),
+        info,
+    };
+    match store.acquire_lease(workspace, &request).await {
+        Ok(lease) => Ok(Some(lease)),
+        Err(StoreError::LeaseHeld { holder, .. }) => {
+            eprintln!(
+                "{workspace} is leased by job {} until {}; {what} when it is free",
+                holder.owner,
+                display_time(holder.expires_at)
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
     }
 }
