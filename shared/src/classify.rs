@@ -8,9 +8,19 @@ use crate::terraform::{Interrupted, Outcome};
 /// The message of a step whose terraform did not stop within the grace period.
 pub const KILLED: &str = "terraform did not stop within the grace period and was killed";
 
+/// Diagnostics that say only that terraform stopped.
+const GENERIC: [&str; 2] = ["Error: execution halted", "Error: operation canceled"];
+
 /// Classifies a failed terraform step from its exit and its error lines.
 pub fn classify(step: &str, outcome: &Outcome) -> JobError {
-    let first = outcome.errors.first().cloned();
+    // Terraform adds its own "execution halted" to an interrupted run's diagnostics, before or
+    // after the provider's: the provider's says more.
+    let first = outcome
+        .errors
+        .iter()
+        .find(|e| !GENERIC.iter().any(|g| e.starts_with(g)))
+        .or(outcome.errors.first())
+        .cloned();
     let message = match (outcome.interrupted, first) {
         (Some(Interrupted::Killed), Some(first)) => {
             format!("{KILLED}; its last error: {first}")
@@ -249,6 +259,23 @@ mod tests {
     fn the_message_carries_the_location_line_after_the_error() {
         let e = classify_fixture("apply", fixture!("apply-quota.stderr"));
         assert!(e.message.contains("on main.tf line 7"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_provider_error_is_preferred_to_terraforms_execution_halted() {
+        let outcome = Outcome {
+            exit_code: Some(1),
+            stdout: Vec::new(),
+            errors: vec![
+                "Error: execution halted".into(),
+                "Error: create cancelled — on main.tf line 19, in resource \"t\" \"x\":".into(),
+            ],
+            interrupted: Some(Interrupted::Gracefully),
+            duration: Duration::ZERO,
+        };
+        let e = classify("apply", &outcome);
+        assert!(e.message.starts_with("Error: create cancelled"), "{e:?}");
+        assert_eq!(e.address.as_deref(), Some("t.x"));
     }
 
     #[test]

@@ -263,3 +263,51 @@ async fn a_false_failure_is_retried_then_imported_and_no_duplicate_exists() {
         "the log says what was imported"
     );
 }
+
+#[tokio::test]
+async fn a_hanging_create_is_killed_and_the_next_apply_imports_what_it_left() {
+    let sb = Sandbox::new();
+    // The network is made at once; the cluster's create never returns, even when interrupted.
+    sb.faults(
+        json!([{ "resource": "testcloud_cluster", "op": "create", "kind": "hang", "times": 1 }]),
+    );
+    let text = demo_job("h1", "hang", "apply", "stuck", 1).replace("timeout: 5m", "timeout: 15s");
+    let job = sb.job("h1.yaml", &text);
+    sb.run(&["run", "-q", job.to_str().unwrap()]).expect_code(1);
+    let result = sb.artifact_json("acme/hang", "h1", "result.json").await;
+    assert_eq!(result["status"], "timed-out", "{result}");
+    assert_eq!(result["error"]["step"], "apply");
+    let message = result["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("was killed") && message.contains("may exist in the cloud"),
+        "{message}"
+    );
+    let ws: state_backends::WorkspaceId = "acme/hang".parse().unwrap();
+    {
+        use state_backends::StateStore;
+        assert!(sb.fs_store().lease(&ws).await.unwrap().is_none());
+    }
+    // The network was made in the cloud; whether terraform saved it before it was killed
+    // depends on the terraform version.
+    assert_eq!(sb.cloud_names(), ["stuck-net"]);
+    let saved = sb.versions("acme/hang").await.last().is_some_and(|_| {
+        sb.current_state("acme/hang")["resources"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty())
+    });
+
+    // The next apply finishes the job without a second network.
+    let next = sb.job("h2.yaml", &demo_job("h2", "hang", "apply", "stuck", 1));
+    sb.run(&["run", "-q", next.to_str().unwrap()])
+        .expect_code(0);
+    let result = sb.artifact_json("acme/hang", "h2", "result.json").await;
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(sb.cloud_names(), ["stuck", "stuck-net"]);
+    if !saved {
+        assert_eq!(
+            result["recovered"][0]["address"], "testcloud_network.main",
+            "{result}"
+        );
+        assert_eq!(result["recovered"][0]["id"], cloud_id(&sb, "stuck-net"));
+    }
+}
