@@ -9,6 +9,7 @@ pub mod logs;
 pub mod recover;
 pub mod redact;
 pub mod result;
+pub mod rollback;
 pub mod runner;
 pub mod state_server;
 pub mod template;

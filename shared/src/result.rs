@@ -98,6 +98,12 @@ pub struct Cleanup {
     pub left: Vec<String>,
     /// Cleanup attempts made (at most 3).
     pub attempts: u32,
+    /// `rollback`: the job whose configuration was re-applied (the last successful apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolled_back_to: Option<String>,
+    /// `rollback`: resources that existed before the run and that the rollback changed back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reverted: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

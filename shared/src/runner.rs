@@ -27,6 +27,7 @@ use crate::result::{
     Attempt, Category, Changes, Cleanup, JobError, JobResult, Status, StepTiming, UnsavedState,
     outputs_from_json,
 };
+use crate::rollback;
 use crate::state_server::{self, StateServer};
 use crate::terraform::{self, Command, Outcome, TerraformConfig};
 use crate::validate::ValidatedJob;
@@ -47,6 +48,9 @@ pub struct RunnerConfig {
     pub work_root: Option<PathBuf>,
     /// Print the log to the console as well as to the store.
     pub console: bool,
+    /// The templates folder, for `on_failure: rollback` to load the configuration of the
+    /// workspace's last successful apply (rollback only destroys what the run created without).
+    pub templates: Option<PathBuf>,
 }
 
 impl Default for RunnerConfig {
@@ -57,6 +61,7 @@ impl Default for RunnerConfig {
             lease_wait: Duration::ZERO,
             work_root: None,
             console: true,
+            templates: None,
         }
     }
 }
@@ -488,11 +493,19 @@ impl Runner {
         };
         let before = self.addresses(ws).await;
         let result = self.steps(j.operation, j.retry, &steps, report).await;
+        if result.is_ok() && j.operation == Operation::Apply {
+            // What a later `on_failure: rollback` returns to.
+            if let Err(e) = rollback::record_last_apply(self.store.as_ref(), ws, &j.id).await {
+                logger
+                    .runner(
+                        "apply",
+                        &format!("could not record this apply for later rollbacks: {e}"),
+                    )
+                    .await;
+            }
+        }
         if result.is_err() && j.operation == Operation::Apply && !stop.is_cancelled() {
-            report.cleanup = Some(
-                self.clean_up(j.on_failure, before, ws, &steps, report)
-                    .await,
-            );
+            report.cleanup = Some(self.clean_up(job, before, &steps, report).await);
         }
         let activity = server.shutdown().await;
         report.versions = activity.versions;
@@ -525,15 +538,16 @@ impl Runner {
     }
 
     /// After a failed apply: finds what the run created (state after minus state before) and,
-    /// per `policy`, destroys exactly that, never anything that existed before the run.
+    /// per the job's `on_failure`, keeps it, destroys exactly that (never anything that existed
+    /// before the run), or rolls the workspace back to its last successful apply.
     async fn clean_up(
         &self,
-        policy: OnFailure,
+        job: &ValidatedJob,
         before: Result<BTreeSet<String>, String>,
-        ws: &WorkspaceId,
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Cleanup {
+        let (policy, ws) = (job.job.on_failure, s.ws);
         let policy_name = serde_json::to_value(policy)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
@@ -552,7 +566,8 @@ impl Runner {
         let created: BTreeSet<String> = after.difference(&before).cloned().collect();
         cleanup.created = created.iter().cloned().collect();
         cleanup.left = cleanup.created.clone();
-        if created.is_empty() || policy == OnFailure::Keep {
+        // A rollback also reverts changes to older resources, even when nothing was created.
+        if policy == OnFailure::Keep || (created.is_empty() && policy != OnFailure::Rollback) {
             if !created.is_empty() {
                 s.logger
                     .runner(
@@ -568,6 +583,29 @@ impl Runner {
         }
         let mut failure: Option<String> = None;
         let mut left = created.clone();
+        let mut rollback_note: Option<String> = None;
+        if policy == OnFailure::Rollback {
+            match self.roll_back(job, s, report).await {
+                Ok(Some((to, changes))) => {
+                    cleanup.rolled_back_to = Some(to);
+                    cleanup.reverted = changes
+                        .resources
+                        .iter()
+                        .map(|r| r.address.clone())
+                        .filter(|a| !created.contains(a))
+                        .collect();
+                }
+                Ok(None) => {
+                    rollback_note = Some(
+                        "no earlier apply succeeded in this workspace: rolled back by destroying what the run created".into(),
+                    );
+                }
+                Err(e) => failure = Some(format!("rollback failed: {e}")),
+            }
+            if let Ok(now) = self.addresses(ws).await {
+                left = created.intersection(&now).cloned().collect();
+            }
+        }
         while cleanup.attempts < 3 && !left.is_empty() && !s.stop.is_cancelled() {
             cleanup.attempts += 1;
             s.logger
@@ -593,14 +631,11 @@ impl Runner {
             };
             left = created.intersection(&now).cloned().collect();
         }
-        // A failure of an earlier attempt matters only if something is still left.
-        let failure = failure.filter(|_| !left.is_empty());
-        let rollback_note = (policy == OnFailure::Rollback).then_some(
-            "rollback restores only by destroying what the run created; changes to resources that existed before are kept",
-        );
+        // A destroy failure matters only if something is still left; a failed rollback always.
+        let failure = failure.filter(|f| !left.is_empty() || f.starts_with("rollback failed"));
         cleanup.error = match (rollback_note, failure) {
             (Some(note), Some(failure)) => Some(format!("{failure}; {note}")),
-            (note, failure) => failure.or(note.map(str::to_owned)),
+            (note, failure) => failure.or(note),
         };
         cleanup.destroyed = created.difference(&left).cloned().collect();
         cleanup.left = left.into_iter().collect();
@@ -731,6 +766,70 @@ impl Runner {
             }
             attempt += 1;
         }
+    }
+
+    /// Re-applies the workspace's last successful configuration in a workdir of its own, through
+    /// the same state server. `None` when no apply has succeeded in the workspace yet.
+    async fn roll_back(
+        &self,
+        job: &ValidatedJob,
+        s: &Steps<'_>,
+        report: &mut Report,
+    ) -> Result<Option<(String, Changes)>, String> {
+        let templates =
+            self.config.templates.as_deref().ok_or(
+                "the runner has no templates folder to load the earlier configuration from",
+            )?;
+        let Some((to, previous)) =
+            rollback::previous_configuration(self.store.as_ref(), s.ws, job, templates).await?
+        else {
+            return Ok(None);
+        };
+        s.logger
+            .runner(
+                "rollback",
+                &format!(
+                    "rolling back to the configuration of {to} ({})",
+                    previous.job.template
+                ),
+            )
+            .await;
+        let workdir = prepare_workdir(
+            self.config.work_root.as_deref(),
+            &previous,
+            s.server.endpoint(),
+        )
+        .map_err(|e| format!("cannot prepare the workdir: {e}"))?;
+        let r = Steps {
+            dir: workdir.path(),
+            ..*s
+        };
+        let failed = |e: JobError| format!("{} (step {})", e.message, e.step);
+        let backend_config = r.dir.join(BACKEND_CONFIG);
+        r.run(&Command::Init { backend_config }, report)
+            .await
+            .and_then(Ran::ok)
+            .map_err(failed)?;
+        let plan = Command::Plan {
+            destroy: false,
+            detailed_exitcode: false,
+            targets: Vec::new(),
+        };
+        r.run(&plan, report)
+            .await
+            .and_then(Ran::ok)
+            .map_err(failed)?;
+        let shown = r
+            .run(&Command::ShowPlan, report)
+            .await
+            .and_then(Ran::ok)
+            .map_err(failed)?;
+        let changes = Changes::from_plan_json(&shown.stdout).map_err(|e| e.to_string())?;
+        r.run(&Command::Apply, report)
+            .await
+            .and_then(Ran::ok)
+            .map_err(failed)?;
+        Ok(Some((to, changes)))
     }
 
     /// After "already exists": imports the object into the state when the error and the plan
@@ -970,6 +1069,7 @@ struct Report {
     keep_workdir: bool,
 }
 
+#[derive(Clone, Copy)]
 struct Steps<'a> {
     job_id: &'a str,
     ws: &'a WorkspaceId,

@@ -102,7 +102,7 @@ impl Sandbox {
         let repo = repo_root();
         std::os::unix::fs::symlink(repo.join("templates/demo"), templates.join("demo"))
             .expect("link demo");
-        for name in ["leaky", "fleet"] {
+        for name in ["leaky", "fleet", "tiers"] {
             std::os::unix::fs::symlink(
                 repo.join("tests/templates").join(name),
                 templates.join(name),
@@ -181,6 +181,7 @@ impl Sandbox {
                     ..TerraformConfig::default()
                 },
                 console: false,
+                templates: Some(self.templates.clone()),
                 ..RunnerConfig::default()
             },
         )

@@ -311,3 +311,81 @@ async fn a_hanging_create_is_killed_and_the_next_apply_imports_what_it_left() {
         assert_eq!(result["recovered"][0]["id"], cloud_id(&sb, "stuck-net"));
     }
 }
+
+fn tiers_job(id: &str, version: &str, cidr: &str, extra: &[&str], on_failure: &str) -> String {
+    format!(
+        "id: {id}\ntenant: acme\nworkspace: tiers\noperation: apply\ntemplate: {{ name: tiers, version: {version} }}\n\
+         variables: {{ cidr: \"{cidr}\", token: tok-3f9a-77c1, extra: {} }}\non_failure: {on_failure}\n",
+        serde_json::to_string(extra).unwrap()
+    )
+    .replace(", extra: []", "")
+}
+
+#[tokio::test]
+async fn rollback_returns_the_workspace_to_its_last_successful_apply() {
+    let sb = Sandbox::new();
+    let first = sb.job(
+        "r1.yaml",
+        &tiers_job("r1", "1.0.0", "10.0.0.0/16", &[], "keep"),
+    );
+    sb.run(&["run", "-q", first.to_str().unwrap()])
+        .expect_code(0);
+    let before = sb.cloud_files();
+    let state_before = sb.current_state("acme/tiers");
+
+    // The upgrade changes the core network in place, then fails creating the extra "y".
+    sb.faults(json!([{ "resource": "testcloud_network", "name": "y", "op": "create", "kind": "quota", "times": 1 }]));
+    let upgrade = sb.job(
+        "r2.yaml",
+        &tiers_job("r2", "1.1.0", "10.1.0.0/16", &["x", "y"], "rollback"),
+    );
+    sb.run(&["run", "-q", upgrade.to_str().unwrap()])
+        .expect_code(1);
+    let result = sb.artifact_json("acme/tiers", "r2", "result.json").await;
+    assert_eq!(result["error"]["category"], "quota", "{result}");
+    let cleanup = &result["cleanup"];
+    assert_eq!(cleanup["policy"], "rollback");
+    assert_eq!(cleanup["rolled_back_to"], "r1", "{result}");
+    assert_eq!(
+        cleanup["reverted"],
+        json!(["testcloud_network.core"]),
+        "{result}"
+    );
+    assert_eq!(cleanup["destroyed"], cleanup["created"], "{result}");
+    assert_eq!(cleanup["left"], json!([]), "{result}");
+    assert!(cleanup["error"].is_null(), "{result}");
+
+    // The cloud is as it was after r1, byte for byte, and so is what the state says of it.
+    assert_eq!(sb.cloud_files(), before);
+    let state = sb.current_state("acme/tiers");
+    assert_eq!(state["resources"], state_before["resources"]);
+    assert!(!result.to_string().contains("tok-3f9a-77c1"));
+}
+
+#[tokio::test]
+async fn rollback_of_a_first_apply_destroys_what_it_created() {
+    let sb = Sandbox::new();
+    sb.faults(json!([{ "resource": "testcloud_network", "name": "y", "op": "create", "kind": "quota", "times": 1 }]));
+    let job = sb.job(
+        "r1.yaml",
+        &tiers_job("r1", "1.1.0", "10.1.0.0/16", &["y"], "rollback"),
+    );
+    sb.run(&["run", "-q", job.to_str().unwrap()]).expect_code(1);
+    let result = sb.artifact_json("acme/tiers", "r1", "result.json").await;
+    let cleanup = &result["cleanup"];
+    assert_eq!(
+        cleanup["created"],
+        json!(["testcloud_network.core"]),
+        "{result}"
+    );
+    assert_eq!(cleanup["destroyed"], cleanup["created"]);
+    assert!(cleanup["rolled_back_to"].is_null());
+    assert!(
+        cleanup["error"]
+            .as_str()
+            .unwrap()
+            .contains("no earlier apply succeeded"),
+        "{result}"
+    );
+    assert!(sb.cloud_files().is_empty());
+}

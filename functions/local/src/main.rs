@@ -184,6 +184,7 @@ fn runner_config(g: &Global) -> RunnerConfig {
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
         console: !g.quiet,
+        templates: Some(g.templates.clone()),
         ..RunnerConfig::default()
     }
 }

@@ -1,0 +1,148 @@
+//! What `on_failure: rollback` rolls back to: the workspace's last successful apply. Each
+//! successful apply records its job id in the workspace (`runs/_workspace/last-apply.json`;
+//! `_` cannot start a job id); that job's `job.json` has its template and variables, sensitive
+//! ones masked. A rollback re-applies that configuration, taking the values of sensitive
+//! variables from the failing job (callers pass their secrets with every job), so terraform
+//! reverts what the failed run changed and destroys what it created.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use state_backends::{StateStore, WorkspaceId};
+
+use crate::job::RawJob;
+use crate::redact::MASK;
+use crate::validate::{ValidatedJob, validate};
+
+/// The pseudo-run that holds workspace-wide records (not a valid job id).
+pub const WORKSPACE_RECORDS: &str = "_workspace";
+/// The record of the last successful apply.
+pub const LAST_APPLY: &str = "last-apply.json";
+
+/// Records `job_id` as the workspace's last successful apply.
+///
+/// # Errors
+/// When the store cannot write it.
+pub async fn record_last_apply(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+) -> Result<(), state_backends::StoreError> {
+    let record = serde_json::json!({ "job_id": job_id });
+    store
+        .put_artifact(
+            ws,
+            WORKSPACE_RECORDS,
+            LAST_APPLY,
+            Bytes::from(record.to_string()),
+        )
+        .await
+}
+
+/// The configuration of the workspace's last successful apply, ready to run as `job`'s
+/// rollback (same id, tenant and workspace); `None` when no apply has succeeded there yet.
+///
+/// # Errors
+/// Why it cannot be rebuilt, as a sentence for the result.
+pub async fn previous_configuration(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job: &ValidatedJob,
+    templates: &Path,
+) -> Result<Option<(String, ValidatedJob)>, String> {
+    let read = |e: state_backends::StoreError| format!("cannot read the last apply's record: {e}");
+    let Some(pointer) = store
+        .artifact(ws, WORKSPACE_RECORDS, LAST_APPLY)
+        .await
+        .map_err(read)?
+    else {
+        return Ok(None);
+    };
+    let pointer: Value = serde_json::from_slice(&pointer).map_err(|e| e.to_string())?;
+    let Some(prev_id) = pointer["job_id"].as_str() else {
+        return Err(format!("{LAST_APPLY} names no job"));
+    };
+    let record = store
+        .artifact(ws, prev_id, crate::runner::JOB_FILE)
+        .await
+        .map_err(read)?
+        .ok_or_else(|| format!("the last successful apply, {prev_id}, has no job record"))?;
+    let record: Value = serde_json::from_slice(&record).map_err(|e| e.to_string())?;
+    let raw = rollback_job(&record, job)?;
+    let validated = validate(&raw, templates).map_err(|errors| {
+        let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        format!(
+            "the configuration of {prev_id} is no longer valid: {}",
+            problems.join("; ")
+        )
+    })?;
+    Ok(Some((prev_id.to_owned(), validated)))
+}
+
+/// The rollback job: the earlier job's template and variables, with masked (sensitive) values
+/// taken from `job`.
+fn rollback_job(record: &Value, job: &ValidatedJob) -> Result<RawJob, String> {
+    let mut variables = Map::new();
+    for (name, value) in record["variables"].as_object().into_iter().flatten() {
+        let value = if value == MASK {
+            job.job.variables.get(name).cloned().ok_or_else(|| {
+                format!(
+                    "the sensitive variable `{name}` of the last successful apply is not in this job, so its value is unknown"
+                )
+            })?
+        } else {
+            value.clone()
+        };
+        variables.insert(name.clone(), value);
+    }
+    let j = &job.job;
+    let mut doc = Map::new();
+    doc.insert("id".into(), Value::from(j.id.clone()));
+    doc.insert("tenant".into(), Value::from(j.tenant.clone()));
+    doc.insert("workspace".into(), Value::from(j.workspace.clone()));
+    doc.insert("operation".into(), Value::from("apply"));
+    doc.insert("template".into(), record["template"].clone());
+    doc.insert("variables".into(), Value::Object(variables));
+    doc.insert("timeout".into(), Value::from(j.timeout.as_secs()));
+    Ok(RawJob(doc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_values_come_from_the_failing_job_and_others_from_the_record() {
+        let record = serde_json::json!({
+            "template": { "name": "demo", "version": "1.0.0" },
+            "variables": { "node_count": 1, "admin_password": MASK },
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let tdir = dir.path().join("demo/1.0.0");
+        std::fs::create_dir_all(&tdir).unwrap();
+        std::fs::write(
+            tdir.join("template.yaml"),
+            "variables:\n  node_count: { type: number }\n  admin_password: { type: string, sensitive: true }\n",
+        )
+        .unwrap();
+        std::fs::write(tdir.join("main.tf"), "").unwrap();
+        let current = validate(
+            &RawJob::parse(
+                "id: j2\ntenant: t\nworkspace: w\noperation: apply\ntemplate: { name: demo, version: 1.0.0 }\nvariables: { node_count: 3, admin_password: s3cret-value }\n",
+            )
+            .unwrap(),
+            dir.path(),
+        )
+        .unwrap();
+        let raw = rollback_job(&record, &current).unwrap();
+        assert_eq!(raw.0["variables"]["node_count"], 1);
+        assert_eq!(raw.0["variables"]["admin_password"], "s3cret-value");
+        assert_eq!(raw.0["id"], "j2");
+
+        let mut without = current.clone();
+        without.job.variables.remove("admin_password");
+        let err = rollback_job(&record, &without).unwrap_err();
+        assert!(err.contains("`admin_password`"), "{err}");
+    }
+}
