@@ -80,13 +80,24 @@ def copy(src, dst, keep):
             dst.flush()
 
 
+def die_with_parent():
+    """In the child before exec: SIGKILL it when the wrapper dies, as the runner does for the
+    wrapper, so terraform never outlives whoever started it."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def main():
     signal.signal(signal.SIGINT, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: None)
     args = sys.argv[1:]
     if args and args[0] == "apply":
         args = saved_plan_to_replan(args)
-    child = subprocess.Popen([REAL] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [REAL] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent
+    )
     threads = [
         threading.Thread(target=copy, args=(child.stdout, sys.stdout.buffer, strip_prefix)),
         threading.Thread(

@@ -219,6 +219,7 @@ pub async fn run(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    die_with_runner(&mut cmd);
     let mut child = cmd.spawn().map_err(|source| SpawnError {
         binary: config.binary.display().to_string(),
         source,
@@ -318,6 +319,30 @@ impl ErrorLines {
             lines.push(line, &redactor);
         }
         lines.errors
+    }
+}
+
+/// Makes the kernel SIGKILL terraform when the runner dies (`PR_SET_PDEATHSIG`), so a runner
+/// killed outright leaves no terraform changing the cloud with no state server to save to.
+/// (Its providers, in terraform's process group, lose their host and are stopped by the next
+/// job's lease takeover at the latest.) The signal follows the death of the *thread* that
+/// spawned terraform: tokio's worker threads live as long as the runtime, and the runner never
+/// spawns terraform from a blocking thread.
+#[allow(unsafe_code)]
+fn die_with_runner(cmd: &mut tokio::process::Command) {
+    let runner = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec. It only makes two system calls
+    // (prctl, getppid), both async-signal-safe, and allocates nothing, not even on error.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+            // The runner may have died between fork and prctl: then do not start at all.
+            if nix::unistd::getppid() != runner {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
     }
 }
 

@@ -1,5 +1,5 @@
-//! The runner SIGKILLed (with its terraform, as when a container dies) at several points of an
-//! apply: no state version accepted before the kill is lost or changed, the dead runner's lease
+//! The runner SIGKILLed at several points of an apply: its terraform dies with it, no state
+//! version accepted before the kill is lost or changed, the dead runner's lease
 //! expires, the next job for the workspace takes over with a higher fence, finds the dead job
 //! `interrupted`, and leaves the cloud with exactly what the configuration says, importing what
 //! the dead run made but never saved.
@@ -72,18 +72,62 @@ fn kill_at(sb: &Sandbox, job: &std::path::Path, trigger: &str) {
         "`{trigger}` never came:\n{}",
         seen.join("\n")
     );
-    let groups: Vec<i32> = children_of(child.id())
+    // terraform (the test wrapper and the real binary under it), not its providers.
+    let groups: Vec<u32> = children_of(child.id());
+    let terraform: Vec<u32> = descendants(child.id())
         .into_iter()
-        .map(|p| p as i32)
+        .filter(|&pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| !String::from_utf8_lossy(&c).contains("terraform-provider-"))
+        })
         .collect();
+    assert!(!terraform.is_empty());
+    // Only the runner is killed: its terraform must die with it, not go on changing the cloud.
     child.kill().unwrap();
     child.wait().unwrap();
-    for pgid in groups {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while terraform.iter().any(|&pid| alive(pid)) {
+        assert!(
+            Instant::now() < give_up,
+            "terraform outlived its runner: {terraform:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its providers (in terraform's process group) are not the runner's children: stop them.
+    for pgid in groups.into_iter().map(|p| p as i32) {
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pgid),
             nix::sys::signal::Signal::SIGKILL,
         );
     }
+}
+
+/// Every process below `pid`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut all = Vec::new();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        let children = children_of(p);
+        next.extend(&children);
+        all.extend(children);
+    }
+    all
+}
+
+/// Whether a process exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
 }
 
 #[tokio::test]
