@@ -214,6 +214,12 @@ async fn a_false_failure_is_retried_then_imported_and_no_duplicate_exists() {
     let job = sb.job("ff1.yaml", &text);
     let run = sb.run(&["run", "-q", job.to_str().unwrap()]);
     run.expect_code(0);
+    assert!(
+        run.stdout()
+            .contains("recovered:  imported testcloud_network.n[\"c\"] as net-"),
+        "{}",
+        run.stdout()
+    );
     let result = sb.artifact_json("acme/fleet", "ff1", "result.json").await;
     assert_eq!(result["status"], "succeeded", "{result}");
 
@@ -339,8 +345,14 @@ async fn rollback_returns_the_workspace_to_its_last_successful_apply() {
         "r2.yaml",
         &tiers_job("r2", "1.1.0", "10.1.0.0/16", &["x", "y"], "rollback"),
     );
-    sb.run(&["run", "-q", upgrade.to_str().unwrap()])
-        .expect_code(1);
+    let run = sb.run(&["run", "-q", upgrade.to_str().unwrap()]);
+    run.expect_code(1);
+    assert!(
+        run.stdout()
+            .contains("rolled back to the configuration of r1"),
+        "{}",
+        run.stdout()
+    );
     let result = sb.artifact_json("acme/tiers", "r2", "result.json").await;
     assert_eq!(result["error"]["category"], "quota", "{result}");
     let cleanup = &result["cleanup"];

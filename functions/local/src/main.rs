@@ -310,14 +310,40 @@ fn print_summary(r: &JobResult) {
             }
         }
     }
+    for rec in &r.recovered {
+        println!(
+            "recovered:  {} {} as {} (it existed in the cloud but not in the state)",
+            rec.action, rec.address, rec.id
+        );
+    }
+    if let Some(u) = &r.unsaved_state {
+        match (u.pushed_as, &u.error) {
+            (Some(v), _) => println!(
+                "unsaved:    terraform could not save its state; the runner saved it as version {v} (kept as {})",
+                u.artifact
+            ),
+            (None, Some(e)) => println!("unsaved:    kept as {}; {e}", u.artifact),
+            (None, None) => println!("unsaved:    kept as {}", u.artifact),
+        }
+    }
     if let Some(c) = &r.cleanup
-        && !c.created.is_empty()
+        && (!c.created.is_empty() || c.rolled_back_to.is_some())
     {
         println!(
             "cleanup:    policy {}; created {}",
             c.policy,
-            c.created.join(", ")
+            if c.created.is_empty() {
+                "nothing".to_owned()
+            } else {
+                c.created.join(", ")
+            }
         );
+        if let Some(to) = &c.rolled_back_to {
+            println!("            rolled back to the configuration of {to}");
+        }
+        if !c.reverted.is_empty() {
+            println!("            reverted {}", c.reverted.join(", "));
+        }
         if !c.destroyed.is_empty() {
             println!("            destroyed {}", c.destroyed.join(", "));
         }
