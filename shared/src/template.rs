@@ -158,8 +158,46 @@ impl Template {
             })?;
         spec.check()
             .map_err(|message| TemplateError::Invalid { path, message })?;
+        check_no_backend(&dir)?;
         Ok(Self { dir, spec })
     }
+}
+
+/// A template must not choose where its state lives: the runner serves it (a `backend` or
+/// `cloud` block of its own would make `terraform init` fail, or send the state elsewhere).
+fn check_no_backend(dir: &Path) -> Result<(), TemplateError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| TemplateError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "tf") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim_start();
+            let block = if line.starts_with("backend \"") || line.starts_with("backend\"") {
+                "backend"
+            } else if line.starts_with("cloud {") || line.starts_with("cloud{") {
+                "cloud"
+            } else {
+                continue;
+            };
+            return Err(TemplateError::Invalid {
+                path,
+                message: format!(
+                    "line {} declares a `{block}` block: remove it; the runner keeps each workspace's state in the customer's store itself",
+                    n + 1
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 impl TemplateSpec {
@@ -188,5 +226,36 @@ impl TemplateSpec {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_with_its_own_backend_is_refused_with_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t/1.0.0");
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(t.join(SPEC_FILE), "variables: {}\n").unwrap();
+        std::fs::write(
+            t.join("main.tf"),
+            "# backend \"s3\" {} in a comment is fine\n",
+        )
+        .unwrap();
+        assert!(Template::load(dir.path(), "t", "1.0.0").is_ok());
+        std::fs::write(
+            t.join("backend.tf"),
+            "terraform {\n  backend \"s3\" {\n    bucket = \"x\"\n  }\n}\n",
+        )
+        .unwrap();
+        let err = Template::load(dir.path(), "t", "1.0.0")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("backend.tf") && err.contains("line 2") && err.contains("`backend`"),
+            "{err}"
+        );
     }
 }
