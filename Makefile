@@ -2,15 +2,15 @@
 # what they need first (`make tools`).
 .PHONY: tools demo test fmt lint ci bench bench-overhead bench-state-server clean
 
-tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config
+tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config, moto
 	scripts/install-tools.sh
 
 demo: tools ## apply the demo template through the local runner
 	scripts/demo.sh
 
-test: tools ## the whole test suite, with real terraform
+test: tools ## the whole test suite, with real terraform and the cloud emulators
 	cargo build -p local
-	cargo test --workspace
+	scripts/with-emulators.sh cargo test --workspace
 
 fmt:
 	cargo fmt --all

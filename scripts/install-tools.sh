@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the tests need, idempotently, into .cache/ (git-ignored):
 # protoc (to build the testcloud provider), the real terraform binary with its test-harness
-# wrapper, the testcloud provider in a filesystem mirror, and a terraform CLI config using it.
+# wrapper, the testcloud provider in a filesystem mirror, a terraform CLI config using it, and
+# the cloud emulators (moto).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -23,4 +24,5 @@ provider_installation {
   }
 }
 HCL
-echo "tools ready: .cache/tools/terraform/terraform, provider mirror $mirror" >&2
+scripts/install-moto.sh >/dev/null
+echo "tools ready: .cache/tools/terraform/terraform, provider mirror $mirror, moto in .cache/moto" >&2

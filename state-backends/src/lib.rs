@@ -14,6 +14,8 @@
 
 pub mod lease;
 pub mod memory;
+#[cfg(feature = "aws")]
+pub mod s3;
 pub mod tfstate;
 
 #[cfg(feature = "fs")]

@@ -5,6 +5,7 @@
 //! Nothing is skipped: a missing terraform, provider or binary fails the test with the command
 //! that installs it.
 
+pub mod aws;
 pub mod failing;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs a command with the cloud emulators the tests need running on loopback, and stops them
+# afterwards whatever happens. Installs them first (idempotent). Exports:
+#   TERRACE_TEST_MOTO  http://127.0.0.1:PORT  (moto: S3, DynamoDB, SQS, STS, ECS)
+# Usage: scripts/with-emulators.sh COMMAND [ARGS...]
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+logs="$repo_root/.cache/emulators"
+mkdir -p "$logs"
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits until URL answers (any HTTP status), or fails after 60 s.
+wait_for() {
+    local name="$1" url="$2" pid="$3"
+    python3 - "$name" "$url" "$pid" <<'PY'
+import os, sys, time, urllib.request, urllib.error
+name, url, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+deadline = time.time() + 60
+while time.time() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit(f"{name} exited during start-up; see .cache/emulators/{name}.log")
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        sys.exit(0)
+    except urllib.error.HTTPError:
+        sys.exit(0)
+    except Exception:
+        time.sleep(0.2)
+sys.exit(f"{name} did not answer on {url} within 60 s")
+PY
+}
+
+pids=()
+stop() {
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
+trap stop EXIT
+
+moto_server="$("$repo_root/scripts/install-moto.sh")"
+moto_port="$(free_port)"
+"$moto_server" -H 127.0.0.1 -p "$moto_port" >"$logs/moto.log" 2>&1 &
+pids+=("$!")
+wait_for moto "http://127.0.0.1:$moto_port/moto-api/" "${pids[-1]}"
+export TERRACE_TEST_MOTO="http://127.0.0.1:$moto_port"
+echo "emulators: moto on $TERRACE_TEST_MOTO" >&2
+
+"$@"

@@ -1,0 +1,93 @@
+//! moto, the AWS emulator the AWS tests run against: its endpoint (started by
+//! `scripts/with-emulators.sh`, which `make test` and CI use) and clients for it.
+
+use aws_sdk_s3::config::{Credentials, Region};
+
+/// moto's endpoint. Fails (never skips) when it is not running.
+pub fn moto() -> String {
+    std::env::var("TERRACE_TEST_MOTO").unwrap_or_else(|_| {
+        panic!(
+            "TERRACE_TEST_MOTO is not set: run the tests with moto, e.g. \
+             `scripts/with-emulators.sh cargo test --workspace` or `make test`"
+        )
+    })
+}
+
+/// An AWS configuration for moto: its endpoint, a region and static test credentials.
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(moto())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "moto"))
+        .load()
+        .await
+}
+
+pub async fn s3() -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::config::Builder::from(&sdk_config().await)
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+pub async fn dynamodb() -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::new(&sdk_config().await)
+}
+
+/// A name no other test uses (moto is shared by every test of a run).
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "{prefix}-{:x}-{}",
+        nanos % 0xffff_ffff_ffff,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A new bucket.
+pub async fn bucket() -> String {
+    let name = unique("terrace");
+    s3().await
+        .create_bucket()
+        .bucket(&name)
+        .send()
+        .await
+        .expect("create bucket in moto");
+    name
+}
+
+/// A new lease table (partition key `pk`, on demand).
+pub async fn lease_table() -> String {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    let name = unique("terrace-leases");
+    dynamodb()
+        .await
+        .create_table()
+        .table_name(&name)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("pk")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .expect("attribute"),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("pk")
+                .key_type(KeyType::Hash)
+                .build()
+                .expect("key"),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .expect("create table in moto");
+    name
+}
