@@ -23,6 +23,7 @@ pub async fn run_all(store: Arc<dyn StateStore>) {
     restore_rolls_forward(&*store).await;
     snapshot_copies_only_changes(&*store).await;
     artifacts_round_trip(&*store).await;
+    changes_are_marked_until_cleared(&*store).await;
 }
 
 /// A workspace no other check (or earlier run against the same bucket) has used.
@@ -474,4 +475,60 @@ pub async fn artifacts_round_trip(store: &dyn StateStore) {
             .unwrap_err();
         assert!(matches!(err, StoreError::InvalidKey(_)), "{bad:?}: {err}");
     }
+}
+
+/// Every write and deletion marks the workspace as changed until the sweep clears that mark; a
+/// write after the sweep listed it keeps the mark. Backups can be deleted.
+pub async fn changes_are_marked_until_cleared(store: &dyn StateStore) {
+    let ws = fresh_workspace("changes");
+    let mine = |all: Vec<crate::Changed>| all.into_iter().find(|c| c.ws == ws);
+    assert!(
+        mine(store.changed().await.unwrap()).is_none(),
+        "a new workspace has no change"
+    );
+    store
+        .put(&ws, state("c", 1), PutMode::Create, None)
+        .await
+        .unwrap();
+    let first = mine(store.changed().await.unwrap()).expect("a write marks the workspace");
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store
+        .put(&ws, state("c", 2), PutMode::Update(token), None)
+        .await
+        .unwrap();
+    store.clear_changed(&first).await.unwrap();
+    let second =
+        mine(store.changed().await.unwrap()).expect("a write after the listing keeps the mark");
+    assert_ne!(second.mark, first.mark);
+    store.clear_changed(&second).await.unwrap();
+    assert!(
+        mine(store.changed().await.unwrap()).is_none(),
+        "cleared with the mark it had"
+    );
+
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store.delete_current(&ws, &token, None).await.unwrap();
+    let deleted = mine(store.changed().await.unwrap()).expect("a deletion marks too");
+    store.clear_changed(&deleted).await.unwrap();
+
+    store
+        .put(&ws, state("d", 0), PutMode::Create, None)
+        .await
+        .unwrap();
+    let label = "2026-11-21T10";
+    store
+        .snapshot(&ws, label)
+        .await
+        .unwrap()
+        .expect("a backup of the new state");
+    store.delete_backup(&ws, label).await.unwrap();
+    assert!(
+        store
+            .backups(&ws)
+            .await
+            .unwrap()
+            .iter()
+            .all(|b| b.label != label)
+    );
+    store.delete_backup(&ws, label).await.unwrap();
 }

@@ -26,8 +26,8 @@ use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
 use crate::{
-    BackupInfo, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result, StateStore,
-    StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex, tfstate,
+    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
+    StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex, tfstate,
 };
 
 /// A [`StateStore`] in a local folder.
@@ -71,6 +71,9 @@ impl FsStore {
             })?
     }
 }
+
+/// The folder of change marks, beside the tenants.
+const CHANGES: &str = "_changes";
 
 /// One workspace's folder, with the operations on it.
 struct Dir {
@@ -335,6 +338,28 @@ impl Dir {
         Ok(head)
     }
 
+    /// `<root>/_changes/<tenant>/<workspace>`: holds the number of the latest write until the
+    /// backup sweep clears it (`_` cannot start a tenant name).
+    fn change_mark(&self) -> PathBuf {
+        let root = self
+            .path
+            .parent()
+            .and_then(Path::parent)
+            .expect("a workspace folder is <root>/<tenant>/<workspace>");
+        root.join(CHANGES)
+            .join(self.ws.tenant())
+            .join(self.ws.workspace())
+    }
+
+    /// Called under the workspace's lock after a commit. A lost mark only delays a backup.
+    fn mark_changed(&self, number: u64) -> Result<()> {
+        write_file(
+            &self.change_mark(),
+            number.to_string().as_bytes(),
+            Durability::ContentOnly,
+        )
+    }
+
     fn artifact_path(&self, job_id: &str, name: &str) -> Result<PathBuf> {
         crate::check_artifact_name(job_id, name)?;
         Ok(self.path.join("runs").join(job_id).join(name))
@@ -400,6 +425,7 @@ impl StateStore for FsStore {
             write_atomic(&dir.version_path(number, "tfstate"), &state.data)?;
             // The version is committed; the plain copy is a convenience and may lag on a crash.
             refresh_copy(&dir.path.join("terraform.tfstate"), Some(&state.data));
+            dir.mark_changed(number)?;
             Ok(info)
         })
         .await
@@ -417,6 +443,7 @@ impl StateStore for FsStore {
             let head = dir.check_write(&PutMode::Update(expected), fence.as_ref())?;
             write_atomic(&dir.version_path(head.number() + 1, "deleted"), b"")?;
             refresh_copy(&dir.path.join("terraform.tfstate"), None);
+            dir.mark_changed(head.number() + 1)?;
             Ok(())
         })
         .await
@@ -598,6 +625,80 @@ impl StateStore for FsStore {
             }
             out.sort();
             Ok(out)
+        })
+        .await
+    }
+
+    async fn changed(&self) -> Result<Vec<Changed>> {
+        let root = self.root.join(CHANGES);
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for tenant in list_names(&root)? {
+                for workspace in list_names(&root.join(&tenant))? {
+                    if workspace.starts_with(".tmp-") {
+                        continue;
+                    }
+                    let Ok(ws) = WorkspaceId::new(&tenant, &workspace) else {
+                        continue;
+                    };
+                    let path = root.join(&tenant).join(&workspace);
+                    if let Some(mark) = read_optional(&path)? {
+                        out.push(Changed {
+                            ws,
+                            mark: String::from_utf8_lossy(&mark).into_owned(),
+                        });
+                    }
+                }
+            }
+            out.sort_by(|a, b| a.ws.to_string().cmp(&b.ws.to_string()));
+            Ok(out)
+        })
+        .await
+        .map_err(|e| StoreError::Backend {
+            backend: "fs",
+            message: format!("blocking task failed: {e}"),
+            retryable: false,
+            source: None,
+        })?
+    }
+
+    async fn clear_changed(&self, changed: &Changed) -> Result<()> {
+        let mark = changed.mark.clone();
+        self.blocking(&changed.ws, move |dir| {
+            let _lock = dir.lock()?;
+            let path = dir.change_mark();
+            if read_optional(&path)?.is_some_and(|m| m == mark.as_bytes()) {
+                fs::remove_file(&path).map_err(io_err("remove", &path))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
+        crate::check_artifact_name("backups", label)?;
+        let label = label.to_owned();
+        self.blocking(ws, move |dir| {
+            let _lock = dir.lock()?;
+            let index_path = dir.path.join("backups").join("index.json");
+            if let Some(raw) = read_optional(&index_path)? {
+                let mut index: Vec<BackupInfo> =
+                    serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
+                        path: index_path.display().to_string(),
+                        detail: e.to_string(),
+                    })?;
+                index.retain(|b| b.label != label);
+                write_atomic(
+                    &index_path,
+                    &serde_json::to_vec_pretty(&index).expect("backup index serializes"),
+                )?;
+            }
+            let path = dir.path.join("backups").join(format!("{label}.tfstate"));
+            match fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(io_err("remove", &path)(e)),
+            }
         })
         .await
     }

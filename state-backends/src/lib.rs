@@ -166,6 +166,14 @@ impl Lease {
     }
 }
 
+/// A workspace whose state changed since its change mark was last cleared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Changed {
+    pub ws: WorkspaceId,
+    /// Opaque: which write the mark records.
+    pub mark: String,
+}
+
 /// A backup copy of a workspace's state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackupInfo {
@@ -293,6 +301,27 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// # Errors
     /// Backend failures.
     async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>>;
+
+    /// The workspaces whose state changed (a write or a deletion) since their change mark was
+    /// last cleared: what the backup sweep visits. Costs calls in proportion to the changed
+    /// workspaces, not to all of them.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn changed(&self) -> Result<Vec<Changed>>;
+
+    /// Clears a workspace's change mark if it is still the one [`StateStore::changed`]
+    /// returned; a write since then keeps it, so the next sweep sees that write.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn clear_changed(&self, changed: &Changed) -> Result<()>;
+
+    /// Deletes one backup (retention); deleting a missing one is not an error.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()>;
 
     /// Rolls the workspace forward to the content of an old version: the old state, with its
     /// serial raised above the current one, becomes a new version. History is untouched.

@@ -10,8 +10,8 @@ use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
 use crate::{
-    BackupInfo, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result, StateStore,
-    StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
+    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
+    StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
 };
 
 /// A store that forgets everything when dropped.
@@ -27,6 +27,8 @@ struct Workspace {
     lease: LeaseRecord,
     backups: Vec<(BackupInfo, Bytes)>,
     artifacts: BTreeMap<(String, String), Bytes>,
+    /// The number of the latest write, until the backup sweep clears it.
+    change_mark: Option<u64>,
 }
 
 impl Workspace {
@@ -96,6 +98,7 @@ impl StateStore for MemoryStore {
                 sha256: sha256_hex(&state.data),
             };
             w.entries.push(Some((info.clone(), state.data)));
+            w.change_mark = Some(w.entries.len() as u64);
             Ok(info)
         })
     }
@@ -109,6 +112,7 @@ impl StateStore for MemoryStore {
         self.with(ws, |w| {
             w.check_write(ws, &PutMode::Update(expected.clone()), fence)?;
             w.entries.push(None);
+            w.change_mark = Some(w.entries.len() as u64);
             Ok(())
         })
     }
@@ -224,6 +228,35 @@ impl StateStore for MemoryStore {
                 .map(|(_, name)| name.clone())
                 .collect()
         }))
+    }
+
+    async fn changed(&self) -> Result<Vec<Changed>> {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<Changed> = map
+            .iter()
+            .filter_map(|(ws, w)| {
+                w.change_mark.map(|n| Changed {
+                    ws: ws.clone(),
+                    mark: n.to_string(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.ws.to_string().cmp(&b.ws.to_string()));
+        Ok(out)
+    }
+
+    async fn clear_changed(&self, changed: &Changed) -> Result<()> {
+        self.with(&changed.ws, |w| {
+            if w.change_mark.map(|n| n.to_string()).as_deref() == Some(changed.mark.as_str()) {
+                w.change_mark = None;
+            }
+        });
+        Ok(())
+    }
+
+    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
+        self.with(ws, |w| w.backups.retain(|(b, _)| b.label != label));
+        Ok(())
     }
 }
 

@@ -18,6 +18,10 @@
 //! - `backups/<label>.tfstate` (server-side copies) and `backups/index.json`.
 //! - `runs/<job-id>/…`: run artifacts.
 //!
+//! and `<prefix>/_changes/<tenant>/<workspace>`, written after every commit and deleted (with
+//! `If-Match` on its ETag) by the backup sweep once it has copied that state: the sweep lists
+//! only these, so it costs calls in proportion to the changed workspaces.
+//!
 //! Writes are fenced by reading the lease immediately before the conditional create: S3 has no
 //! condition across two objects (or across S3 and DynamoDB), so a writer whose lease runs out
 //! in the milliseconds between the two can still land one write, and that write is still a
@@ -35,8 +39,8 @@ use time::OffsetDateTime;
 
 use crate::lease::{LeaseRecord, check_put, plus};
 use crate::{
-    BackupInfo, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result, StateStore,
-    StoreError, TakenOver, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
+    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
+    StateStore, StoreError, TakenOver, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
 };
 
 const BACKEND: &str = "s3";
@@ -104,6 +108,37 @@ impl S3Store {
 
     fn key(&self, ws: &WorkspaceId, rest: &str) -> String {
         format!("{}/{rest}", self.base(ws))
+    }
+
+    fn changes_prefix(&self) -> String {
+        let prefix = self.config.prefix.trim_matches('/');
+        if prefix.is_empty() {
+            "_changes/".to_owned()
+        } else {
+            format!("{prefix}/_changes/")
+        }
+    }
+
+    fn change_key(&self, ws: &WorkspaceId) -> String {
+        format!(
+            "{}{}/{}",
+            self.changes_prefix(),
+            ws.tenant(),
+            ws.workspace()
+        )
+    }
+
+    /// After a commit: the workspace has a change for the backup sweep. A lost mark (the writer
+    /// died right after its commit) only delays a backup until the next write.
+    async fn mark_changed(&self, ws: &WorkspaceId, number: u64) -> Result<()> {
+        self.put_object(
+            &self.change_key(ws),
+            Bytes::from(number.to_string()),
+            HashMap::new(),
+            Condition::None,
+        )
+        .await
+        .map(|_| ())
     }
 
     fn version_key(&self, ws: &WorkspaceId, number: u64) -> String {
@@ -251,6 +286,33 @@ impl S3Store {
             match out.next_continuation_token() {
                 Some(next) if out.is_truncated() == Some(true) => token = Some(next.to_owned()),
                 _ => return Ok(keys),
+            }
+        }
+    }
+
+    /// Keys and ETags under `prefix`.
+    async fn list_with_etags(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .s3
+                .list_objects_v2()
+                .bucket(&self.config.bucket)
+                .prefix(prefix)
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| sdk_error(&format!("LIST {prefix}"), e))?;
+            out.extend(page.contents().iter().filter_map(|o| {
+                Some((
+                    o.key()?.to_owned(),
+                    o.e_tag().unwrap_or_default().to_owned(),
+                ))
+            }));
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
+                _ => return Ok(out),
             }
         }
     }
@@ -634,6 +696,9 @@ impl StateStore for S3Store {
         meta.remove(META_NUMBER);
         let number = self.commit(ws, &mode, fence, state.data, meta).await?;
         info.number = number;
+        if let Err(e) = self.mark_changed(ws, number).await {
+            tracing::warn!(workspace = %ws, error = %e, "state version committed, but its change mark failed");
+        }
         // The convenience copy, with the number a reader starts from. It may lag on a crash.
         let copied = self
             .copy(
@@ -655,14 +720,16 @@ impl StateStore for S3Store {
         fence: Option<&Fence>,
     ) -> Result<()> {
         let meta = HashMap::from([(META_KIND.to_owned(), "deleted".to_owned())]);
-        self.commit(
-            ws,
-            &PutMode::Update(expected.clone()),
-            fence,
-            Bytes::new(),
-            meta,
-        )
-        .await?;
+        let number = self
+            .commit(
+                ws,
+                &PutMode::Update(expected.clone()),
+                fence,
+                Bytes::new(),
+                meta,
+            )
+            .await?;
+        self.mark_changed(ws, number).await?;
         self.delete_object(&self.key(ws, "terraform.tfstate")).await
     }
 
@@ -940,6 +1007,73 @@ impl StateStore for S3Store {
             .collect();
         names.sort();
         Ok(names)
+    }
+
+    async fn changed(&self) -> Result<Vec<Changed>> {
+        let prefix = self.changes_prefix();
+        let mut out: Vec<Changed> = self
+            .list_with_etags(&prefix)
+            .await?
+            .into_iter()
+            .filter_map(|(key, etag)| {
+                let (tenant, workspace) = key.strip_prefix(&prefix)?.split_once('/')?;
+                Some(Changed {
+                    ws: WorkspaceId::new(tenant, workspace).ok()?,
+                    mark: etag,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.ws.to_string().cmp(&b.ws.to_string()));
+        Ok(out)
+    }
+
+    async fn clear_changed(&self, changed: &Changed) -> Result<()> {
+        let key = self.change_key(&changed.ws);
+        match self
+            .s3
+            .delete_object()
+            .bucket(&self.config.bucket)
+            .key(&key)
+            .if_match(&changed.mark)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Written again since it was listed, or already gone: keep what is there.
+            Err(e) if matches!(status(&e), Some(412 | 404)) => Ok(()),
+            Err(e) => Err(sdk_error(&format!("DELETE {key}"), e)),
+        }
+    }
+
+    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
+        crate::check_artifact_name("backups", label)?;
+        let index_key = self.key(ws, "backups/index.json");
+        for _ in 0..20 {
+            let Some(obj) = self.get(&index_key).await? else {
+                break;
+            };
+            let mut index: Vec<BackupInfo> = serde_json::from_slice(&obj.data)
+                .map_err(|e| corrupt(&index_key, &e.to_string()))?;
+            let before = index.len();
+            index.retain(|b| b.label != label);
+            if index.len() == before {
+                break;
+            }
+            let data = Bytes::from(serde_json::to_vec_pretty(&index).expect("index serializes"));
+            if self
+                .put_object(
+                    &index_key,
+                    data,
+                    HashMap::new(),
+                    Condition::Matches(&obj.etag),
+                )
+                .await?
+            {
+                break;
+            }
+        }
+        self.delete_object(&self.key(ws, &format!("backups/{label}.tfstate")))
+            .await
     }
 }
 

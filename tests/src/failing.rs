@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use state_backends::{
-    BackupInfo, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, StateStore,
+    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, StateStore,
     StoreError, VersionInfo, VersionToken, WorkspaceId,
 };
 
@@ -124,5 +124,14 @@ impl StateStore for FailingPuts {
     }
     async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
         self.inner.artifacts(ws, job_id).await
+    }
+    async fn changed(&self) -> Result<Vec<Changed>> {
+        self.inner.changed().await
+    }
+    async fn clear_changed(&self, changed: &Changed) -> Result<()> {
+        self.inner.clear_changed(changed).await
+    }
+    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
+        self.inner.delete_backup(ws, label).await
     }
 }
