@@ -3,6 +3,7 @@
 //! and what its result says. It knows no cloud SDK and no trigger; the functions adapt their
 //! queues and credentials to [`runner::Runner`].
 
+pub mod backup;
 pub mod classify;
 pub mod job;
 pub mod logs;

@@ -241,7 +241,7 @@ impl StateStore for MemoryStore {
                 })
             })
             .collect();
-        out.sort_by(|a, b| a.ws.to_string().cmp(&b.ws.to_string()));
+        out.sort_by_key(|a| a.ws.to_string());
         Ok(out)
     }
 

@@ -91,3 +91,41 @@ pub async fn lease_table() -> String {
         .expect("create table in moto");
     name
 }
+
+/// Counts the HTTP requests a client sends (retries included).
+#[derive(Clone, Debug, Default)]
+pub struct CallCounter(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl CallCounter {
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    pub fn reset(&self) {
+        self.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl aws_sdk_s3::config::Intercept for CallCounter {
+    fn name(&self) -> &'static str {
+        "CallCounter"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_sdk_s3::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_s3::config::ConfigBag,
+    ) -> Result<(), aws_sdk_s3::error::BoxError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// An S3 client for moto whose requests `counter` counts.
+pub async fn s3_counted(counter: &CallCounter) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::config::Builder::from(&sdk_config().await)
+        .force_path_style(true)
+        .interceptor(counter.clone())
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
