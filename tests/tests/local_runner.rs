@@ -379,6 +379,24 @@ async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
         drifted["changes"]["resources"][0]["address"],
         "testcloud_cluster.main"
     );
+
+    // The hourly backup copies the changed workspace once; a second sweep finds nothing new.
+    let backup = sb.run(&["backup"]);
+    backup.expect_code(0);
+    let current = sb.versions("acme/restore").await.last().unwrap().number;
+    assert!(
+        backup
+            .stdout()
+            .contains(&format!("acme/restore: backed up version {current} as ")),
+        "{}",
+        backup.stdout()
+    );
+    let again = sb.run(&["backup"]);
+    assert!(
+        again.stdout().contains("0 changed, 0 backed up"),
+        "{}",
+        again.stdout()
+    );
 }
 
 #[tokio::test]

@@ -108,6 +108,15 @@ enum Cmd {
     /// Inspect and repair a workspace's state.
     #[command(subcommand)]
     State(state_cmd::StateCmd),
+    /// Back up every workspace whose state changed since the last backup (run it hourly).
+    Backup {
+        /// How many of the newest backups a workspace keeps.
+        #[arg(long, default_value_t = 48)]
+        hourly: usize,
+        /// Beyond those, the newest backup of each of this many recent days.
+        #[arg(long, default_value_t = 30)]
+        daily: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -164,6 +173,34 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
         Cmd::Serve(args) => serve::serve(&g, args).await,
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
+        Cmd::Backup { hourly, daily } => {
+            let store = state_backends::fs::FsStore::new(&g.store);
+            let keep = shared::backup::Retention { hourly, daily };
+            let report =
+                shared::backup::sweep(&store, time::OffsetDateTime::now_utc(), keep).await?;
+            for (ws, b) in &report.backed_up {
+                println!("{ws}: backed up version {} as {}", b.version, b.label);
+            }
+            for (ws, label) in &report.pruned {
+                println!("{ws}: dropped backup {label} (retention)");
+            }
+            for (ws, why) in &report.failed {
+                eprintln!("{ws}: not backed up: {why}");
+            }
+            println!(
+                "{} changed, {} backed up, {} unchanged, {} dropped, {} failed",
+                report.changed,
+                report.backed_up.len(),
+                report.unchanged.len(),
+                report.pruned.len(),
+                report.failed.len()
+            );
+            Ok(if report.failed.is_empty() {
+                exit::OK
+            } else {
+                exit::FAILED
+            })
+        }
     }
 }
 

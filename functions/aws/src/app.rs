@@ -1,0 +1,342 @@
+//! What the function does with one job message, wherever it came from (an SQS record on
+//! Lambda, or the environment of a handed-off ECS task): validate, open the customer's store
+//! through their role, run the job with the core runner, report.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use shared::job::RawJob;
+use shared::runner::{RunOutcome, Runner, RunnerConfig};
+use shared::validate::{ValidatedJob, validate};
+use state_backends::StateStore;
+use state_backends::s3::{LeaseMode, S3Config, S3Store};
+use tokio_util::sync::CancellationToken;
+
+use crate::access::{self, Target};
+use crate::config::Config;
+
+/// A job message: the job and the customer account it runs against.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    pub job: serde_json::Map<String, Value>,
+    pub target: Target,
+}
+
+/// The function's clients and settings, made once per container.
+#[derive(Clone, Debug)]
+pub struct App {
+    pub config: Arc<Config>,
+    pub aws: aws_config::SdkConfig,
+    pub sqs: aws_sdk_sqs::Client,
+    pub ecs: aws_sdk_ecs::Client,
+}
+
+/// How one message ended, for the trigger to acknowledge or not.
+#[derive(Debug)]
+pub enum Handled {
+    /// Finished, already done, rejected for good, or handed off: delete the message.
+    Done(Value),
+    /// Try again later (busy workspace, transient trouble); `delay` when known.
+    Again {
+        why: String,
+        delay: Option<Duration>,
+    },
+    /// The job does not fit in the time left here.
+    TooLong { job_id: String },
+}
+
+impl App {
+    pub async fn new(config: Config) -> Self {
+        let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        Self {
+            sqs: aws_sdk_sqs::Client::new(&aws),
+            ecs: aws_sdk_ecs::Client::new(&aws),
+            config: Arc::new(config),
+            aws,
+        }
+    }
+
+    /// The customer's store, reached through their role.
+    ///
+    /// # Errors
+    /// Why the role cannot be used, as a sentence.
+    pub async fn store_for(
+        &self,
+        target: &Target,
+        session: &str,
+    ) -> Result<Arc<dyn StateStore>, String> {
+        let customer = access::customer_config(&self.aws, target, session)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.store_with(&customer, target)
+            .map_err(|e| e.to_string())
+    }
+
+    fn store_with(
+        &self,
+        customer: &aws_config::SdkConfig,
+        target: &Target,
+    ) -> Result<Arc<dyn StateStore>, state_backends::StoreError> {
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(customer)
+                .force_path_style(self.config.s3_path_style)
+                .build(),
+        );
+        let (lease, dynamodb) = match &target.lease_table {
+            Some(table) => (
+                LeaseMode::DynamoDb {
+                    table: table.clone(),
+                },
+                Some(aws_sdk_dynamodb::Client::new(customer)),
+            ),
+            None => (LeaseMode::LockObject, None),
+        };
+        let store = S3Store::new(
+            s3,
+            dynamodb,
+            S3Config {
+                bucket: target.bucket.clone(),
+                prefix: target.prefix.clone(),
+                lease,
+                kms_key_id: None,
+            },
+        )?;
+        Ok(Arc::new(store))
+    }
+
+    /// Sends a result or a rejection to the results queue, when there is one.
+    pub async fn report(&self, body: &Value) {
+        let Some(url) = &self.config.results_queue_url else {
+            return;
+        };
+        if let Err(e) = self
+            .sqs
+            .send_message()
+            .queue_url(url)
+            .message_body(body.to_string())
+            .send()
+            .await
+        {
+            tracing::error!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "could not send to the results queue");
+        }
+    }
+
+    /// A message that will never be a job: answered with an error record, not retried.
+    async fn reject(&self, message_id: &str, errors: Vec<Value>) -> Handled {
+        let record = json!({
+            "status": "rejected",
+            "message_id": message_id,
+            "errors": errors,
+        });
+        tracing::warn!(message_id, record = %record, "job message rejected");
+        self.report(&record).await;
+        Handled::Done(record)
+    }
+
+    /// Parses and validates a message body.
+    ///
+    /// # Errors
+    /// The rejection to send, when the message is not a valid job.
+    pub async fn parse(
+        &self,
+        message_id: &str,
+        body: &str,
+    ) -> Result<(Envelope, ValidatedJob), Handled> {
+        let envelope: Envelope = match serde_json::from_str(body) {
+            Ok(e) => e,
+            Err(e) => {
+                return Err(self
+                    .reject(
+                        message_id,
+                        vec![json!({
+                            "field": "",
+                            "problem": format!("the message is not a job envelope: {e}"),
+                            "fix": "send {\"job\": {…}, \"target\": {\"role_arn\", \"external_id\", \"bucket\", …}}",
+                        })],
+                    )
+                    .await);
+            }
+        };
+        if let Err(e) = envelope.target.check() {
+            return Err(self
+                .reject(
+                    message_id,
+                    vec![json!({ "field": "target", "problem": e.to_string(), "fix": "add the ExternalId of the customer's role to the job's target" })],
+                )
+                .await);
+        }
+        let raw = RawJob(envelope.job.clone());
+        match validate(&raw, &self.config.templates) {
+            Ok(job) => Ok((envelope, job)),
+            Err(errors) => {
+                let errors = errors
+                    .iter()
+                    .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
+                    .collect();
+                Err(self.reject(message_id, errors).await)
+            }
+        }
+    }
+
+    /// Runs a validated job against the customer's store, within `time_left`.
+    pub async fn run(
+        &self,
+        envelope: &Envelope,
+        mut job: ValidatedJob,
+        time_left: Option<Duration>,
+        cancel: CancellationToken,
+    ) -> Handled {
+        if let Some(left) = time_left
+            && job.job.timeout > left
+        {
+            return Handled::TooLong {
+                job_id: job.job.id.clone(),
+            };
+        }
+        let target = &envelope.target;
+        let id = job.job.id.clone();
+        let customer = match access::customer_config(&self.aws, target, &id).await {
+            Ok(c) => c,
+            Err(e) => {
+                return Handled::Again {
+                    why: e.to_string(),
+                    delay: None,
+                };
+            }
+        };
+        let tf_env = match access::terraform_env(&self.aws, target, &id, job.job.timeout).await {
+            Ok(env) => env,
+            Err(e) => {
+                return Handled::Again {
+                    why: e.to_string(),
+                    delay: None,
+                };
+            }
+        };
+        let store = match self.store_with(&customer, target) {
+            Ok(s) => s,
+            Err(e) => {
+                return Handled::Again {
+                    why: e.to_string(),
+                    delay: None,
+                };
+            }
+        };
+        let mut terraform = self.config.terraform.clone();
+        terraform.env = tf_env;
+        let runner = Runner::new(
+            store,
+            RunnerConfig {
+                terraform,
+                lease_ttl: self.config.lease_ttl,
+                templates: Some(self.config.templates.clone()),
+                ..RunnerConfig::default()
+            },
+        );
+        // The job's own deadline already fits; keep it.
+        job.job.timeout = job.job.timeout.min(time_left.unwrap_or(job.job.timeout));
+        match runner.run(&job, cancel).await {
+            Ok(RunOutcome::Finished(result)) => {
+                let value = serde_json::to_value(&*result).unwrap_or(Value::Null);
+                self.report(&value).await;
+                Handled::Done(value)
+            }
+            Ok(RunOutcome::AlreadyDone(result)) => {
+                Handled::Done(serde_json::to_value(&*result).unwrap_or(Value::Null))
+            }
+            Ok(RunOutcome::Busy { holder }) => {
+                let wait = (holder.expires_at - time::OffsetDateTime::now_utc())
+                    .whole_seconds()
+                    .clamp(5, 900);
+                Handled::Again {
+                    why: format!(
+                        "workspace busy: job {} holds it until {}",
+                        holder.owner,
+                        state_backends::display_time(holder.expires_at)
+                    ),
+                    delay: Some(Duration::from_secs(wait.unsigned_abs())),
+                }
+            }
+            Err(e) => Handled::Again {
+                why: format!("{e:#}"),
+                delay: None,
+            },
+        }
+    }
+
+    /// Starts an ECS Fargate task of the same image that runs the job (`terrace-aws task`),
+    /// for jobs longer than Lambda allows. The message is deleted once the task started.
+    pub async fn hand_off(&self, body: &str, job_id: &str) -> Result<Value, String> {
+        use aws_sdk_ecs::types::{
+            AssignPublicIp, AwsVpcConfiguration, ContainerOverride, KeyValuePair, LaunchType,
+            NetworkConfiguration, TaskOverride,
+        };
+        let Some(h) = &self.config.handoff else {
+            return Err(
+                "the job's timeout is longer than this Lambda can run, and no ECS task is configured (TERRACE_ECS_CLUSTER, TERRACE_ECS_TASK_DEFINITION)".into(),
+            );
+        };
+        // ECS limits a task's overrides to 8 KiB in all.
+        if body.len() > 7 * 1024 {
+            return Err(format!(
+                "the job message is {} bytes, too large to hand to ECS through the task's environment (7 KiB)",
+                body.len()
+            ));
+        }
+        let vpc = AwsVpcConfiguration::builder()
+            .set_subnets(Some(h.subnets.clone()))
+            .set_security_groups((!h.security_groups.is_empty()).then(|| h.security_groups.clone()))
+            .assign_public_ip(AssignPublicIp::Disabled)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let container = ContainerOverride::builder()
+            .name(&h.container)
+            .command("terrace-aws")
+            .command("task")
+            .environment(
+                KeyValuePair::builder()
+                    .name("TERRACE_JOB")
+                    .value(body)
+                    .build(),
+            )
+            .build();
+        let started_by: String = job_id.chars().take(36).collect();
+        let out = self
+            .ecs
+            .run_task()
+            .cluster(&h.cluster)
+            .task_definition(&h.task_definition)
+            .launch_type(LaunchType::Fargate)
+            .network_configuration(
+                NetworkConfiguration::builder()
+                    .awsvpc_configuration(vpc)
+                    .build(),
+            )
+            .overrides(
+                TaskOverride::builder()
+                    .container_overrides(container)
+                    .build(),
+            )
+            .started_by(started_by)
+            .send()
+            .await
+            .map_err(|e| aws_sdk_ecs::error::DisplayErrorContext(&e).to_string())?;
+        if let Some(failure) = out.failures().first() {
+            return Err(format!(
+                "ECS did not start the task: {} {}",
+                failure.reason().unwrap_or_default(),
+                failure.detail().unwrap_or_default()
+            ));
+        }
+        let task = out
+            .tasks()
+            .first()
+            .and_then(|t| t.task_arn())
+            .unwrap_or_default()
+            .to_owned();
+        Ok(json!({ "status": "handed-off", "job_id": job_id, "task_arn": task }))
+    }
+}

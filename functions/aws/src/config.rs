@@ -1,0 +1,108 @@
+//! The function's settings, from its environment (set by the deployment).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use shared::terraform::TerraformConfig;
+
+/// Where a job too long for Lambda runs instead: an ECS Fargate task of the same image.
+#[derive(Clone, Debug)]
+pub struct Handoff {
+    pub cluster: String,
+    pub task_definition: String,
+    /// The container in the task definition that runs `terrace-aws task`.
+    pub container: String,
+    pub subnets: Vec<String>,
+    pub security_groups: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub templates: PathBuf,
+    pub terraform: TerraformConfig,
+    pub lease_ttl: Duration,
+    /// The jobs queue, to keep a running job's message invisible and to delay a busy one.
+    pub jobs_queue_url: Option<String>,
+    /// Where every result and every rejection is sent.
+    pub results_queue_url: Option<String>,
+    /// Path-style S3 addressing (S3-compatible endpoints and emulators).
+    pub s3_path_style: bool,
+    pub handoff: Option<Handoff>,
+    /// Time kept back from the Lambda deadline for the result, the lease and the response.
+    pub margin: Duration,
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn list(name: &str) -> Vec<String> {
+    var(name)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn seconds(name: &str, default: u64) -> Result<Duration, String> {
+    match var(name) {
+        None => Ok(Duration::from_secs(default)),
+        Some(v) => v
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{name}={v:?} is not a number of seconds")),
+    }
+}
+
+impl Config {
+    /// Reads the settings.
+    ///
+    /// # Errors
+    /// A setting that is present but malformed, or a half-configured handoff, named.
+    pub fn from_env() -> Result<Self, String> {
+        let handoff = match (
+            var("TERRACE_ECS_CLUSTER"),
+            var("TERRACE_ECS_TASK_DEFINITION"),
+        ) {
+            (Some(cluster), Some(task_definition)) => Some(Handoff {
+                cluster,
+                task_definition,
+                container: var("TERRACE_ECS_CONTAINER").unwrap_or_else(|| "terrace".into()),
+                subnets: list("TERRACE_ECS_SUBNETS"),
+                security_groups: list("TERRACE_ECS_SECURITY_GROUPS"),
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "set both TERRACE_ECS_CLUSTER and TERRACE_ECS_TASK_DEFINITION for long jobs to be handed to ECS, or neither".into(),
+                );
+            }
+        };
+        Ok(Self {
+            templates: var("TERRACE_TEMPLATES")
+                .unwrap_or_else(|| "/opt/terrace/templates".into())
+                .into(),
+            terraform: TerraformConfig {
+                binary: var("TERRACE_TERRAFORM")
+                    .unwrap_or_else(|| "terraform".into())
+                    .into(),
+                plugin_cache: var("TERRACE_PLUGIN_CACHE").map(Into::into),
+                cli_config: var("TERRACE_TF_CLI_CONFIG").map(Into::into),
+                pass_env: list("TERRACE_PASS_ENV"),
+                env: Vec::new(),
+                grace: seconds("TERRACE_GRACE", 30)?,
+            },
+            lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
+            jobs_queue_url: var("TERRACE_JOBS_QUEUE_URL"),
+            results_queue_url: var("TERRACE_RESULTS_QUEUE_URL"),
+            s3_path_style: var("TERRACE_S3_FORCE_PATH_STYLE")
+                .is_some_and(|v| v == "1" || v == "true"),
+            handoff,
+            margin: seconds("TERRACE_DEADLINE_MARGIN", 45)?,
+        })
+    }
+}

@@ -1,0 +1,148 @@
+//! `terrace-aws`: the AWS function. On Lambda (`AWS_LAMBDA_RUNTIME_API` set) it serves SQS
+//! batches of jobs and EventBridge Scheduler events (the backup sweep). `terrace-aws task` is
+//! the entry point of the ECS Fargate task a job too long for Lambda is handed to: it runs the
+//! job in `TERRACE_JOB` with the same core.
+
+mod access;
+mod app;
+mod config;
+mod sqs;
+
+use std::process::ExitCode;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use lambda_runtime::{Error, LambdaEvent, service_fn};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::access::Target;
+use crate::app::{App, Handled};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match config::Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("terrace-aws: {e}");
+            return ExitCode::from(78);
+        }
+    };
+    let app = App::new(config).await;
+    if std::env::args().nth(1).as_deref() == Some("task") {
+        return task(&app).await;
+    }
+    let served = lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+        let app = app.clone();
+        async move { handle(&app, event).await }
+    }))
+    .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("terrace-aws: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A scheduled event from EventBridge Scheduler (its input is ours).
+#[derive(Deserialize)]
+struct Scheduled {
+    terrace: String,
+    #[serde(default)]
+    targets: Vec<Target>,
+}
+
+async fn handle(app: &App, event: LambdaEvent<Value>) -> Result<Value, Error> {
+    let deadline =
+        OffsetDateTime::from_unix_timestamp_nanos(i128::from(event.context.deadline) * 1_000_000)
+            .unwrap_or_else(|_| OffsetDateTime::now_utc());
+    if event.payload.get("Records").is_some() {
+        let batch: SqsEvent = serde_json::from_value(event.payload)?;
+        let response = sqs::handle_batch(app, batch, deadline).await;
+        return Ok(serde_json::to_value(response)?);
+    }
+    let scheduled: Scheduled = serde_json::from_value(event.payload).map_err(|e| {
+        format!("not an SQS batch nor a Terrace schedule ({{\"terrace\": \"backup-sweep\", \"targets\": […]}}): {e}")
+    })?;
+    match scheduled.terrace.as_str() {
+        "backup-sweep" => Ok(backup_sweep(app, &scheduled.targets).await),
+        other => Err(format!("unknown scheduled task {other:?}; known: backup-sweep").into()),
+    }
+}
+
+/// The hourly backup sweep over each customer's bucket.
+async fn backup_sweep(app: &App, targets: &[Target]) -> Value {
+    let mut reports = Vec::new();
+    for target in targets {
+        let report = match app.store_for(target, "backup-sweep").await {
+            Ok(store) => match shared::backup::sweep(
+                &*store,
+                OffsetDateTime::now_utc(),
+                shared::backup::Retention::default(),
+            )
+            .await
+            {
+                Ok(r) => json!({
+                    "bucket": target.bucket, "changed": r.changed,
+                    "backed_up": r.backed_up.len(), "pruned": r.pruned.len(),
+                    "failed": r.failed,
+                }),
+                Err(e) => json!({ "bucket": target.bucket, "error": e.to_string() }),
+            },
+            Err(e) => json!({ "bucket": target.bucket, "error": e }),
+        };
+        tracing::info!(report = %report, "backup sweep");
+        reports.push(report);
+    }
+    json!({ "backup_sweep": reports })
+}
+
+/// `terrace-aws task`: one handed-off job, from `TERRACE_JOB`.
+async fn task(app: &App) -> ExitCode {
+    let Ok(body) = std::env::var("TERRACE_JOB") else {
+        eprintln!(
+            "terrace-aws task: TERRACE_JOB is not set (the job message handed off by the Lambda)"
+        );
+        return ExitCode::from(64);
+    };
+    let Ok((envelope, job)) = app.parse("ecs-task", &body).await else {
+        return ExitCode::from(65);
+    };
+    let cancel = CancellationToken::new();
+    let on_signal = cancel.clone();
+    tokio::spawn(async move {
+        // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout.
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            term.recv().await;
+            on_signal.cancel();
+        }
+    });
+    match app.run(&envelope, job, None, cancel).await {
+        Handled::Done(result) => {
+            println!("{result}");
+            if result["status"] == "succeeded" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Handled::Again { why, .. } => {
+            eprintln!("terrace-aws task: {why}");
+            ExitCode::from(75)
+        }
+        Handled::TooLong { .. } => ExitCode::FAILURE,
+    }
+}
