@@ -129,3 +129,43 @@ pub async fn s3_counted(counter: &CallCounter) -> aws_sdk_s3::Client {
         .build();
     aws_sdk_s3::Client::from_conf(config)
 }
+
+/// One EC2 query-API call to moto (the SDK's EC2 crate is too big to build for two lookups).
+fn ec2_query(action: &str) -> String {
+    use std::io::{Read, Write};
+    let endpoint = moto();
+    let host = endpoint.trim_start_matches("http://");
+    let body = format!("Action={action}&Version=2016-11-15");
+    let mut stream = std::net::TcpStream::connect(host).expect("moto reachable");
+    write!(
+        stream,
+        "POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("request sent");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response read");
+    response
+}
+
+fn first_between<'a>(text: &'a str, open: &str, close: &str) -> Option<&'a str> {
+    let start = text.find(open)? + open.len();
+    let end = text[start..].find(close)? + start;
+    Some(&text[start..end])
+}
+
+/// A subnet and a security group of moto's default VPC, for ECS tasks.
+pub fn default_network() -> (String, String) {
+    let subnets = ec2_query("DescribeSubnets");
+    let groups = ec2_query("DescribeSecurityGroups");
+    (
+        first_between(&subnets, "<subnetId>", "</subnetId>")
+            .expect("moto has default subnets")
+            .to_owned(),
+        first_between(&groups, "<groupId>", "</groupId>")
+            .expect("moto has a default security group")
+            .to_owned(),
+    )
+}

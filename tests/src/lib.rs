@@ -7,6 +7,7 @@
 
 pub mod aws;
 pub mod failing;
+pub mod lambda;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,22 @@ pub fn terrace_bin() -> PathBuf {
     bin
 }
 
+/// A binary of this workspace built beside this test binary (`cargo build -p local -p aws`).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>");
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} not found: run `cargo build -p local -p aws` before the tests (or `make test`)",
+        bin.display()
+    );
+    bin
+}
+
 /// One test's world: a store, a test cloud, templates, a queue, all in a temporary folder.
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
@@ -73,7 +90,7 @@ pub struct Sandbox {
     pub cloud: PathBuf,
     pub templates: PathBuf,
     pub queue: PathBuf,
-    cli_config: PathBuf,
+    pub cli_config: PathBuf,
     /// Extra environment for terrace (and, where passed through, terraform).
     pub env: Vec<(String, String)>,
 }

@@ -1,0 +1,453 @@
+//! The real `terrace-aws` binary, driven through a local Lambda Runtime API with SQS events
+//! made of real messages from moto's queue; real terraform; the customer's bucket, lease
+//! table, queues and ECS in moto.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use state_backends::s3::{LeaseMode, S3Config, S3Store};
+use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+use tests::lambda::RuntimeApi;
+use tests::{Sandbox, aws, terraform, workspace_bin};
+
+struct World {
+    sb: Sandbox,
+    bucket: String,
+    table: String,
+    jobs: String,
+    results: String,
+    sqs: aws_sdk_sqs::Client,
+    /// A subnet and security group for ECS tasks.
+    network: (String, String),
+}
+
+/// Kills the function when the test ends, however it ends.
+struct Function(Child);
+
+impl Drop for Function {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl World {
+    async fn new() -> Self {
+        let sqs = aws_sdk_sqs::Client::new(&aws::sdk_config().await);
+        let queue = |name: String| {
+            let sqs = sqs.clone();
+            async move {
+                sqs.create_queue()
+                    .queue_name(name)
+                    .send()
+                    .await
+                    .unwrap()
+                    .queue_url()
+                    .unwrap()
+                    .to_owned()
+            }
+        };
+        Self {
+            sb: Sandbox::new(),
+            bucket: aws::bucket().await,
+            table: aws::lease_table().await,
+            jobs: queue(aws::unique("jobs")).await,
+            results: queue(aws::unique("results")).await,
+            sqs,
+            network: aws::default_network(),
+        }
+    }
+
+    fn target(&self) -> Value {
+        json!({
+            "role_arn": "arn:aws:iam::123456789012:role/terrace",
+            "external_id": "ext-7f3a",
+            "bucket": self.bucket,
+            "prefix": "states",
+            "lease_table": self.table,
+            "region": "us-east-1",
+        })
+    }
+
+    fn envelope(&self, id: &str, workspace: &str, timeout: &str) -> String {
+        json!({
+            "job": {
+                "id": id, "tenant": "acme", "workspace": workspace, "operation": "apply",
+                "template": { "name": "demo", "version": "1.0.0" },
+                "variables": { "cluster_name": workspace, "region": "eu-west-1", "admin_password": "correct-horse-battery" },
+                "timeout": timeout,
+            },
+            "target": self.target(),
+        })
+        .to_string()
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(workspace_bin("terrace-aws"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("AWS_ENDPOINT_URL", aws::moto())
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("TERRACE_TEMPLATES", &self.sb.templates)
+            .env("TERRACE_TERRAFORM", terraform())
+            .env("TERRACE_TF_CLI_CONFIG", &self.sb.cli_config)
+            .env("TERRACE_PASS_ENV", "TESTCLOUD_ROOT")
+            .env("TESTCLOUD_ROOT", &self.sb.cloud)
+            .env("TERRACE_GRACE", "5")
+            .env("TERRACE_LEASE_TTL", "10")
+            .env("TERRACE_JOBS_QUEUE_URL", &self.jobs)
+            .env("TERRACE_RESULTS_QUEUE_URL", &self.results)
+            .env("TERRACE_S3_FORCE_PATH_STYLE", "1")
+            .env("TERRACE_ECS_CLUSTER", "terrace")
+            .env("TERRACE_ECS_TASK_DEFINITION", "terrace")
+            .env("TERRACE_ECS_SUBNETS", &self.network.0)
+            .env("TERRACE_ECS_SECURITY_GROUPS", &self.network.1)
+            .env("TERRACE_LOG", "info");
+        cmd
+    }
+
+    fn start(&self, api: &RuntimeApi) -> Function {
+        let child = self
+            .command()
+            .env("AWS_LAMBDA_RUNTIME_API", &api.address)
+            .env("AWS_LAMBDA_FUNCTION_NAME", "terrace")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+            .stdout(Stdio::null())
+            .stderr(log_output())
+            .spawn()
+            .expect("terrace-aws starts");
+        Function(child)
+    }
+
+    /// Sends bodies to the jobs queue and receives them back as an SQS event for Lambda.
+    async fn batch(&self, bodies: &[String]) -> (Value, Vec<String>) {
+        let mut ids = Vec::new();
+        for body in bodies {
+            let sent = self
+                .sqs
+                .send_message()
+                .queue_url(&self.jobs)
+                .message_body(body)
+                .send()
+                .await
+                .unwrap();
+            ids.push(sent.message_id().unwrap().to_owned());
+        }
+        let mut records = Vec::new();
+        while records.len() < bodies.len() {
+            let got = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.jobs)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .unwrap();
+            for m in got.messages() {
+                records.push(json!({
+                    "messageId": m.message_id(), "receiptHandle": m.receipt_handle(),
+                    "body": m.body(), "attributes": { "ApproximateReceiveCount": "1" },
+                    "messageAttributes": {}, "md5OfBody": m.md5_of_body(),
+                    "eventSource": "aws:sqs",
+                    "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:jobs",
+                    "awsRegion": "us-east-1",
+                }));
+            }
+        }
+        (json!({ "Records": records }), ids)
+    }
+
+    /// Every message on the results queue now (consumed).
+    async fn results(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        loop {
+            let got = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.results)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .unwrap();
+            if got.messages().is_empty() {
+                return out;
+            }
+            for m in got.messages() {
+                out.push(serde_json::from_str(m.body().unwrap()).unwrap());
+                self.sqs
+                    .delete_message()
+                    .queue_url(&self.results)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    async fn store(&self) -> S3Store {
+        S3Store::new(
+            aws::s3().await,
+            Some(aws::dynamodb().await),
+            S3Config {
+                bucket: self.bucket.clone(),
+                prefix: "states".into(),
+                lease: LeaseMode::DynamoDb {
+                    table: self.table.clone(),
+                },
+                kms_key_id: None,
+            },
+        )
+        .unwrap()
+    }
+
+    async fn keys(&self, prefix: &str) -> Vec<String> {
+        let out = aws::s3()
+            .await
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .send()
+            .await
+            .unwrap();
+        out.contents()
+            .iter()
+            .filter_map(|o| o.key().map(str::to_owned))
+            .collect()
+    }
+}
+
+/// The function's log: shown with `TERRACE_TEST_VERBOSE=1`, else dropped.
+fn log_output() -> Stdio {
+    if std::env::var_os("TERRACE_TEST_VERBOSE").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    }
+}
+
+fn failures(response: &Value) -> Vec<&str> {
+    response["batchItemFailures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["itemIdentifier"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sqs_batch_runs_its_jobs_and_returns_only_the_busy_one() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let store = w.store().await;
+
+    // Another job holds lam-b.
+    let lam_b: WorkspaceId = "acme/lam-b".parse().unwrap();
+    let other = store
+        .acquire_lease(
+            &lam_b,
+            &LeaseRequest {
+                owner: "other-job".into(),
+                ttl: Duration::from_secs(600),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+
+    let mut no_external_id: Value =
+        serde_json::from_str(&w.envelope("d-1", "lam-d", "5m")).unwrap();
+    no_external_id["target"]
+        .as_object_mut()
+        .unwrap()
+        .remove("external_id");
+    let bodies = [
+        w.envelope("a-1", "lam-a", "5m"),
+        w.envelope("b-1", "lam-b", "5m"),
+        "this is not a job".to_owned(),
+        no_external_id.to_string(),
+    ];
+    let (event, ids) = w.batch(&bodies).await;
+    let response = api
+        .invoke(event, Duration::from_secs(14 * 60))
+        .await
+        .expect("the batch is answered");
+    assert_eq!(failures(&response), [ids[1].as_str()], "{response}");
+
+    // A ran: its result is on the results queue, its versions and log are in the bucket.
+    let results = w.results().await;
+    let find = |pred: &dyn Fn(&Value) -> bool| results.iter().find(|r| pred(r)).cloned();
+    let a = find(&|r| r["job_id"] == "a-1").expect("a-1's result");
+    assert_eq!(a["status"], "succeeded", "{a}");
+    let keys = w.keys("states/acme/lam-a/").await;
+    assert!(
+        keys.iter()
+            .any(|k| k.ends_with("versions/0000000001.tfstate")),
+        "{keys:?}"
+    );
+    assert!(keys.iter().any(|k| k.contains("runs/a-1/log/")), "{keys:?}");
+    assert!(
+        keys.iter().any(|k| k.ends_with("runs/a-1/result.json")),
+        "{keys:?}"
+    );
+    // The two bad messages were answered with errors, not retried.
+    let not_json =
+        find(&|r| r["message_id"] == ids[2].as_str()).expect("a rejection for the garbage");
+    assert_eq!(not_json["status"], "rejected");
+    assert!(
+        not_json["errors"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("not a job envelope")
+    );
+    let no_id = find(&|r| r["message_id"] == ids[3].as_str())
+        .expect("a rejection for the missing ExternalId");
+    assert!(
+        no_id["errors"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("external_id"),
+        "{no_id}"
+    );
+    assert_eq!(results.len(), 3, "{results:?}");
+    // B stays invisible until the lease holding it runs out (capped), so SQS does not hand it
+    // straight back.
+    let visible = w
+        .sqs
+        .receive_message()
+        .queue_url(&w.jobs)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap();
+    assert!(visible.messages().is_empty());
+
+    // The same job delivered again does not run again.
+    let versions = store
+        .versions(&"acme/lam-a".parse().unwrap())
+        .await
+        .unwrap()
+        .len();
+    let (again, _) = w.batch(&[w.envelope("a-1", "lam-a", "5m")]).await;
+    let response = api
+        .invoke(again, Duration::from_secs(14 * 60))
+        .await
+        .unwrap();
+    assert!(failures(&response).is_empty());
+    assert_eq!(
+        store
+            .versions(&"acme/lam-a".parse().unwrap())
+            .await
+            .unwrap()
+            .len(),
+        versions
+    );
+    assert!(
+        w.results().await.is_empty(),
+        "a duplicate sends no second result"
+    );
+
+    // Once the lease is free, B runs.
+    store.release_lease(&lam_b, &other).await.unwrap();
+    let (retry, _) = w.batch(&[w.envelope("b-1", "lam-b", "5m")]).await;
+    let response = api
+        .invoke(retry, Duration::from_secs(14 * 60))
+        .await
+        .unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let b = w.results().await;
+    assert_eq!(b[0]["job_id"], "b-1");
+    assert_eq!(b[0]["status"], "succeeded");
+
+    // The scheduled backup sweep copies the two workspaces that changed.
+    let sweep = api
+        .invoke(
+            json!({ "terrace": "backup-sweep", "targets": [w.target()] }),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sweep["backup_sweep"][0]["backed_up"], 2, "{sweep}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_runs_it() {
+    use aws_sdk_ecs::types::{Compatibility, ContainerDefinition, NetworkMode};
+    let w = World::new().await;
+    let ecs = aws_sdk_ecs::Client::new(&aws::sdk_config().await);
+    ecs.create_cluster()
+        .cluster_name("terrace")
+        .send()
+        .await
+        .unwrap();
+    ecs.register_task_definition()
+        .family("terrace")
+        .requires_compatibilities(Compatibility::Fargate)
+        .network_mode(NetworkMode::Awsvpc)
+        .cpu("1024")
+        .memory("2048")
+        .container_definitions(
+            ContainerDefinition::builder()
+                .name("terrace")
+                .image("123456789012.dkr.ecr.us-east-1.amazonaws.com/terrace:latest")
+                // moto sums the containers' memory to place the task.
+                .memory(2048)
+                .cpu(1024)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+
+    // 60 s before the deadline, less the 45 s margin: a 10-minute job does not fit.
+    let body = w.envelope("long-1", "lam-long", "10m");
+    let (event, _) = w.batch(std::slice::from_ref(&body)).await;
+    let response = api.invoke(event, Duration::from_secs(60)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let handed = w.results().await;
+    assert_eq!(handed[0]["status"], "handed-off", "{handed:?}");
+    let task_arn = handed[0]["task_arn"].as_str().unwrap().to_owned();
+
+    let tasks = ecs
+        .describe_tasks()
+        .cluster("terrace")
+        .tasks(&task_arn)
+        .send()
+        .await
+        .unwrap();
+    let task = &tasks.tasks()[0];
+    assert_eq!(task.started_by(), Some("long-1"));
+    let container = &task.overrides().unwrap().container_overrides()[0];
+    assert_eq!(container.name(), Some("terrace"));
+    assert_eq!(container.command(), ["terrace-aws", "task"]);
+    let env = &container.environment()[0];
+    assert_eq!(env.name(), Some("TERRACE_JOB"));
+    assert_eq!(env.value(), Some(body.as_str()));
+
+    // The task's entry point runs the same job here.
+    let status = w
+        .command()
+        .arg("task")
+        .env("TERRACE_JOB", env.value().unwrap())
+        .stdout(Stdio::null())
+        .stderr(log_output())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let result = w.results().await;
+    assert_eq!(result[0]["job_id"], "long-1");
+    assert_eq!(result[0]["status"], "succeeded", "{result:?}");
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/lam-long".parse().unwrap();
+    assert!(store.current(&ws).await.unwrap().is_some());
+}
