@@ -130,17 +130,17 @@ pub async fn s3_counted(counter: &CallCounter) -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(config)
 }
 
-/// One EC2 query-API call to moto (the SDK's EC2 crate is too big to build for two lookups).
-fn ec2_query(action: &str) -> String {
+/// One raw call to moto, for the services whose SDK crates are too big to build for a lookup
+/// or two (EC2, KMS). moto reads the service from the credential scope; it checks no signature.
+fn moto_call(service: &str, headers: &str, body: &str) -> String {
     use std::io::{Read, Write};
     let endpoint = moto();
     let host = endpoint.trim_start_matches("http://");
-    let body = format!("Action={action}&Version=2016-11-15");
     let mut stream = std::net::TcpStream::connect(host).expect("moto reachable");
     write!(
         stream,
-        "POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
-         Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0\r\n\
+        "POST / HTTP/1.1\r\nHost: {host}\r\n{headers}\
+         Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
@@ -148,6 +148,26 @@ fn ec2_query(action: &str) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("response read");
     response
+}
+
+fn ec2_query(action: &str) -> String {
+    moto_call(
+        "ec2",
+        "Content-Type: application/x-www-form-urlencoded\r\n",
+        &format!("Action={action}&Version=2016-11-15"),
+    )
+}
+
+/// A new KMS key in moto; its ARN.
+pub fn kms_key() -> String {
+    let response = moto_call(
+        "kms",
+        "Content-Type: application/x-amz-json-1.1\r\nX-Amz-Target: TrentService.CreateKey\r\n",
+        "{}",
+    );
+    first_between(&response, "\"Arn\": \"", "\"")
+        .expect("moto created a key")
+        .to_owned()
 }
 
 fn first_between<'a>(text: &'a str, open: &str, close: &str) -> Option<&'a str> {

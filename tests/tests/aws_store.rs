@@ -100,3 +100,48 @@ async fn the_backup_sweep_over_200_workspaces_copies_only_the_5_that_changed() {
     }
     assert!(store.changed().await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_state_object_is_encrypted_with_the_customers_kms_key() {
+    use state_backends::{NewState, PutMode, StateStore, WorkspaceId, tfstate::empty_state};
+    let key = aws::kms_key();
+    let bucket = aws::bucket().await;
+    let config = S3Config {
+        bucket: bucket.clone(),
+        prefix: "kms".into(),
+        lease: LeaseMode::LockObject,
+        kms_key_id: Some(key.clone()),
+    };
+    let store = S3Store::new(aws::s3().await, None, config).unwrap();
+    let ws: WorkspaceId = "acme/secret".parse().unwrap();
+    store
+        .put(
+            &ws,
+            NewState::parse(empty_state("k", 1)).unwrap(),
+            PutMode::Create,
+            None,
+        )
+        .await
+        .unwrap();
+    store.snapshot(&ws, "2026-11-22T03").await.unwrap().unwrap();
+    let s3 = aws::s3().await;
+    for key_name in [
+        "kms/acme/secret/versions/0000000001.tfstate",
+        "kms/acme/secret/terraform.tfstate",
+        "kms/acme/secret/backups/2026-11-22T03.tfstate",
+    ] {
+        let head = s3
+            .head_object()
+            .bucket(&bucket)
+            .key(key_name)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            head.server_side_encryption(),
+            Some(&aws_sdk_s3::types::ServerSideEncryption::AwsKms),
+            "{key_name}"
+        );
+        assert_eq!(head.ssekms_key_id(), Some(key.as_str()), "{key_name}");
+    }
+}

@@ -29,6 +29,9 @@ pub struct Target {
     /// The customer's region (the function's own when absent).
     #[serde(default)]
     pub region: Option<String>,
+    /// Encrypt every object the function writes with this KMS key (SSE-KMS).
+    #[serde(default)]
+    pub kms_key_id: Option<String>,
 }
 
 /// Why access was refused.
@@ -183,6 +186,7 @@ mod tests {
             prefix: String::new(),
             lease_table: None,
             region: None,
+            kms_key_id: None,
         }
     }
 

@@ -101,7 +101,7 @@ impl App {
                 bucket: target.bucket.clone(),
                 prefix: target.prefix.clone(),
                 lease,
-                kms_key_id: None,
+                kms_key_id: target.kms_key_id.clone(),
             },
         )?;
         Ok(Arc::new(store))
