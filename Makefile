@@ -21,13 +21,16 @@ lint:
 
 ci: test lint
 
-bench: bench-state-server bench-overhead ## both benchmarks (release builds)
+bench: bench-state-server bench-overhead bench-s3 ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
 
 bench-overhead: tools
 	benches/overhead.sh
+
+bench-s3: tools ## terraform's s3 backend vs Terrace's S3 + DynamoDB store, against moto
+	benches/s3-backends.sh
 
 clean:
 	rm -rf .terrace .terrace-demo
