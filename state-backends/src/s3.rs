@@ -321,29 +321,56 @@ impl S3Store {
 
     /// The number of the newest committed version (0: none), and whether it is a deletion.
     async fn head_version(&self, ws: &WorkspaceId) -> Result<(u64, bool)> {
-        let hint = match self.head(&self.key(ws, "terraform.tfstate")).await? {
-            Some(meta) => meta
-                .get(META_NUMBER)
+        let (number, deleted, _) = self.newest(ws, false).await?;
+        Ok((number, deleted))
+    }
+
+    /// The newest committed version: its number (0: none), whether it is a deletion, and, when
+    /// `with_data` and the copy is of that version, the copy itself (its content and facts, so
+    /// a reader needs nothing more). Copies are only ever made of states, and the copy is
+    /// removed by a deletion, so an existing copy is never of a marker.
+    async fn newest(
+        &self,
+        ws: &WorkspaceId,
+        with_data: bool,
+    ) -> Result<(u64, bool, Option<Object>)> {
+        let copy_key = self.key(ws, "terraform.tfstate");
+        let number_in = |meta: &HashMap<String, String>| {
+            meta.get(META_NUMBER)
                 .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0),
+                .unwrap_or(0)
+        };
+        let copy = if with_data {
+            self.get(&copy_key)
+                .await?
+                .map(|o| (number_in(&o.metadata), Some(o)))
+        } else {
+            self.head(&copy_key).await?.map(|m| (number_in(&m), None))
+        };
+        let (mut number, mut marker, mut copy) = match copy {
+            Some((n, obj)) => (n, false, obj.filter(|_| n > 0)),
             // No copy: a new or deleted workspace. The versions themselves say which.
-            None => self.highest_listed(ws).await?,
+            None => {
+                let n = self.highest_listed(ws).await?;
+                let mut marker = false;
+                if n > 0 {
+                    let key = self.version_key(ws, n);
+                    let meta = self
+                        .head(&key)
+                        .await?
+                        .ok_or_else(|| corrupt(&key, "a listed version does not exist"))?;
+                    marker = is_deleted(&meta);
+                }
+                (n, marker, None)
+            }
         };
         // The copy may lag a writer that died between its commit and its copy.
-        let mut number = hint;
-        let mut marker = false;
-        if hint > 0 {
-            let key = self.version_key(ws, hint);
-            let meta = self.head(&key).await?.ok_or_else(|| {
-                corrupt(&key, "the current copy names a version that does not exist")
-            })?;
-            marker = is_deleted(&meta);
-        }
         while let Some(meta) = self.head(&self.version_key(ws, number + 1)).await? {
             number += 1;
             marker = is_deleted(&meta);
+            copy = None;
         }
-        Ok((number, number == 0 || marker))
+        Ok((number, number == 0 || marker, copy))
     }
 
     async fn highest_listed(&self, ws: &WorkspaceId) -> Result<u64> {
@@ -653,15 +680,18 @@ impl StateStore for S3Store {
     }
 
     async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>> {
-        let (number, deleted) = self.head_version(ws).await?;
+        let (number, deleted, copy) = self.newest(ws, true).await?;
         if deleted {
             return Ok(None);
         }
         let key = self.version_key(ws, number);
-        let obj = self
-            .get(&key)
-            .await?
-            .ok_or_else(|| corrupt(&key, "the version vanished"))?;
+        let obj = match copy {
+            Some(copy) => copy,
+            None => self
+                .get(&key)
+                .await?
+                .ok_or_else(|| corrupt(&key, "the version vanished"))?,
+        };
         let mut version =
             info_from_metadata(number, &obj.metadata).map_err(|d| corrupt(&key, &d))?;
         version.size = obj.data.len() as u64;

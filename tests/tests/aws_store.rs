@@ -145,3 +145,78 @@ async fn every_state_object_is_encrypted_with_the_customers_kms_key() {
         assert_eq!(head.ssekms_key_id(), Some(key.as_str()), "{key_name}");
     }
 }
+
+/// A writer that dies between its commit and its `terraform.tfstate` copy leaves a copy that
+/// lags; readers and writers still find the newest version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_or_missing_copy_never_hides_the_newest_version() {
+    use state_backends::{NewState, PutMode, StateStore, WorkspaceId, tfstate::empty_state};
+    let bucket = aws::bucket().await;
+    let config = S3Config {
+        bucket: bucket.clone(),
+        prefix: String::new(),
+        lease: LeaseMode::LockObject,
+        kms_key_id: None,
+    };
+    let store = S3Store::new(aws::s3().await, None, config).unwrap();
+    let ws: WorkspaceId = "acme/lag".parse().unwrap();
+    let state = |serial| NewState::parse(empty_state("lag", serial)).unwrap();
+    store
+        .put(&ws, state(1), PutMode::Create, None)
+        .await
+        .unwrap();
+    let first_copy = aws::s3()
+        .await
+        .get_object()
+        .bucket(&bucket)
+        .key("acme/lag/terraform.tfstate")
+        .send()
+        .await
+        .unwrap();
+    let first_meta = first_copy.metadata().cloned().unwrap();
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store
+        .put(&ws, state(2), PutMode::Update(token), None)
+        .await
+        .unwrap();
+
+    // Put the first version's copy back, as if the second writer had died before copying.
+    aws::s3()
+        .await
+        .copy_object()
+        .bucket(&bucket)
+        .copy_source(format!("{bucket}/acme/lag/versions/0000000001.tfstate"))
+        .key("acme/lag/terraform.tfstate")
+        .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+        .set_metadata(Some(first_meta))
+        .send()
+        .await
+        .unwrap();
+    let current = store.current(&ws).await.unwrap().unwrap();
+    assert_eq!(current.token.0, "2");
+    assert_eq!(current.version.serial, 2);
+    // A writer that read version 1 from the stale copy still cannot overwrite version 2.
+    let stale = store
+        .put(
+            &ws,
+            state(3),
+            PutMode::Update(state_backends::VersionToken("1".into())),
+            None,
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(state_backends::StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+
+    // No copy at all: the versions themselves say what is current.
+    aws::s3()
+        .await
+        .delete_object()
+        .bucket(&bucket)
+        .key("acme/lag/terraform.tfstate")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(store.current(&ws).await.unwrap().unwrap().token.0, "2");
+}
