@@ -48,7 +48,9 @@ trap stop EXIT
 
 moto_server="$("$repo_root/scripts/install-moto.sh")"
 moto_port="$(free_port)"
-"$moto_server" -H 127.0.0.1 -p "$moto_port" >"$logs/moto.log" 2>&1 &
+# moto_server, with DynamoDB's conditional writes made atomic as in AWS (see the script).
+"$(dirname "$moto_server")/python" "$repo_root/scripts/moto-server.py" 127.0.0.1 "$moto_port" \
+    >"$logs/moto.log" 2>&1 &
 pids+=("$!")
 wait_for moto "http://127.0.0.1:$moto_port/moto-api/" "${pids[-1]}"
 export TERRACE_TEST_MOTO="http://127.0.0.1:$moto_port"

@@ -222,14 +222,15 @@ pub async fn lease_contention_has_one_winner(store: Arc<dyn StateStore>) {
 pub async fn expired_lease_is_taken_over_and_the_old_holder_is_fenced(store: &dyn StateStore) {
     let ws = fresh_workspace("expiry");
     let old = store
-        .acquire_lease(&ws, &lease_request("crashed", Duration::from_millis(300)))
+        // Long enough for a write through a remote store on a loaded machine.
+        .acquire_lease(&ws, &lease_request("crashed", Duration::from_millis(1500)))
         .await
         .unwrap();
     store
         .put(&ws, state("e", 1), PutMode::Create, Some(&old.fence()))
         .await
         .expect("a live lease may write");
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(1700)).await;
 
     let token = store.current(&ws).await.unwrap().unwrap().token;
     let err = store

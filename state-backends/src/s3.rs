@@ -347,9 +347,10 @@ impl S3Store {
         } else {
             self.head(&copy_key).await?.map(|m| (number_in(&m), None))
         };
-        let (mut number, mut marker, mut copy) = match copy {
+        let (mut number, mut marker, mut copy): (u64, bool, Option<Object>) = match copy {
             Some((n, obj)) => (n, false, obj.filter(|_| n > 0)),
-            // No copy: a new or deleted workspace. The versions themselves say which.
+            // No copy: a new or deleted workspace. The listing (strongly consistent) says
+            // which, and needs no probe after it.
             None => {
                 let n = self.highest_listed(ws).await?;
                 let mut marker = false;
@@ -361,7 +362,7 @@ impl S3Store {
                         .ok_or_else(|| corrupt(&key, "a listed version does not exist"))?;
                     marker = is_deleted(&meta);
                 }
-                (n, marker, None)
+                return Ok((n, n == 0 || marker, None));
             }
         };
         // The copy may lag a writer that died between its commit and its copy.
