@@ -22,7 +22,7 @@ fi
 bin="$repo_root/target/$PROFILE/terrace-aws"
 tf="$repo_root/.cache/tools/terraform/terraform"
 py="$repo_root/.cache/moto/bin/python"
-log="$repo_root/.cache/emulators/moto.log"
+log="$TERRACE_TEST_MOTO_LOG"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1

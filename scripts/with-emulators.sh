@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a command with the cloud emulators the tests need running on loopback, and stops them
 # afterwards whatever happens. Installs them first (idempotent). Exports:
-#   TERRACE_TEST_MOTO  http://127.0.0.1:PORT  (moto: S3, DynamoDB, SQS, STS, ECS)
+#   TERRACE_TEST_MOTO      http://127.0.0.1:PORT  (moto: S3, DynamoDB, SQS, STS, KMS, ECS)
+#   TERRACE_TEST_MOTO_LOG  its request log (one line per request)
 # Usage: scripts/with-emulators.sh COMMAND [ARGS...]
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +24,7 @@ while time.time() < deadline:
     try:
         os.kill(pid, 0)
     except OSError:
-        sys.exit(f"{name} exited during start-up; see .cache/emulators/{name}.log")
+        sys.exit(f"{name} exited during start-up; see its log in .cache/emulators/")
     try:
         urllib.request.urlopen(url, timeout=2)
         sys.exit(0)
@@ -50,10 +51,11 @@ moto_server="$("$repo_root/scripts/install-moto.sh")"
 moto_port="$(free_port)"
 # moto_server, with DynamoDB's conditional writes made atomic as in AWS (see the script).
 "$(dirname "$moto_server")/python" "$repo_root/scripts/moto-server.py" 127.0.0.1 "$moto_port" \
-    >"$logs/moto.log" 2>&1 &
+    >"$logs/moto-$moto_port.log" 2>&1 &
 pids+=("$!")
 wait_for moto "http://127.0.0.1:$moto_port/moto-api/" "${pids[-1]}"
 export TERRACE_TEST_MOTO="http://127.0.0.1:$moto_port"
+export TERRACE_TEST_MOTO_LOG="$logs/moto-$moto_port.log"
 echo "emulators: moto on $TERRACE_TEST_MOTO" >&2
 
 "$@"
