@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::Deserialize;
 use state_backends::tfstate::{StateMeta, WriteCheck, check_successor};
-use state_backends::{Fence, NewState, PutMode, StateStore, StoreError, WorkspaceId};
+use state_backends::{CurrentState, Fence, NewState, PutMode, StateStore, StoreError, WorkspaceId};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -78,6 +78,31 @@ struct Shared {
     /// terraform's lock: its lock info JSON, while held.
     lock: Mutex<Option<serde_json::Value>>,
     activity: std::sync::Mutex<Activity>,
+    /// The workspace's current state as this server last read it: within the job's lease
+    /// nobody else writes (every other writer is fenced out), so terraform's repeated reads
+    /// are served from here. Empty until read, and again after every write, deletion or
+    /// refused write, which read afresh.
+    current: std::sync::Mutex<Option<Option<CurrentState>>>,
+}
+
+impl Shared {
+    async fn current(&self) -> Result<Option<CurrentState>, StoreError> {
+        if let Some(cached) = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Ok(cached);
+        }
+        let fresh = self.config.store.current(&self.config.ws).await?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    fn forget_current(&self) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
 }
 
 /// A running state server; stops when dropped or [`StateServer::shutdown`] is called.
@@ -102,6 +127,7 @@ impl StateServer {
             password: password.clone(),
             lock: Mutex::new(None),
             activity: std::sync::Mutex::new(Activity::default()),
+            current: std::sync::Mutex::new(None),
         });
         let stop = CancellationToken::new();
         let app = router(shared.clone());
@@ -303,8 +329,7 @@ impl IntoResponse for Refusal {
 type Handled = Result<Response, Refusal>;
 
 async fn get(shared: &Shared) -> Handled {
-    let c = &shared.config;
-    match c.store.current(&c.ws).await {
+    match shared.current().await {
         Ok(Some(current)) => Ok((
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
@@ -339,12 +364,20 @@ async fn post(shared: &Shared, lock_id: Option<&str>, body: Bytes) -> Handled {
 
 /// A checked, fenced write: the version it made, `None` when the state was already current.
 async fn write_state(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refusal> {
+    let written = checked_write(shared, body).await;
+    if !matches!(written, Ok(None)) {
+        // Written, or refused (perhaps on a stale view): read afresh next time.
+        shared.forget_current();
+    }
+    written
+}
+
+async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refusal> {
     let c = &shared.config;
     let meta = StateMeta::parse(&body)
         .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, format!("state write refused: {e}")))?;
-    let current = c
-        .store
-        .current(&c.ws)
+    let current = shared
+        .current()
         .await
         .map_err(|e| Refusal::from_store(&e))?;
     let current_meta = match &current {
@@ -403,18 +436,19 @@ async fn write_state(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refusa
 
 async fn delete(shared: &Shared) -> Handled {
     let c = &shared.config;
-    let Some(current) = c
-        .store
-        .current(&c.ws)
+    let Some(current) = shared
+        .current()
         .await
         .map_err(|e| Refusal::from_store(&e))?
     else {
         return Ok(StatusCode::OK.into_response());
     };
-    c.store
+    let deleted = c
+        .store
         .delete_current(&c.ws, &current.token, Some(&c.fence))
-        .await
-        .map_err(|e| Refusal::from_store(&e))?;
+        .await;
+    shared.forget_current();
+    deleted.map_err(|e| Refusal::from_store(&e))?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -544,6 +578,7 @@ mod tests {
             password: "pw".into(),
             lock: Mutex::new(None),
             activity: std::sync::Mutex::new(Activity::default()),
+            current: std::sync::Mutex::new(None),
         });
         Fixture { shared, store, ws }
     }
@@ -611,6 +646,53 @@ mod tests {
         let activity = f.shared.activity.lock().unwrap().clone();
         assert_eq!(activity.versions, vec![1, 2]);
         assert_eq!(activity.refused.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn reads_are_served_from_the_last_read_and_a_stale_view_never_writes() {
+        let f = fixture(Duration::from_secs(60)).await;
+        assert_eq!(
+            send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            send(&f, "GET", "/state", Body::empty()).await.1.as_bytes(),
+            &empty_state("l", 1)[..]
+        );
+        // A write behind the server's back (no writer can do this under the job's lease; the
+        // test reaches into the store) is not seen by reads: they come from the last read.
+        let token = f.store.current(&f.ws).await.unwrap().unwrap().token;
+        f.store
+            .put(
+                &f.ws,
+                NewState::parse(empty_state("l", 5)).unwrap(),
+                PutMode::Update(token),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            send(&f, "GET", "/state", Body::empty()).await.1.as_bytes(),
+            &empty_state("l", 1)[..]
+        );
+        // A write from that stale view still meets the store's compare-and-swap: refused, and
+        // the server reads afresh.
+        let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(
+            send(&f, "GET", "/state", Body::empty()).await.1.as_bytes(),
+            &empty_state("l", 5)[..]
+        );
+        assert_eq!(
+            f.store
+                .versions(&f.ws)
+                .await
+                .unwrap()
+                .iter()
+                .map(|v| v.serial)
+                .collect::<Vec<_>>(),
+            vec![1, 5]
+        );
     }
 
     #[tokio::test]
