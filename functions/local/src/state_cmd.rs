@@ -21,12 +21,18 @@ pub enum StateCmd {
         #[arg(long)]
         version: Option<u64>,
     },
-    /// Roll the workspace forward to an old version (copied into a new version; history kept).
+    /// Roll the workspace forward to an old version or an hourly backup (copied into a new
+    /// version; history kept).
     Restore {
         workspace: WorkspaceId,
+        #[arg(long, required_unless_present = "backup", conflicts_with = "backup")]
+        version: Option<u64>,
+        /// A backup label, as `terrace state backups` lists them (e.g. 2026-11-22T03).
         #[arg(long)]
-        version: u64,
+        backup: Option<String>,
     },
+    /// List the workspace's backups, oldest first.
+    Backups { workspace: WorkspaceId },
     /// Push a state file, such as a run's kept errored.tfstate, as a new version. It gets the
     /// checks of any write from terraform: same lineage, serial not going back.
     Push {
@@ -87,7 +93,37 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             print!("{}", String::from_utf8_lossy(&data));
             Ok(exit::OK)
         }
-        StateCmd::Restore { workspace, version } => {
+        StateCmd::Backups { workspace } => {
+            for b in store.backups(&workspace).await? {
+                println!("{}  version {}  sha256 {}", b.label, b.version, b.sha256);
+            }
+            Ok(exit::OK)
+        }
+        StateCmd::Restore {
+            workspace,
+            version,
+            backup,
+        } => {
+            let version = match (version, backup) {
+                (Some(v), _) => v,
+                (None, Some(label)) => {
+                    let backups = store.backups(&workspace).await?;
+                    let Some(b) = backups.iter().find(|b| b.label == label) else {
+                        let known: Vec<&str> = backups.iter().map(|b| b.label.as_str()).collect();
+                        eprintln!(
+                            "{workspace} has no backup {label}; it has: {}",
+                            if known.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                known.join(", ")
+                            }
+                        );
+                        return Ok(exit::FAILED);
+                    };
+                    b.version
+                }
+                (None, None) => unreachable!("clap requires --version or --backup"),
+            };
             let info = serde_json::json!({ "operation": "restore", "version": version });
             let Some(lease) = take_lease(g, &store, &workspace, "restore", info).await? else {
                 return Ok(exit::BUSY);
