@@ -3,6 +3,7 @@
 //! table, queues and ECS in moto.
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -110,8 +111,13 @@ impl World {
     }
 
     fn start(&self, api: &RuntimeApi) -> Function {
+        self.start_with(api, &[])
+    }
+
+    fn start_with(&self, api: &RuntimeApi, env: &[(&str, &str)]) -> Function {
         let child = self
             .command()
+            .envs(env.iter().copied())
             .env("AWS_LAMBDA_RUNTIME_API", &api.address)
             .env("AWS_LAMBDA_FUNCTION_NAME", "terrace")
             .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
@@ -125,6 +131,11 @@ impl World {
 
     /// Sends bodies to the jobs queue and receives them back as an SQS event for Lambda.
     async fn batch(&self, bodies: &[String]) -> (Value, Vec<String>) {
+        self.batch_invisible_for(bodies, 60).await
+    }
+
+    /// As [`World::batch`], received with a visibility timeout of `seconds`.
+    async fn batch_invisible_for(&self, bodies: &[String], seconds: i32) -> (Value, Vec<String>) {
         let mut ids = Vec::new();
         for body in bodies {
             let sent = self
@@ -144,7 +155,7 @@ impl World {
                 .receive_message()
                 .queue_url(&self.jobs)
                 .max_number_of_messages(10)
-                .visibility_timeout(60)
+                .visibility_timeout(seconds)
                 .wait_time_seconds(1)
                 .send()
                 .await
@@ -450,4 +461,55 @@ async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_run
     let store = w.store().await;
     let ws: WorkspaceId = "acme/lam-long".parse().unwrap();
     assert!(store.current(&ws).await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_jobs_message_stays_invisible_until_the_job_is_done() {
+    let w = World::new().await;
+    let api = Arc::new(RuntimeApi::start().await);
+    // Each create takes 4 s, the job about 10 s; the message was received invisible for 3 s
+    // only, and the function extends that every second.
+    let _function = w.start_with(
+        &api,
+        &[
+            ("TERRACE_KEEP_INVISIBLE_EVERY", "1"),
+            (
+                "TERRACE_PASS_ENV",
+                "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS",
+            ),
+            ("TESTCLOUD_CREATE_DELAY_MS", "4000"),
+        ],
+    );
+    let (event, _) = w
+        .batch_invisible_for(&[w.envelope("slow-1", "lam-slow", "5m")], 3)
+        .await;
+    let invocation = {
+        let api = api.clone();
+        tokio::spawn(async move { api.invoke(event, Duration::from_secs(14 * 60)).await })
+    };
+    let mut polls = 0;
+    while !invocation.is_finished() {
+        let seen = w
+            .sqs
+            .receive_message()
+            .queue_url(&w.jobs)
+            .visibility_timeout(0)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            seen.messages().is_empty(),
+            "the running job's message became visible after {polls} s"
+        );
+        polls += 1;
+    }
+    let response = invocation.await.unwrap().unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    assert!(
+        polls >= 6,
+        "the job ran only about {polls} s: the test proves nothing"
+    );
+    let result = w.results().await;
+    assert_eq!(result[0]["status"], "succeeded", "{result:?}");
 }

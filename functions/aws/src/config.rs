@@ -30,6 +30,8 @@ pub struct Config {
     pub handoff: Option<Handoff>,
     /// Time kept back from the Lambda deadline for the result, the lease and the response.
     pub margin: Duration,
+    /// How often a running job's message is made invisible again (for four times as long).
+    pub keep_invisible_every: Duration,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -103,6 +105,8 @@ impl Config {
                 .is_some_and(|v| v == "1" || v == "true"),
             handoff,
             margin: seconds("TERRACE_DEADLINE_MARGIN", 45)?,
+            keep_invisible_every: seconds("TERRACE_KEEP_INVISIBLE_EVERY", 30)?
+                .max(Duration::from_secs(1)),
         })
     }
 }

@@ -11,10 +11,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{App, Handled};
 
-/// How often a running job's message is made invisible again, and for how long.
-const KEEP_EVERY: Duration = Duration::from_secs(30);
-const KEEP_FOR: Duration = Duration::from_secs(120);
-
 pub async fn handle_batch(
     app: &App,
     event: SqsEvent,
@@ -123,11 +119,12 @@ fn keep_invisible(app: &App, receipt: Option<String>) -> Option<tokio::task::Joi
     let receipt = receipt?;
     app.config.jobs_queue_url.as_ref()?;
     let app = app.clone();
+    let every = app.config.keep_invisible_every;
     Some(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(KEEP_EVERY);
+        let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            set_visibility(&app, &receipt, KEEP_FOR).await;
+            set_visibility(&app, &receipt, every * 4).await;
         }
     }))
 }
