@@ -63,12 +63,16 @@ impl FsStore {
         };
         tokio::task::spawn_blocking(move || f(&dir))
             .await
-            .map_err(|e| StoreError::Backend {
-                backend: "fs",
-                message: format!("blocking task failed: {e}"),
-                retryable: false,
-                source: None,
-            })?
+            .map_err(join_error)?
+    }
+}
+
+fn join_error(e: tokio::task::JoinError) -> StoreError {
+    StoreError::Backend {
+        backend: "fs",
+        message: format!("blocking task failed: {e}"),
+        retryable: false,
+        source: None,
     }
 }
 
@@ -654,12 +658,7 @@ impl StateStore for FsStore {
             Ok(out)
         })
         .await
-        .map_err(|e| StoreError::Backend {
-            backend: "fs",
-            message: format!("blocking task failed: {e}"),
-            retryable: false,
-            source: None,
-        })?
+        .map_err(join_error)?
     }
 
     async fn clear_changed(&self, changed: &Changed) -> Result<()> {

@@ -265,33 +265,8 @@ impl S3Store {
         Ok(())
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        let mut keys = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let out = self
-                .s3
-                .list_objects_v2()
-                .bucket(&self.config.bucket)
-                .prefix(prefix)
-                .set_continuation_token(token.take())
-                .send()
-                .await
-                .map_err(|e| sdk_error(&format!("LIST {prefix}"), e))?;
-            keys.extend(
-                out.contents()
-                    .iter()
-                    .filter_map(|o| o.key().map(str::to_owned)),
-            );
-            match out.next_continuation_token() {
-                Some(next) if out.is_truncated() == Some(true) => token = Some(next.to_owned()),
-                _ => return Ok(keys),
-            }
-        }
-    }
-
-    /// Keys and ETags under `prefix`.
-    async fn list_with_etags(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+    /// Every object under `prefix`: key, ETag and size.
+    async fn list_objects(&self, prefix: &str) -> Result<Vec<Listed>> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -305,16 +280,26 @@ impl S3Store {
                 .await
                 .map_err(|e| sdk_error(&format!("LIST {prefix}"), e))?;
             out.extend(page.contents().iter().filter_map(|o| {
-                Some((
-                    o.key()?.to_owned(),
-                    o.e_tag().unwrap_or_default().to_owned(),
-                ))
+                Some(Listed {
+                    key: o.key()?.to_owned(),
+                    etag: o.e_tag().unwrap_or_default().to_owned(),
+                    size: o.size().and_then(|s| u64::try_from(s).ok()).unwrap_or(0),
+                })
             }));
             match page.next_continuation_token() {
                 Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
                 _ => return Ok(out),
             }
         }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self
+            .list_objects(prefix)
+            .await?
+            .into_iter()
+            .map(|o| o.key)
+            .collect())
     }
 
     // ----- versions -----
@@ -516,6 +501,12 @@ enum Condition<'a> {
     Absent,
     /// `If-Match: ETAG`.
     Matches(&'a str),
+}
+
+struct Listed {
+    key: String,
+    etag: String,
+    size: u64,
 }
 
 struct Object {
@@ -765,27 +756,17 @@ impl StateStore for S3Store {
     }
 
     async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>> {
-        let mut numbers: Vec<u64> = self
-            .list(&self.key(ws, "versions/"))
+        let mut listed: Vec<(u64, u64)> = self
+            .list_objects(&self.key(ws, "versions/"))
             .await?
             .iter()
-            .filter_map(|k| version_number(k))
+            .filter_map(|o| Some((version_number(&o.key)?, o.size)))
             .collect();
-        numbers.sort_unstable();
-        let mut out = Vec::with_capacity(numbers.len());
-        for number in numbers {
+        listed.sort_unstable();
+        let mut out = Vec::with_capacity(listed.len());
+        for (number, size) in listed {
             if let Some(mut info) = self.version_info(ws, number).await? {
-                info.size = self
-                    .s3
-                    .head_object()
-                    .bucket(&self.config.bucket)
-                    .key(self.version_key(ws, number))
-                    .send()
-                    .await
-                    .ok()
-                    .and_then(|h| h.content_length())
-                    .and_then(|l| u64::try_from(l).ok())
-                    .unwrap_or(0);
+                info.size = size;
                 out.push(info);
             }
         }
@@ -1043,14 +1024,14 @@ impl StateStore for S3Store {
     async fn changed(&self) -> Result<Vec<Changed>> {
         let prefix = self.changes_prefix();
         let mut out: Vec<Changed> = self
-            .list_with_etags(&prefix)
+            .list_objects(&prefix)
             .await?
             .into_iter()
-            .filter_map(|(key, etag)| {
-                let (tenant, workspace) = key.strip_prefix(&prefix)?.split_once('/')?;
+            .filter_map(|o| {
+                let (tenant, workspace) = o.key.strip_prefix(&prefix)?.split_once('/')?;
                 Some(Changed {
                     ws: WorkspaceId::new(tenant, workspace).ok()?,
-                    mark: etag,
+                    mark: o.etag,
                 })
             })
             .collect();
