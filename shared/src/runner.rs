@@ -566,8 +566,11 @@ impl Runner {
         let created: BTreeSet<String> = after.difference(&before).cloned().collect();
         cleanup.created = created.iter().cloned().collect();
         cleanup.left = cleanup.created.clone();
-        // A rollback also reverts changes to older resources, even when nothing was created.
-        if policy == OnFailure::Keep || (created.is_empty() && policy != OnFailure::Rollback) {
+        // A rollback also reverts changes to older resources, even when nothing was created,
+        // but only when this run changed the state at all (a failed plan changed nothing).
+        let changed_state = !s.server.activity().versions.is_empty();
+        let nothing_to_roll_back = !(policy == OnFailure::Rollback && changed_state);
+        if policy == OnFailure::Keep || (created.is_empty() && nothing_to_roll_back) {
             if !created.is_empty() {
                 s.logger
                     .runner(
