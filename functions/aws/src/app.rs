@@ -181,11 +181,13 @@ impl App {
         }
     }
 
-    /// Runs a validated job against the customer's store, within `time_left`.
+    /// Runs a validated job against the customer's store. A job whose timeout exceeds
+    /// `time_left` does not start here ([`Handled::TooLong`]): its own deadline then fits the
+    /// platform's.
     pub async fn run(
         &self,
         envelope: &Envelope,
-        mut job: ValidatedJob,
+        job: ValidatedJob,
         time_left: Option<Duration>,
         cancel: CancellationToken,
     ) -> Handled {
@@ -236,8 +238,6 @@ impl App {
                 ..RunnerConfig::default()
             },
         );
-        // The job's own deadline already fits; keep it.
-        job.job.timeout = job.job.timeout.min(time_left.unwrap_or(job.job.timeout));
         match runner.run(&job, cancel).await {
             Ok(RunOutcome::Finished(result)) => {
                 let value = serde_json::to_value(&*result).unwrap_or(Value::Null);
