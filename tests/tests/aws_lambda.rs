@@ -442,14 +442,32 @@ async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_run
     assert_eq!(container.name(), Some("terrace"));
     assert_eq!(container.command(), ["terrace-aws", "task"]);
     let env = &container.environment()[0];
-    assert_eq!(env.name(), Some("TERRACE_JOB"));
-    assert_eq!(env.value(), Some(body.as_str()));
+    assert_eq!(env.name(), Some("TERRACE_JOB_REF"));
+    let reference: Value = serde_json::from_str(env.value().unwrap()).unwrap();
+    assert_eq!(reference["job_id"], "long-1");
+    assert_eq!(reference["target"]["bucket"], w.bucket.as_str());
+    // The job's variables stay out of ECS's API: they are staged in the customer's bucket.
+    assert!(!env.value().unwrap().contains("correct-horse-battery"));
+    let staged = aws::s3()
+        .await
+        .get_object()
+        .bucket(&w.bucket)
+        .key("states/acme/lam-long/runs/long-1/request.json")
+        .send()
+        .await
+        .unwrap()
+        .body
+        .collect()
+        .await
+        .unwrap()
+        .into_bytes();
+    assert_eq!(staged, body.as_bytes());
 
     // The task's entry point runs the same job here.
     let status = w
         .command()
         .arg("task")
-        .env("TERRACE_JOB", env.value().unwrap())
+        .env("TERRACE_JOB_REF", env.value().unwrap())
         .stdout(Stdio::null())
         .stderr(log_output())
         .status()

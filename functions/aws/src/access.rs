@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use aws_config::SdkConfig;
 use aws_config::sts::AssumeRoleProvider;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The customer account a job runs against, from the job's message.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Target {
     /// The role the customer created for us, e.g. `arn:aws:iam::123456789012:role/terrace`.

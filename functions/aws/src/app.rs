@@ -45,8 +45,25 @@ pub enum Handled {
         delay: Option<Duration>,
     },
     /// The job does not fit in the time left here.
-    TooLong { job_id: String },
+    TooLong {
+        job_id: String,
+        ws: state_backends::WorkspaceId,
+    },
 }
+
+/// What a handed-off ECS task gets in `TERRACE_JOB_REF`: where the job message is staged in the
+/// customer's bucket (`runs/<job>/request.json`), and the account to read it with. The message
+/// itself, with the job's variables, never goes through ECS's API.
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub struct JobRef {
+    pub target: Target,
+    pub tenant: String,
+    pub workspace: String,
+    pub job_id: String,
+}
+
+/// The staged job message's name in the run's folder.
+pub const REQUEST: &str = "request.json";
 
 impl App {
     pub async fn new(config: Config) -> Self {
@@ -105,6 +122,24 @@ impl App {
             },
         )?;
         Ok(Arc::new(store))
+    }
+
+    /// The job message a handed-off task was given a reference to.
+    ///
+    /// # Errors
+    /// Why it cannot be read, as a sentence.
+    pub async fn staged(&self, reference: &str) -> Result<String, String> {
+        let r: JobRef = serde_json::from_str(reference)
+            .map_err(|e| format!("TERRACE_JOB_REF is not a job reference: {e}"))?;
+        let ws =
+            state_backends::WorkspaceId::new(&r.tenant, &r.workspace).map_err(|e| e.to_string())?;
+        let store = self.store_for(&r.target, &r.job_id).await?;
+        let data = store
+            .artifact(&ws, &r.job_id, REQUEST)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("runs/{}/{REQUEST} is not in {ws}", r.job_id))?;
+        String::from_utf8(data.to_vec()).map_err(|e| e.to_string())
     }
 
     /// Sends a result or a rejection to the results queue, when there is one.
@@ -194,8 +229,15 @@ impl App {
         if let Some(left) = time_left
             && job.job.timeout > left
         {
-            return Handled::TooLong {
-                job_id: job.job.id.clone(),
+            return match state_backends::WorkspaceId::new(&job.job.tenant, &job.job.workspace) {
+                Ok(ws) => Handled::TooLong {
+                    job_id: job.job.id.clone(),
+                    ws,
+                },
+                Err(e) => Handled::Again {
+                    why: e.to_string(),
+                    delay: None,
+                },
             };
         }
         let target = &envelope.target;
@@ -268,8 +310,16 @@ impl App {
     }
 
     /// Starts an ECS Fargate task of the same image that runs the job (`terrace-aws task`),
-    /// for jobs longer than Lambda allows. The message is deleted once the task started.
-    pub async fn hand_off(&self, body: &str, job_id: &str) -> Result<Value, String> {
+    /// for jobs longer than Lambda allows. The message is staged in the customer's bucket
+    /// first, so its variables stay out of ECS's API; the task gets only a [`JobRef`]. The
+    /// message is deleted once the task started.
+    pub async fn hand_off(
+        &self,
+        target: &Target,
+        body: &str,
+        job_id: &str,
+        ws: &state_backends::WorkspaceId,
+    ) -> Result<Value, String> {
         use aws_sdk_ecs::types::{
             AssignPublicIp, AwsVpcConfiguration, ContainerOverride, KeyValuePair, LaunchType,
             NetworkConfiguration, TaskOverride,
@@ -279,13 +329,18 @@ impl App {
                 "the job's timeout is longer than this Lambda can run, and no ECS task is configured (TERRACE_ECS_CLUSTER, TERRACE_ECS_TASK_DEFINITION)".into(),
             );
         };
-        // ECS limits a task's overrides to 8 KiB in all.
-        if body.len() > 7 * 1024 {
-            return Err(format!(
-                "the job message is {} bytes, too large to hand to ECS through the task's environment (7 KiB)",
-                body.len()
-            ));
-        }
+        let store = self.store_for(target, job_id).await?;
+        store
+            .put_artifact(ws, job_id, REQUEST, bytes::Bytes::from(body.to_owned()))
+            .await
+            .map_err(|e| format!("cannot stage the job for ECS: {e}"))?;
+        let reference = serde_json::to_string(&JobRef {
+            target: target.clone(),
+            tenant: ws.tenant().to_owned(),
+            workspace: ws.workspace().to_owned(),
+            job_id: job_id.to_owned(),
+        })
+        .map_err(|e| e.to_string())?;
         let vpc = AwsVpcConfiguration::builder()
             .set_subnets(Some(h.subnets.clone()))
             .set_security_groups((!h.security_groups.is_empty()).then(|| h.security_groups.clone()))
@@ -298,8 +353,8 @@ impl App {
             .command("task")
             .environment(
                 KeyValuePair::builder()
-                    .name("TERRACE_JOB")
-                    .value(body)
+                    .name("TERRACE_JOB_REF")
+                    .value(reference)
                     .build(),
             )
             .build();

@@ -1,7 +1,8 @@
 //! `terrace-aws`: the AWS function. On Lambda (`AWS_LAMBDA_RUNTIME_API` set) it serves SQS
 //! batches of jobs and EventBridge Scheduler events (the backup sweep). `terrace-aws task` is
 //! the entry point of the ECS Fargate task a job too long for Lambda is handed to: it runs the
-//! job in `TERRACE_JOB` with the same core.
+//! job staged in the customer's bucket that `TERRACE_JOB_REF` points to (or, run by hand, the job
+//! message in `TERRACE_JOB`) with the same core.
 
 mod access;
 mod app;
@@ -108,13 +109,26 @@ async fn backup_sweep(app: &App, targets: &[Target]) -> Value {
     json!({ "backup_sweep": reports })
 }
 
-/// `terrace-aws task`: one handed-off job, from `TERRACE_JOB`.
+/// `terrace-aws task`: one handed-off job.
 async fn task(app: &App) -> ExitCode {
-    let Ok(body) = std::env::var("TERRACE_JOB") else {
-        eprintln!(
-            "terrace-aws task: TERRACE_JOB is not set (the job message handed off by the Lambda)"
-        );
-        return ExitCode::from(64);
+    let body = match (
+        std::env::var("TERRACE_JOB_REF"),
+        std::env::var("TERRACE_JOB"),
+    ) {
+        (Ok(reference), _) => match app.staged(&reference).await {
+            Ok(body) => body,
+            Err(e) => {
+                eprintln!("terrace-aws task: {e}");
+                return ExitCode::from(75);
+            }
+        },
+        (Err(_), Ok(body)) => body,
+        (Err(_), Err(_)) => {
+            eprintln!(
+                "terrace-aws task: set TERRACE_JOB_REF (what the Lambda hands off) or TERRACE_JOB (a job message)"
+            );
+            return ExitCode::from(64);
+        }
     };
     let Ok((envelope, job)) = app.parse("ecs-task", &body).await else {
         return ExitCode::from(65);

@@ -70,8 +70,8 @@ async fn handle_record(app: &App, message: SqsMessage, deadline: OffsetDateTime)
     }
     match handled {
         Handled::Done(_) => true,
-        Handled::TooLong { job_id } => {
-            match app.hand_off(&body, &job_id).await {
+        Handled::TooLong { job_id, ws } => {
+            match app.hand_off(&envelope.target, &body, &job_id, &ws).await {
                 Ok(record) => {
                     tracing::info!(job_id, record = %record, "job handed off to ECS");
                     app.report(&record).await;
