@@ -436,6 +436,17 @@ impl S3Store {
         }
     }
 
+    /// An update of the workspace's lease item.
+    fn lease_item(
+        &self,
+        ws: &WorkspaceId,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        self.ddb()
+            .update_item()
+            .table_name(self.table())
+            .key("pk", AttributeValue::S(self.base(ws)))
+    }
+
     fn ddb(&self) -> &aws_sdk_dynamodb::Client {
         self.dynamodb
             .as_ref()
@@ -619,6 +630,9 @@ where
 }
 
 // ----- DynamoDB lease items -----
+
+/// Frees a lease item, keeping its fence counter.
+const FREE: &str = "REMOVE #owner, fence, acquired_at, expires_at, info";
 
 fn n(value: u64) -> AttributeValue {
     AttributeValue::N(value.to_string())
@@ -822,10 +836,7 @@ impl StateStore for S3Store {
             LeaseMode::DynamoDb { .. } => {
                 let now = OffsetDateTime::now_utc();
                 let out = self
-                    .ddb()
-                    .update_item()
-                    .table_name(self.table())
-                    .key("pk", AttributeValue::S(self.base(ws)))
+                    .lease_item(ws)
                     .update_expression("SET expires_at = :exp")
                     .condition_expression(
                         "#owner = :owner AND fence = :fence AND expires_at > :now",
@@ -865,11 +876,8 @@ impl StateStore for S3Store {
             }
             LeaseMode::DynamoDb { .. } => {
                 let out = self
-                    .ddb()
-                    .update_item()
-                    .table_name(self.table())
-                    .key("pk", AttributeValue::S(self.base(ws)))
-                    .update_expression("REMOVE #owner, fence, acquired_at, expires_at, info")
+                    .lease_item(ws)
+                    .update_expression(FREE)
                     .condition_expression("#owner = :owner AND fence = :fence")
                     .expression_attribute_names("#owner", "owner")
                     .expression_attribute_values(":owner", AttributeValue::S(lease.owner.clone()))
@@ -898,11 +906,8 @@ impl StateStore for S3Store {
             }
             LeaseMode::DynamoDb { .. } => {
                 let out = self
-                    .ddb()
-                    .update_item()
-                    .table_name(self.table())
-                    .key("pk", AttributeValue::S(self.base(ws)))
-                    .update_expression("REMOVE #owner, fence, acquired_at, expires_at, info")
+                    .lease_item(ws)
+                    .update_expression(FREE)
                     .condition_expression("attribute_exists(pk)")
                     .expression_attribute_names("#owner", "owner")
                     .return_values(ReturnValue::AllOld)
@@ -1096,10 +1101,7 @@ impl S3Store {
         let expires = plus(now, request.ttl);
         let info = serde_json::to_string(&request.info).expect("JSON serializes");
         let out = self
-            .ddb()
-            .update_item()
-            .table_name(self.table())
-            .key("pk", AttributeValue::S(self.base(ws)))
+            .lease_item(ws)
             .update_expression(
                 "SET last_fence = if_not_exists(last_fence, :zero) + :one, \
                  fence = if_not_exists(last_fence, :zero) + :one, \
