@@ -5,6 +5,7 @@
 
 pub mod backup;
 pub mod classify;
+pub mod drift;
 pub mod job;
 pub mod logs;
 pub mod recover;

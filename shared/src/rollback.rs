@@ -40,17 +40,15 @@ pub async fn record_last_apply(
         .await
 }
 
-/// The configuration of the workspace's last successful apply, ready to run as `job`'s
-/// rollback (same id, tenant and workspace); `None` when no apply has succeeded there yet.
+/// The workspace's last successful apply: its job id and its `job.json` record (sensitive
+/// values masked); `None` when no apply has succeeded there yet.
 ///
 /// # Errors
-/// Why it cannot be rebuilt, as a sentence for the result.
-pub async fn previous_configuration(
+/// Why it cannot be read, as a sentence for a result.
+pub async fn last_apply(
     store: &dyn StateStore,
     ws: &WorkspaceId,
-    job: &ValidatedJob,
-    templates: &Path,
-) -> Result<Option<(String, ValidatedJob)>, String> {
+) -> Result<Option<(String, Value)>, String> {
     let read = |e: state_backends::StoreError| format!("cannot read the last apply's record: {e}");
     let Some(pointer) = store
         .artifact(ws, WORKSPACE_RECORDS, LAST_APPLY)
@@ -69,6 +67,23 @@ pub async fn previous_configuration(
         .map_err(read)?
         .ok_or_else(|| format!("the last successful apply, {prev_id}, has no job record"))?;
     let record: Value = serde_json::from_slice(&record).map_err(|e| e.to_string())?;
+    Ok(Some((prev_id.to_owned(), record)))
+}
+
+/// The configuration of the workspace's last successful apply, ready to run as `job`'s
+/// rollback (same id, tenant and workspace); `None` when no apply has succeeded there yet.
+///
+/// # Errors
+/// Why it cannot be rebuilt, as a sentence for the result.
+pub async fn previous_configuration(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job: &ValidatedJob,
+    templates: &Path,
+) -> Result<Option<(String, ValidatedJob)>, String> {
+    let Some((prev_id, record)) = last_apply(store, ws).await? else {
+        return Ok(None);
+    };
     let raw = rollback_job(&record, job)?;
     let validated = validate(&raw, templates).map_err(|errors| {
         let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
@@ -77,7 +92,7 @@ pub async fn previous_configuration(
             problems.join("; ")
         )
     })?;
-    Ok(Some((prev_id.to_owned(), validated)))
+    Ok(Some((prev_id, validated)))
 }
 
 /// The rollback job: the earlier job's template and variables, with masked (sensitive) values

@@ -24,6 +24,7 @@ pub async fn run_all(store: Arc<dyn StateStore>) {
     snapshot_copies_only_changes(&*store).await;
     artifacts_round_trip(&*store).await;
     changes_are_marked_until_cleared(&*store).await;
+    workspaces_are_listed(&*store).await;
 }
 
 /// A workspace no other check (or earlier run against the same bucket) has used.
@@ -532,4 +533,35 @@ pub async fn changes_are_marked_until_cleared(store: &dyn StateStore) {
             .all(|b| b.label != label)
     );
     store.delete_backup(&ws, label).await.unwrap();
+}
+
+pub async fn workspaces_are_listed(store: &dyn StateStore) {
+    let with_state = fresh_workspace("listed");
+    let with_runs = WorkspaceId::new(
+        &format!("t{}", with_state.workspace().replace('.', "-")),
+        "runs-only",
+    )
+    .expect("valid name");
+    let untouched = fresh_workspace("untouched");
+    store
+        .put(&with_state, state("l", 0), PutMode::Create, None)
+        .await
+        .unwrap();
+    store
+        .put_artifact(&with_runs, "j1", "log.txt", Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    // A read alone makes nothing.
+    assert!(store.current(&untouched).await.unwrap().is_none());
+    let all = store.workspaces().await.unwrap();
+    assert!(all.contains(&with_state), "{with_state} is listed");
+    assert!(
+        all.contains(&with_runs),
+        "{with_runs} (run records only) is listed"
+    );
+    assert!(!all.contains(&untouched), "{untouched} holds nothing");
+    assert!(
+        all.windows(2).all(|w| w[0].to_string() < w[1].to_string()),
+        "sorted, without duplicates"
+    );
 }

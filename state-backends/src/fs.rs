@@ -661,6 +661,28 @@ impl StateStore for FsStore {
         .map_err(join_error)?
     }
 
+    async fn workspaces(&self) -> Result<Vec<WorkspaceId>> {
+        let root = self.root.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for tenant in list_names(&root)? {
+                // `_changes` and the like: `_` cannot start a tenant name.
+                if tenant.starts_with('_') || !root.join(&tenant).is_dir() {
+                    continue;
+                }
+                for workspace in list_names(&root.join(&tenant))? {
+                    if let Ok(ws) = WorkspaceId::new(&tenant, &workspace) {
+                        out.push(ws);
+                    }
+                }
+            }
+            out.sort_by_key(ToString::to_string);
+            Ok(out)
+        })
+        .await
+        .map_err(join_error)?
+    }
+
     async fn clear_changed(&self, changed: &Changed) -> Result<()> {
         let mark = changed.mark.clone();
         self.blocking(&changed.ws, move |dir| {

@@ -310,6 +310,13 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// Backend failures.
     async fn changed(&self) -> Result<Vec<Changed>>;
 
+    /// Every workspace that holds anything (a state, history, a lease record or run records),
+    /// sorted: what the drift sweep visits. Costs one listing per tenant, not one per object.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn workspaces(&self) -> Result<Vec<WorkspaceId>>;
+
     /// Clears a workspace's change mark if it is still the one [`StateStore::changed`]
     /// returned; a write since then keeps it, so the next sweep sees that write.
     ///

@@ -245,6 +245,17 @@ impl StateStore for MemoryStore {
         Ok(out)
     }
 
+    async fn workspaces(&self) -> Result<Vec<WorkspaceId>> {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<WorkspaceId> = map
+            .iter()
+            .filter(|(_, w)| !w.entries.is_empty() || !w.artifacts.is_empty())
+            .map(|(ws, _)| ws.clone())
+            .collect();
+        out.sort_by_key(ToString::to_string);
+        Ok(out)
+    }
+
     async fn clear_changed(&self, changed: &Changed) -> Result<()> {
         self.with(&changed.ws, |w| {
             if w.change_mark.map(|n| n.to_string()).as_deref() == Some(changed.mark.as_str()) {

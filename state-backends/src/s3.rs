@@ -293,6 +293,32 @@ impl S3Store {
         }
     }
 
+    /// The names of the "folders" right under `prefix` (which ends with `/`).
+    async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .s3
+                .list_objects_v2()
+                .bucket(&self.config.bucket)
+                .prefix(prefix)
+                .delimiter("/")
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| sdk_error(&format!("LIST {prefix} (folders)"), e))?;
+            out.extend(page.common_prefixes().iter().filter_map(|p| {
+                let name = p.prefix()?.strip_prefix(prefix)?.strip_suffix('/')?;
+                Some(name.to_owned())
+            }));
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
         Ok(self
             .list_objects(prefix)
@@ -610,9 +636,29 @@ fn status<E>(e: &SdkError<E>) -> Option<u16> {
 
 /// A failed SDK call as a store error: retryable when it never got an answer, or got a 5xx or
 /// a throttling answer.
+/// An SDK error in one line: the service's code and message, or what failed on the way (the
+/// SDK's own rendering of a service error carries the whole raw response).
+pub fn brief<E, R>(e: &aws_sdk_s3::error::SdkError<E, R>) -> String
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match e {
+        aws_sdk_s3::error::SdkError::ServiceError(s) => {
+            let err = s.err();
+            match (err.code(), err.message()) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (Some(code), None) => code.to_owned(),
+                _ => err.to_string(),
+            }
+        }
+        other => aws_sdk_s3::error::DisplayErrorContext(other).to_string(),
+    }
+}
+
 fn sdk_error<E>(what: &str, e: SdkError<E>) -> StoreError
 where
-    E: std::error::Error + Send + Sync + 'static,
+    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
     let retryable = match &e {
         aws_sdk_s3::error::SdkError::TimeoutError(_)
@@ -620,7 +666,7 @@ where
         | aws_sdk_s3::error::SdkError::ResponseError(_) => true,
         _ => status(&e).is_some_and(|c| c >= 500 || c == 429),
     };
-    let detail = aws_sdk_s3::error::DisplayErrorContext(&e).to_string();
+    let detail = brief(&e);
     StoreError::Backend {
         backend: BACKEND,
         message: format!("{what}: {detail}"),
@@ -1041,6 +1087,27 @@ impl StateStore for S3Store {
             })
             .collect();
         out.sort_by_key(|a| a.ws.to_string());
+        Ok(out)
+    }
+
+    async fn workspaces(&self) -> Result<Vec<WorkspaceId>> {
+        let root = match self.config.prefix.trim_matches('/') {
+            "" => String::new(),
+            prefix => format!("{prefix}/"),
+        };
+        let mut out = Vec::new();
+        for tenant in self.folders(&root).await? {
+            // `_changes/` and the like: `_` cannot start a tenant name.
+            if tenant.starts_with('_') {
+                continue;
+            }
+            for workspace in self.folders(&format!("{root}{tenant}/")).await? {
+                if let Ok(ws) = WorkspaceId::new(&tenant, &workspace) {
+                    out.push(ws);
+                }
+            }
+        }
+        out.sort_by_key(ToString::to_string);
         Ok(out)
     }
 

@@ -128,6 +128,9 @@ impl StateStore for FailingPuts {
     async fn changed(&self) -> Result<Vec<Changed>> {
         self.inner.changed().await
     }
+    async fn workspaces(&self) -> Result<Vec<WorkspaceId>> {
+        self.inner.workspaces().await
+    }
     async fn clear_changed(&self, changed: &Changed) -> Result<()> {
         self.inner.clear_changed(changed).await
     }

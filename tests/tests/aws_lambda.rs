@@ -148,8 +148,13 @@ impl World {
                 .unwrap();
             ids.push(sent.message_id().unwrap().to_owned());
         }
+        (self.receive(bodies.len(), seconds).await, ids)
+    }
+
+    /// Receives `n` messages from the jobs queue as an SQS event for Lambda.
+    async fn receive(&self, n: usize, seconds: i32) -> Value {
         let mut records = Vec::new();
-        while records.len() < bodies.len() {
+        while records.len() < n {
             let got = self
                 .sqs
                 .receive_message()
@@ -171,7 +176,7 @@ impl World {
                 }));
             }
         }
-        (json!({ "Records": records }), ids)
+        json!({ "Records": records })
     }
 
     /// Every message on the results queue now (consumed).
@@ -387,6 +392,90 @@ async fn an_sqs_batch_runs_its_jobs_and_returns_only_the_busy_one() {
         .await
         .unwrap();
     assert_eq!(sweep["backup_sweep"][0]["backed_up"], 2, "{sweep}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_the_drift() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let fleet = json!({
+        "job": {
+            "id": "f-1", "tenant": "acme", "workspace": "drifty", "operation": "apply",
+            "template": { "name": "fleet", "version": "1.0.0" },
+            "variables": { "networks": ["a", "b"] }, "timeout": "5m",
+        },
+        "target": w.target(),
+    })
+    .to_string();
+    let (event, _) = w
+        .batch(&[fleet, w.envelope("s-1", "secretive", "5m")])
+        .await;
+    let response = api.invoke(event, Duration::from_secs(600)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let applied = w.results().await;
+    assert_eq!(applied.len(), 2);
+    assert!(
+        applied.iter().all(|r| r["status"] == "succeeded"),
+        "{applied:?}"
+    );
+
+    let sweep = api
+        .invoke(
+            json!({ "terrace": "drift-sweep", "targets": [w.target()] }),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let report = &sweep["drift_sweep"][0];
+    assert_eq!(report["queued"], 1, "{sweep}");
+    assert_eq!(
+        report["needs_secrets"],
+        json!([{ "workspace": "acme/secretive", "sensitive_variables": ["admin_password"] }]),
+        "the demo template's admin_password is masked in the record: the platform sends that check"
+    );
+    assert_eq!(report["failed"], json!([]));
+
+    // Network b goes away out of band.
+    let (path, _) =
+        w.sb.cloud_files()
+            .into_iter()
+            .find(|(p, c)| p.starts_with("network/") && c.contains("\"b\""))
+            .expect("network b in the cloud");
+    std::fs::remove_file(w.sb.cloud.join(path)).unwrap();
+
+    let check = w.receive(1, 60).await;
+    let queued: Value =
+        serde_json::from_str(check["Records"][0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(queued["job"]["operation"], "drift-check");
+    assert_eq!(
+        queued["job"]["variables"],
+        json!({ "networks": ["a", "b"] })
+    );
+    let response = api
+        .invoke(check.clone(), Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let results = w.results().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    let drift = &results[0];
+    assert_eq!(drift["status"], "succeeded", "{drift}");
+    assert_eq!(drift["workspace"], "drifty");
+    assert!(drift["job_id"].as_str().unwrap().starts_with("drift-"));
+    assert_eq!(drift["drift"], true, "{drift}");
+
+    // The same check delivered again (a repeated sweep within the hour) does not run again.
+    let response = api.invoke(check, Duration::from_secs(600)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    assert!(w.results().await.is_empty(), "a duplicate runs once");
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/drifty".parse().unwrap();
+    assert_eq!(
+        store.versions(&ws).await.unwrap().len(),
+        1,
+        "a drift check only reads the state"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -610,3 +610,57 @@ async fn unlock_refuses_a_live_lease_without_force_and_frees_it_with_force() {
     assert!(fence > stuck.fence);
     assert!(sb.fs_store().lease(&ws).await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn drift_queues_a_check_per_applied_workspace_that_serve_runs() {
+    let sb = Sandbox::new();
+    let fleet = sb.job(
+        "fleet.yaml",
+        "id: f1\ntenant: acme\nworkspace: nets\noperation: apply\ntemplate: { name: fleet, version: 1.0.0 }\nvariables: { networks: [a] }\n",
+    );
+    sb.run(&["run", fleet.to_str().unwrap()]).expect_code(0);
+    sb.run_demo("s1", "secret", "apply", "sec", 1, 0).await;
+
+    let queued = sb.run(&["drift", "--queue", sb.queue.to_str().unwrap()]);
+    queued.expect_code(0);
+    assert!(
+        queued.stdout().contains("1 queued, 1 need secrets"),
+        "{}",
+        queued.stdout()
+    );
+    assert!(
+        queued.stderr().contains("acme/secret") && queued.stderr().contains("admin_password"),
+        "{}",
+        queued.stderr()
+    );
+    let files: Vec<String> = std::fs::read_dir(&sb.queue)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].ends_with("--acme--nets.json"), "{files:?}");
+
+    sb.run(&[
+        "serve",
+        "-q",
+        "--queue",
+        sb.queue.to_str().unwrap(),
+        "--once",
+        "--poll-ms",
+        "50",
+    ])
+    .expect_code(0);
+    let result: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            sb.queue
+                .join("done")
+                .join(format!("{}.result.json", files[0])),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(result["operation"], "drift-check");
+    assert_eq!(result["workspace"], "nets");
+    assert_eq!(result["drift"], false, "{result}");
+}

@@ -144,7 +144,7 @@ pub async fn terraform_env(
         .await
         .map_err(|e| AccessError::Sts {
             role: target.role_arn.clone(),
-            message: aws_sdk_sts::error::DisplayErrorContext(&e).to_string(),
+            message: state_backends::s3::brief(&e),
         })?;
     let creds = out.credentials().ok_or_else(|| AccessError::Sts {
         role: target.role_arn.clone(),

@@ -155,7 +155,7 @@ impl App {
             .send()
             .await
         {
-            tracing::error!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "could not send to the results queue");
+            tracing::error!(error = %state_backends::s3::brief(&e), "could not send to the results queue");
         }
     }
 
@@ -378,7 +378,7 @@ impl App {
             .started_by(started_by)
             .send()
             .await
-            .map_err(|e| aws_sdk_ecs::error::DisplayErrorContext(&e).to_string())?;
+            .map_err(|e| state_backends::s3::brief(&e))?;
         if let Some(failure) = out.failures().first() {
             return Err(format!(
                 "ECS did not start the task: {} {}",

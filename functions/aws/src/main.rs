@@ -1,5 +1,5 @@
 //! `terrace-aws`: the AWS function. On Lambda (`AWS_LAMBDA_RUNTIME_API` set) it serves SQS
-//! batches of jobs and EventBridge Scheduler events (the backup sweep). `terrace-aws task` is
+//! batches of jobs and EventBridge Scheduler events (the backup and drift sweeps). `terrace-aws task` is
 //! the entry point of the ECS Fargate task a job too long for Lambda is handed to: it runs the
 //! job staged in the customer's bucket that `TERRACE_JOB_REF` points to (or, run by hand, the job
 //! message in `TERRACE_JOB`) with the same core.
@@ -74,11 +74,14 @@ async fn handle(app: &App, event: LambdaEvent<Value>) -> Result<Value, Error> {
         return Ok(serde_json::to_value(response)?);
     }
     let scheduled: Scheduled = serde_json::from_value(event.payload).map_err(|e| {
-        format!("not an SQS batch nor a Terrace schedule ({{\"terrace\": \"backup-sweep\", \"targets\": […]}}): {e}")
+        format!("not an SQS batch nor a Terrace schedule ({{\"terrace\": \"backup-sweep\" or \"drift-sweep\", \"targets\": […]}}): {e}")
     })?;
     match scheduled.terrace.as_str() {
         "backup-sweep" => Ok(backup_sweep(app, &scheduled.targets).await),
-        other => Err(format!("unknown scheduled task {other:?}; known: backup-sweep").into()),
+        "drift-sweep" => Ok(drift_sweep(app, &scheduled.targets).await),
+        other => Err(
+            format!("unknown scheduled task {other:?}; known: backup-sweep, drift-sweep").into(),
+        ),
     }
 }
 
@@ -107,6 +110,88 @@ async fn backup_sweep(app: &App, targets: &[Target]) -> Value {
         reports.push(report);
     }
     json!({ "backup_sweep": reports })
+}
+
+/// The drift sweep: a `drift-check` job for each workspace of each customer's bucket, put on
+/// the function's own job queue so each runs like any other job.
+async fn drift_sweep(app: &App, targets: &[Target]) -> Value {
+    let mut reports = Vec::new();
+    for target in targets {
+        let report = match drift_target(app, target).await {
+            Ok(report) => report,
+            Err(e) => json!({ "bucket": target.bucket, "error": e }),
+        };
+        tracing::info!(report = %report, "drift sweep");
+        reports.push(report);
+    }
+    json!({ "drift_sweep": reports })
+}
+
+async fn drift_target(app: &App, target: &Target) -> Result<Value, String> {
+    let Some(queue) = &app.config.jobs_queue_url else {
+        return Err("TERRACE_JOBS_QUEUE_URL is not set: the drift checks have no queue".into());
+    };
+    let store = app.store_for(target, "drift-sweep").await?;
+    let plan = shared::drift::plan(&*store, OffsetDateTime::now_utc())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut queued = 0;
+    let mut failed: Vec<Value> = plan
+        .failed
+        .iter()
+        .map(|(ws, why)| json!({ "workspace": ws.to_string(), "error": why }))
+        .collect();
+    for chunk in plan.jobs.chunks(10) {
+        let mut entries = Vec::new();
+        for (i, (_, job)) in chunk.iter().enumerate() {
+            let body = json!({ "job": job.0, "target": target }).to_string();
+            entries.push(
+                aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(body)
+                    .build()
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        match app
+            .sqs
+            .send_message_batch()
+            .queue_url(queue)
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
+            Ok(out) => {
+                queued += out.successful().len();
+                for f in out.failed() {
+                    let ws = f
+                        .id()
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|i| chunk.get(i))
+                        .map(|(ws, _)| ws.to_string());
+                    failed.push(json!({ "workspace": ws, "error": f.message() }));
+                }
+            }
+            Err(e) => {
+                let why = state_backends::s3::brief(&e);
+                failed.extend(
+                    chunk
+                        .iter()
+                        .map(|(ws, _)| json!({ "workspace": ws.to_string(), "error": why })),
+                );
+            }
+        }
+    }
+    let needs_secrets: Vec<Value> = plan
+        .needs_secrets
+        .iter()
+        .map(|(ws, names)| json!({ "workspace": ws.to_string(), "sensitive_variables": names }))
+        .collect();
+    Ok(json!({
+        "bucket": target.bucket, "queued": queued, "needs_secrets": needs_secrets,
+        "never_applied": plan.never_applied, "failed": failed,
+    }))
 }
 
 /// `terrace-aws task`: one handed-off job.

@@ -110,7 +110,7 @@ async fn set_visibility(app: &App, receipt: &str, timeout: Duration) {
         .send()
         .await
     {
-        tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "could not change the message's visibility");
+        tracing::warn!(error = %state_backends::s3::brief(&e), "could not change the message's visibility");
     }
 }
 

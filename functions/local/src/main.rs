@@ -117,6 +117,14 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         daily: usize,
     },
+    /// Queue a drift check for every workspace with a successful apply, as job files in a
+    /// `terrace serve` queue folder (run it on a schedule). Workspaces whose last apply had
+    /// sensitive variables are listed instead: send their checks with the secrets.
+    Drift {
+        /// The queue folder `terrace serve --queue` reads.
+        #[arg(long)]
+        queue: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -173,6 +181,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
         Cmd::Serve(args) => serve::serve(&g, args).await,
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
+        Cmd::Drift { queue } => drift(&g, &queue).await,
         Cmd::Backup { hourly, daily } => {
             let store = state_backends::fs::FsStore::new(&g.store);
             let keep = shared::backup::Retention { hourly, daily };
@@ -202,6 +211,44 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             })
         }
     }
+}
+
+async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
+    let store = FsStore::new(&g.store);
+    let plan = shared::drift::plan(&store, time::OffsetDateTime::now_utc()).await?;
+    std::fs::create_dir_all(queue)
+        .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
+    for (ws, job) in &plan.jobs {
+        let id = job.0["id"].as_str().unwrap_or("drift");
+        let name = format!("{id}--{}--{}.json", ws.tenant(), ws.workspace());
+        // Written under a hidden name first: `serve` never sees half a file.
+        let partial = queue.join(format!(".{name}.partial"));
+        std::fs::write(&partial, serde_json::to_vec_pretty(&job.0)?)
+            .with_context(|| format!("cannot write {}", partial.display()))?;
+        std::fs::rename(&partial, queue.join(&name))?;
+        println!("{ws}: drift check queued as {name}");
+    }
+    for (ws, names) in &plan.needs_secrets {
+        eprintln!(
+            "{ws}: not queued: its last apply had sensitive variables ({}); send its drift check with their values",
+            names.join(", ")
+        );
+    }
+    for (ws, why) in &plan.failed {
+        eprintln!("{ws}: not queued: {why}");
+    }
+    println!(
+        "{} queued, {} need secrets, {} never applied, {} failed",
+        plan.jobs.len(),
+        plan.needs_secrets.len(),
+        plan.never_applied,
+        plan.failed.len()
+    );
+    Ok(if plan.failed.is_empty() {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
 }
 
 fn runner_config(g: &Global) -> RunnerConfig {

@@ -1,0 +1,161 @@
+//! The scheduled drift sweep: one `drift-check` job per workspace, rebuilt from the
+//! configuration of its last successful apply (see [`crate::rollback`] for that record).
+//!
+//! The sweep only builds the jobs; the function puts them on its own job queue, so each runs
+//! like any other job (its own deadline, lease, busy handling and result). Their ids are
+//! `drift-<UTC hour>`, so a sweep delivered twice in one hour runs each check once.
+//!
+//! A workspace whose last apply had sensitive variables is not checked: the record masks their
+//! values, and Terrace keeps no secrets of its own. The platform that holds them sends those
+//! drift checks itself (an ordinary job with `operation: drift-check`); the sweep reports which
+//! workspaces and variables need that.
+
+use serde_json::{Map, Value};
+use state_backends::{StateStore, StoreError, WorkspaceId};
+use time::OffsetDateTime;
+
+use crate::job::RawJob;
+use crate::redact::MASK;
+use crate::rollback::last_apply;
+
+/// What one sweep found.
+#[derive(Debug, Default)]
+pub struct DriftPlan {
+    /// The drift-check jobs to run, one per workspace.
+    pub jobs: Vec<(WorkspaceId, RawJob)>,
+    /// Workspaces whose last apply had sensitive variables, with their names.
+    pub needs_secrets: Vec<(WorkspaceId, Vec<String>)>,
+    /// Workspaces with no successful apply yet: nothing to compare against.
+    pub never_applied: usize,
+    /// Workspaces whose records could not be read, with why.
+    pub failed: Vec<(WorkspaceId, String)>,
+}
+
+/// The id of the drift checks of the sweep at `now`.
+pub fn job_id(now: OffsetDateTime) -> String {
+    format!("drift-{}", crate::backup::hour_label(now))
+}
+
+/// Builds the sweep's drift-check jobs over every workspace of `store`.
+///
+/// # Errors
+/// When the workspaces cannot be listed; a workspace whose records cannot be read is reported
+/// in [`DriftPlan::failed`] and the others go on.
+pub async fn plan(store: &dyn StateStore, now: OffsetDateTime) -> Result<DriftPlan, StoreError> {
+    let id = job_id(now);
+    let mut out = DriftPlan::default();
+    for ws in store.workspaces().await? {
+        match last_apply(store, &ws).await {
+            Ok(None) => out.never_applied += 1,
+            Ok(Some((_, record))) => match drift_job(&record, &ws, &id) {
+                Ok(job) => out.jobs.push((ws, job)),
+                Err(masked) => out.needs_secrets.push((ws, masked)),
+            },
+            Err(why) => out.failed.push((ws, why)),
+        }
+    }
+    Ok(out)
+}
+
+/// The drift check of a recorded apply, or the names of its masked (sensitive) variables.
+fn drift_job(record: &Value, ws: &WorkspaceId, id: &str) -> Result<RawJob, Vec<String>> {
+    let variables = record["variables"].as_object().cloned().unwrap_or_default();
+    let masked: Vec<String> = variables
+        .iter()
+        .filter(|(_, v)| v.to_string().contains(MASK))
+        .map(|(name, _)| name.clone())
+        .collect();
+    if !masked.is_empty() {
+        return Err(masked);
+    }
+    let mut doc = Map::new();
+    doc.insert("id".into(), Value::from(id));
+    doc.insert("tenant".into(), Value::from(ws.tenant()));
+    doc.insert("workspace".into(), Value::from(ws.workspace()));
+    doc.insert("operation".into(), Value::from("drift-check"));
+    doc.insert("template".into(), record["template"].clone());
+    doc.insert("variables".into(), Value::Object(variables));
+    if let Some(timeout) = record["timeout"].as_u64() {
+        doc.insert("timeout".into(), Value::from(timeout));
+    }
+    Ok(RawJob(doc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use state_backends::memory::MemoryStore;
+
+    async fn applied(store: &MemoryStore, ws: &WorkspaceId, job: &str, variables: Value) {
+        let record = serde_json::json!({
+            "id": job, "tenant": ws.tenant(), "workspace": ws.workspace(), "operation": "apply",
+            "template": { "name": "fleet", "version": "1.0.0" },
+            "variables": variables, "timeout": 600,
+        });
+        store
+            .put_artifact(
+                ws,
+                job,
+                crate::runner::JOB_FILE,
+                Bytes::from(record.to_string()),
+            )
+            .await
+            .unwrap();
+        crate::rollback::record_last_apply(store, ws, job)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn one_check_per_applied_workspace_and_none_that_needs_a_secret() {
+        let store = MemoryStore::new();
+        let plain = WorkspaceId::new("acme", "plain").unwrap();
+        let secret = WorkspaceId::new("acme", "secret").unwrap();
+        let fresh = WorkspaceId::new("acme", "fresh").unwrap();
+        applied(
+            &store,
+            &plain,
+            "j1",
+            serde_json::json!({ "networks": ["a"] }),
+        )
+        .await;
+        applied(
+            &store,
+            &plain,
+            "j2",
+            serde_json::json!({ "networks": ["a", "b"] }),
+        )
+        .await;
+        applied(
+            &store,
+            &secret,
+            "j3",
+            serde_json::json!({ "networks": ["a"], "token": MASK }),
+        )
+        .await;
+        store
+            .put_artifact(&fresh, "j4", "log.txt", Bytes::from_static(b"failed"))
+            .await
+            .unwrap();
+
+        let now = OffsetDateTime::from_unix_timestamp(1_795_000_000).unwrap();
+        let plan = plan(&store, now).await.unwrap();
+        assert_eq!(plan.jobs.len(), 1);
+        let (ws, job) = &plan.jobs[0];
+        assert_eq!(ws, &plain);
+        assert_eq!(job.0["id"], job_id(now));
+        assert_eq!(job.0["operation"], "drift-check");
+        assert_eq!(job.0["workspace"], "plain");
+        assert_eq!(
+            job.0["variables"],
+            serde_json::json!({ "networks": ["a", "b"] }),
+            "the last apply's configuration"
+        );
+        assert_eq!(job.0["timeout"], 600);
+        assert_eq!(plan.needs_secrets, vec![(secret, vec!["token".to_owned()])]);
+        assert_eq!(plan.never_applied, 1);
+        assert!(plan.failed.is_empty());
+        assert!(job_id(now).starts_with("drift-20"));
+    }
+}
