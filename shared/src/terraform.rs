@@ -37,6 +37,9 @@ pub struct TerraformConfig {
     /// redacted from every log line. Variables that change terraform's own behaviour
     /// (`TF_LOG`, `TF_CLI_ARGS`, …) are refused here too.
     pub env: Vec<(String, String)>,
+    /// Variables set for terraform by the runner that are not secret (a config file's path, a
+    /// region): not redacted, and filtered like [`TerraformConfig::env`].
+    pub settings: Vec<(String, String)>,
     /// How long terraform has to stop after SIGINT before the process group is killed.
     pub grace: Duration,
 }
@@ -49,6 +52,7 @@ impl Default for TerraformConfig {
             cli_config: None,
             pass_env: Vec::new(),
             env: Vec::new(),
+            settings: Vec::new(),
             grace: Duration::from_secs(30),
         }
     }
@@ -393,6 +397,7 @@ fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(String, String)
         config
             .env
             .iter()
+            .chain(&config.settings)
             .filter(|(name, _)| may_pass(name))
             .cloned(),
     );
@@ -456,6 +461,10 @@ mod tests {
                 ("CLOUD_TOKEN".into(), "t0ken".into()),
                 ("TF_LOG".into(), "TRACE".into()),
             ],
+            settings: vec![
+                ("CLOUD_REGION".into(), "eu-west-1".into()),
+                ("TF_CLI_ARGS".into(), "-lock=false".into()),
+            ],
             plugin_cache: Some("/cache".into()),
             ..TerraformConfig::default()
         };
@@ -463,7 +472,9 @@ mod tests {
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
         assert!(names.contains(&"TF_IN_AUTOMATION"));
         assert!(env.contains(&("CLOUD_TOKEN".to_owned(), "t0ken".to_owned())));
+        assert!(env.contains(&("CLOUD_REGION".to_owned(), "eu-west-1".to_owned())));
         assert!(!names.contains(&"TF_LOG"), "set variables are filtered too");
+        assert!(!names.contains(&"TF_CLI_ARGS"), "settings are filtered too");
         assert!(names.contains(&"TF_PLUGIN_CACHE_DIR"));
         assert!(env.contains(&("HOME".to_owned(), "/w/.home".to_owned())));
         assert!(

@@ -479,6 +479,117 @@ async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terraform_gets_a_session_of_its_own_through_credential_process_never_static_keys() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let body = json!({
+        "job": {
+            "id": "c-1", "tenant": "acme", "workspace": "creds", "operation": "apply",
+            "template": { "name": "awscreds", "version": "1.0.0" },
+            "variables": { "name": "probe" }, "timeout": "5m",
+        },
+        "target": w.target(),
+    })
+    .to_string();
+    let (event, _) = w.batch(&[body]).await;
+    let response = api.invoke(event, Duration::from_secs(600)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let results = w.results().await;
+    assert_eq!(results[0]["status"], "succeeded", "{results:?}");
+
+    let read = |name: &str| std::fs::read_to_string(w.sb.cloud.join(name)).unwrap();
+    let first: Value = serde_json::from_str(&read("probe-first.json")).expect("a document");
+    assert_eq!(first["Version"], 1);
+    let key = first["AccessKeyId"].as_str().unwrap();
+    assert!(
+        !key.is_empty() && key != "testing",
+        "an assumed session, not the function's own key: {key}"
+    );
+    assert!(
+        first["SessionToken"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+    );
+    let expires = time::OffsetDateTime::parse(
+        first["Expiration"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    assert!(
+        expires > time::OffsetDateTime::now_utc() + Duration::from_secs(14 * 60),
+        "a session for the job (at least STS's 15 min): {expires}"
+    );
+    let second: Value = serde_json::from_str(&read("probe-second.json")).unwrap();
+    assert_eq!(
+        second, first,
+        "a fresh session is reused, not assumed again per call"
+    );
+
+    let names = read("probe-env.txt");
+    let names: Vec<&str> = names.lines().collect();
+    for needed in [
+        "AWS_CONFIG_FILE",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_REGION",
+    ] {
+        assert!(names.contains(&needed), "{needed} in {names:?}");
+    }
+    for leaked in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    ] {
+        assert!(
+            !names.contains(&leaked),
+            "terraform saw {leaked}: {names:?}"
+        );
+    }
+    assert!(
+        read("probe-refused.txt").contains("401"),
+        "a wrong token gets nothing: {}",
+        read("probe-refused.txt")
+    );
+
+    // A session with less left than the function's threshold is replaced: with a threshold
+    // longer than any session, every call assumes the role again.
+    drop(_function);
+    let api = RuntimeApi::start().await;
+    let _function = w.start_with(&api, &[("TERRACE_REFRESH_CREDENTIALS_BEFORE", "7200")]);
+    let body = json!({
+        "job": {
+            "id": "c-2", "tenant": "acme", "workspace": "creds-2", "operation": "apply",
+            "template": { "name": "awscreds", "version": "1.0.0" },
+            "variables": { "name": "refreshed" }, "timeout": "5m",
+        },
+        "target": w.target(),
+    })
+    .to_string();
+    let (event, _) = w.batch(&[body]).await;
+    api.invoke(event, Duration::from_secs(600)).await.unwrap();
+    assert_eq!(w.results().await[0]["status"], "succeeded");
+    let one: Value = serde_json::from_str(&read("refreshed-first.json")).unwrap();
+    let two: Value = serde_json::from_str(&read("refreshed-second.json")).unwrap();
+    assert_ne!(one["AccessKeyId"], two["AccessKeyId"], "a new session");
+
+    // The session's secret is in no log line the function stored.
+    let secret = first["SecretAccessKey"].as_str().unwrap();
+    let s3 = aws::s3().await;
+    for key in w.keys("states/acme/creds/runs/c-1/").await {
+        let object = s3
+            .get_object()
+            .bucket(&w.bucket)
+            .key(&key)
+            .send()
+            .await
+            .unwrap();
+        let bytes = object.body.collect().await.unwrap().into_bytes();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains(secret), "{key} holds the session's secret");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_runs_it() {
     use aws_sdk_ecs::types::{Compatibility, ContainerDefinition, NetworkMode};
     let w = World::new().await;

@@ -45,6 +45,8 @@ pub enum AccessError {
     BadRole(String),
     #[error("assuming {role} failed: {message}")]
     Sts { role: String, message: String },
+    #[error("{0}")]
+    Local(String),
 }
 
 impl Target {
@@ -117,61 +119,6 @@ pub async fn customer_config(
         config = config.region(aws_config::Region::new(region.clone()));
     }
     Ok(config.build())
-}
-
-/// Credentials for terraform's providers in the customer account, as environment variables:
-/// a session of its own (`<job>-tf`), as long as the job may run (STS allows 15 min to 1 h when
-/// a role assumes a role).
-///
-/// # Errors
-/// [`AccessError`] when the target is refused or STS fails.
-pub async fn terraform_env(
-    base: &SdkConfig,
-    target: &Target,
-    job_id: &str,
-    job_timeout: Duration,
-) -> Result<Vec<(String, String)>, AccessError> {
-    let external_id = target.check()?;
-    let seconds = (job_timeout.as_secs() + 300).clamp(900, 3600);
-    let sts = aws_sdk_sts::Client::new(base);
-    let out = sts
-        .assume_role()
-        .role_arn(&target.role_arn)
-        .external_id(external_id)
-        .role_session_name(session_name(job_id, "-tf"))
-        .duration_seconds(i32::try_from(seconds).unwrap_or(3600))
-        .send()
-        .await
-        .map_err(|e| AccessError::Sts {
-            role: target.role_arn.clone(),
-            message: state_backends::s3::brief(&e),
-        })?;
-    let creds = out.credentials().ok_or_else(|| AccessError::Sts {
-        role: target.role_arn.clone(),
-        message: "STS returned no credentials".into(),
-    })?;
-    let mut env = vec![
-        (
-            "AWS_ACCESS_KEY_ID".to_owned(),
-            creds.access_key_id().to_owned(),
-        ),
-        (
-            "AWS_SECRET_ACCESS_KEY".to_owned(),
-            creds.secret_access_key().to_owned(),
-        ),
-        (
-            "AWS_SESSION_TOKEN".to_owned(),
-            creds.session_token().to_owned(),
-        ),
-    ];
-    if let Some(region) = target
-        .region
-        .clone()
-        .or_else(|| base.region().map(ToString::to_string))
-    {
-        env.push(("AWS_REGION".to_owned(), region));
-    }
-    Ok(env)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Target};
 use crate::config::Config;
+use crate::credentials;
 
 /// A job message: the job and the customer account it runs against.
 #[derive(Clone, Debug, Deserialize)]
@@ -251,8 +252,17 @@ impl App {
                 };
             }
         };
-        let tf_env = match access::terraform_env(&self.aws, target, &id, job.job.timeout).await {
-            Ok(env) => env,
+        // Lives until the job ends: terraform's credential_process asks it for the session.
+        let credentials = match credentials::for_terraform(
+            &self.aws,
+            target,
+            &id,
+            job.job.timeout,
+            self.config.refresh_credentials_before,
+        )
+        .await
+        {
+            Ok(c) => c,
             Err(e) => {
                 return Handled::Again {
                     why: e.to_string(),
@@ -270,7 +280,8 @@ impl App {
             }
         };
         let mut terraform = self.config.terraform.clone();
-        terraform.env = tf_env;
+        terraform.env.clone_from(&credentials.env);
+        terraform.settings.clone_from(&credentials.settings);
         let runner = Runner::new(
             store,
             RunnerConfig {

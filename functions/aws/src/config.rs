@@ -32,6 +32,9 @@ pub struct Config {
     pub margin: Duration,
     /// How often a running job's message is made invisible again (for four times as long).
     pub keep_invisible_every: Duration,
+    /// Terraform's session for the customer account is replaced when it has less than this
+    /// left (see `credentials`).
+    pub refresh_credentials_before: Duration,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -96,6 +99,7 @@ impl Config {
                 cli_config: var("TERRACE_TF_CLI_CONFIG").map(Into::into),
                 pass_env: list("TERRACE_PASS_ENV"),
                 env: Vec::new(),
+                settings: Vec::new(),
                 grace: seconds("TERRACE_GRACE", 30)?,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
@@ -107,6 +111,7 @@ impl Config {
             margin: seconds("TERRACE_DEADLINE_MARGIN", 45)?,
             keep_invisible_every: seconds("TERRACE_KEEP_INVISIBLE_EVERY", 30)?
                 .max(Duration::from_secs(1)),
+            refresh_credentials_before: seconds("TERRACE_REFRESH_CREDENTIALS_BEFORE", 600)?,
         })
     }
 }

@@ -7,6 +7,7 @@
 mod access;
 mod app;
 mod config;
+mod credentials;
 mod sqs;
 
 use std::process::ExitCode;
@@ -23,6 +24,9 @@ use crate::app::{App, Handled};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("credentials") {
+        return credentials::print().await;
+    }
     tracing_subscriber::fmt()
         .json()
         .with_env_filter(

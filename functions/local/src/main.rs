@@ -264,6 +264,7 @@ fn runner_config(g: &Global) -> RunnerConfig {
                 .cloned()
                 .collect(),
             env: Vec::new(),
+            settings: Vec::new(),
             grace: Duration::from_secs(g.grace),
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
