@@ -14,6 +14,7 @@
 
 pub mod lease;
 pub mod memory;
+pub mod objects;
 #[cfg(feature = "aws")]
 pub mod s3;
 pub mod tfstate;

@@ -1,0 +1,841 @@
+//! A [`StateStore`] over any object bucket with conditional writes: S3, GCS and Azure Blob
+//! differ only in their [`Bucket`] (how an object is read, written under a condition, copied,
+//! listed) and, where the cloud offers a better lock than an object, in their [`LeaseKeeper`].
+//! The commit protocol, the fencing, the backups and the change marks are written once, here.
+//!
+//! Layout under `<prefix>/<tenant>/<workspace>/`:
+//! - `versions/<n:010>.tfstate`: every accepted state, created once with a create-only
+//!   condition (`If-None-Match: *`, `ifGenerationMatch=0`). That conditional create **is** the
+//!   commit: of two writers that read version `n`, exactly one creates `n + 1`, the other gets
+//!   412 (a conflict). The version's facts (serial, lineage, sha256, time) are its object
+//!   metadata. A deletion is a marker version (empty, `terrace-kind: deleted`), so numbering
+//!   goes on and history stays.
+//! - `terraform.tfstate`: a server-side copy of the current version, carrying its number in
+//!   its metadata. It is where a reader starts; a reader then checks that version `n + 1` does
+//!   not exist (a writer may have died between its commit and its copy), so the copy is a hint
+//!   that can lag, never a source of truth.
+//! - `lease.json` (lock-object mode): the [`LeaseRecord`], changed only when its tag (ETag,
+//!   generation) still matches, or created only if absent the first time.
+//! - `backups/<label>.tfstate` (server-side copies) and `backups/index.json`.
+//! - `runs/<job-id>/…`: run artifacts.
+//!
+//! and `<prefix>/_changes/<tenant>/<workspace>`, written after every commit and cleared (only
+//! if its tag is still the listed one) by the backup sweep once it has copied that state: the
+//! sweep lists only these, so it costs calls in proportion to the changed workspaces.
+//!
+//! Writes are fenced by reading the lease immediately before the conditional create: an object
+//! store has no condition across two objects, so a writer whose lease runs out in the
+//! milliseconds between the two can still land one write, and that write is still a checked
+//! successor of the version it read.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use time::OffsetDateTime;
+
+use crate::lease::{LeaseRecord, check_put};
+use crate::{
+    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
+    StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
+};
+
+/// How a write is conditioned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Condition<'a> {
+    None,
+    /// Only if the key does not exist.
+    Absent,
+    /// Only if the object's tag (ETag, generation) is this one.
+    Matches(&'a str),
+}
+
+/// One object from a listing.
+#[derive(Clone, Debug)]
+pub struct Listed {
+    pub key: String,
+    /// What a [`Condition::Matches`] compares with (ETag, generation).
+    pub tag: String,
+    pub size: u64,
+}
+
+/// One object, read whole.
+#[derive(Clone, Debug)]
+pub struct Object {
+    pub data: Bytes,
+    pub tag: String,
+    pub metadata: HashMap<String, String>,
+}
+
+/// What a cloud's object storage must offer. Keys are full object names.
+#[async_trait]
+pub trait Bucket: Send + Sync + Debug {
+    /// The backend's name in errors and [`StateStore::kind`] (`s3`, `gcs`).
+    fn backend(&self) -> &'static str;
+    async fn get(&self, key: &str) -> Result<Option<Object>>;
+    /// The object's custom metadata, without its content.
+    async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>>;
+    /// Writes `data`; `Ok(false)` when the condition failed (412, or 409 for a concurrent
+    /// conditional write).
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<bool>;
+    /// A server-side copy; `metadata` replaces the source's when given.
+    async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        metadata: Option<HashMap<String, String>>,
+    ) -> Result<()>;
+    /// Deletes; a missing object is not an error.
+    async fn delete(&self, key: &str) -> Result<()>;
+    /// Clears a change mark only if its tag is still `tag`: deleted, or emptied where the
+    /// cloud (or its emulator) honours conditions on writes but not on deletes. A mark written
+    /// again since it was listed stays. Listings skip empty marks.
+    async fn clear_if(&self, key: &str, tag: &str) -> Result<()>;
+    /// Every object under `prefix`, all pages.
+    async fn list(&self, prefix: &str) -> Result<Vec<Listed>>;
+    /// The names of the "folders" right under `prefix` (which ends with `/`).
+    async fn folders(&self, prefix: &str) -> Result<Vec<String>>;
+}
+
+/// A lease kept outside the bucket (a DynamoDB item, a blob lease). `key` names the workspace
+/// (`<prefix>/<tenant>/<workspace>`).
+#[async_trait]
+pub trait LeaseKeeper: Send + Sync + Debug {
+    async fn record(&self, key: &str) -> Result<LeaseRecord>;
+    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Lease>;
+    async fn renew(
+        &self,
+        ws: &WorkspaceId,
+        key: &str,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Lease>;
+    async fn release(&self, ws: &WorkspaceId, key: &str, lease: &Lease) -> Result<()>;
+    async fn break_lease(&self, ws: &WorkspaceId, key: &str) -> Result<Option<Lease>>;
+}
+
+/// The store over a [`Bucket`]; the lease in a lock object unless a [`LeaseKeeper`] is given.
+#[derive(Clone, Debug)]
+pub struct ObjectStore<B> {
+    bucket: B,
+    prefix: String,
+    leases: Option<Arc<dyn LeaseKeeper>>,
+}
+
+impl<B: Bucket> ObjectStore<B> {
+    /// A store under `prefix` (empty for the bucket's root).
+    pub fn over(bucket: B, prefix: &str, leases: Option<Arc<dyn LeaseKeeper>>) -> Self {
+        Self {
+            bucket,
+            prefix: prefix.trim_matches('/').to_owned(),
+            leases,
+        }
+    }
+
+    pub fn bucket(&self) -> &B {
+        &self.bucket
+    }
+
+    fn root(&self) -> String {
+        if self.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.prefix)
+        }
+    }
+
+    fn base(&self, ws: &WorkspaceId) -> String {
+        format!("{}{}/{}", self.root(), ws.tenant(), ws.workspace())
+    }
+
+    fn key(&self, ws: &WorkspaceId, rest: &str) -> String {
+        format!("{}/{rest}", self.base(ws))
+    }
+
+    fn changes_prefix(&self) -> String {
+        format!("{}_changes/", self.root())
+    }
+
+    fn change_key(&self, ws: &WorkspaceId) -> String {
+        format!(
+            "{}{}/{}",
+            self.changes_prefix(),
+            ws.tenant(),
+            ws.workspace()
+        )
+    }
+
+    fn version_key(&self, ws: &WorkspaceId, number: u64) -> String {
+        self.key(ws, &format!("versions/{number:010}.tfstate"))
+    }
+
+    fn corrupt(&self, key: &str, detail: &str) -> StoreError {
+        StoreError::Corrupt {
+            path: format!("{} {key}", self.bucket.backend()),
+            detail: detail.to_owned(),
+        }
+    }
+
+    fn gave_up(&self, key: &str) -> StoreError {
+        StoreError::Backend {
+            backend: self.bucket.backend(),
+            message: format!("{key} kept changing under 20 attempts to update it"),
+            retryable: true,
+            source: None,
+        }
+    }
+
+    /// After a commit: the workspace has a change for the backup sweep. A lost mark (the writer
+    /// died right after its commit) only delays a backup until the next write.
+    async fn mark_changed(&self, ws: &WorkspaceId, number: u64) -> Result<()> {
+        self.bucket
+            .put(
+                &self.change_key(ws),
+                Bytes::from(number.to_string()),
+                HashMap::new(),
+                Condition::None,
+            )
+            .await
+            .map(|_| ())
+    }
+
+    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self
+            .bucket
+            .list(prefix)
+            .await?
+            .into_iter()
+            .map(|o| o.key)
+            .collect())
+    }
+
+    // ----- versions -----
+
+    /// The number of the newest committed version (0: none), and whether it is a deletion.
+    async fn head_version(&self, ws: &WorkspaceId) -> Result<(u64, bool)> {
+        let (number, deleted, _) = self.newest(ws, false).await?;
+        Ok((number, deleted))
+    }
+
+    /// The newest committed version: its number (0: none), whether it is a deletion, and, when
+    /// `with_data` and the copy is of that version, the copy itself (its content and facts, so
+    /// a reader needs nothing more). Copies are only ever made of states, and the copy is
+    /// removed by a deletion, so an existing copy is never of a marker.
+    async fn newest(
+        &self,
+        ws: &WorkspaceId,
+        with_data: bool,
+    ) -> Result<(u64, bool, Option<Object>)> {
+        let copy_key = self.key(ws, "terraform.tfstate");
+        let number_in = |meta: &HashMap<String, String>| {
+            meta.get(META_NUMBER)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let copy = if with_data {
+            self.bucket
+                .get(&copy_key)
+                .await?
+                .map(|o| (number_in(&o.metadata), Some(o)))
+        } else {
+            self.bucket
+                .head(&copy_key)
+                .await?
+                .map(|m| (number_in(&m), None))
+        };
+        let (mut number, mut marker, mut copy): (u64, bool, Option<Object>) = match copy {
+            Some((n, obj)) => (n, false, obj.filter(|_| n > 0)),
+            // No copy: a new or deleted workspace. The listing (strongly consistent) says
+            // which, and needs no probe after it.
+            None => {
+                let n = self.highest_listed(ws).await?;
+                let mut marker = false;
+                if n > 0 {
+                    let key = self.version_key(ws, n);
+                    let meta = self
+                        .bucket
+                        .head(&key)
+                        .await?
+                        .ok_or_else(|| self.corrupt(&key, "a listed version does not exist"))?;
+                    marker = is_deleted(&meta);
+                }
+                return Ok((n, n == 0 || marker, None));
+            }
+        };
+        // The copy may lag a writer that died between its commit and its copy.
+        while let Some(meta) = self.bucket.head(&self.version_key(ws, number + 1)).await? {
+            number += 1;
+            marker = is_deleted(&meta);
+            copy = None;
+        }
+        Ok((number, number == 0 || marker, copy))
+    }
+
+    async fn highest_listed(&self, ws: &WorkspaceId) -> Result<u64> {
+        Ok(self
+            .keys(&self.key(ws, "versions/"))
+            .await?
+            .iter()
+            .filter_map(|k| version_number(k))
+            .max()
+            .unwrap_or(0))
+    }
+
+    async fn version_info(&self, ws: &WorkspaceId, number: u64) -> Result<Option<VersionInfo>> {
+        let key = self.version_key(ws, number);
+        let Some(meta) = self.bucket.head(&key).await? else {
+            return Ok(None);
+        };
+        if is_deleted(&meta) {
+            return Ok(None);
+        }
+        info_from_metadata(number, &meta)
+            .map(Some)
+            .map_err(|detail| self.corrupt(&key, &detail))
+    }
+
+    /// Checks a write (fence and expected version) and commits `data` as the next version.
+    async fn commit(
+        &self,
+        ws: &WorkspaceId,
+        mode: &PutMode,
+        fence: Option<&Fence>,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+    ) -> Result<u64> {
+        let (number, deleted) = self.head_version(ws).await?;
+        let current = (!deleted).then(|| VersionToken(number.to_string()));
+        let record = match fence {
+            Some(_) => self.lease_record(ws).await?,
+            None => LeaseRecord::default(),
+        };
+        check_put(ws, &record, current.as_ref(), mode, fence)?;
+        let next = number + 1;
+        if !self
+            .bucket
+            .put(
+                &self.version_key(ws, next),
+                data,
+                metadata,
+                Condition::Absent,
+            )
+            .await?
+        {
+            return Err(StoreError::Conflict {
+                workspace: ws.clone(),
+                detail: format!("version {next} was written by another writer first"),
+            });
+        }
+        Ok(next)
+    }
+
+    // ----- leases -----
+
+    async fn lease_record(&self, ws: &WorkspaceId) -> Result<LeaseRecord> {
+        match &self.leases {
+            Some(keeper) => keeper.record(&self.base(ws)).await,
+            None => Ok(self.lock_object(ws).await?.0),
+        }
+    }
+
+    async fn lock_object(&self, ws: &WorkspaceId) -> Result<(LeaseRecord, Option<String>)> {
+        let key = self.key(ws, "lease.json");
+        match self.bucket.get(&key).await? {
+            None => Ok((LeaseRecord::default(), None)),
+            Some(obj) => {
+                let record = serde_json::from_slice(&obj.data)
+                    .map_err(|e| self.corrupt(&key, &e.to_string()))?;
+                Ok((record, Some(obj.tag)))
+            }
+        }
+    }
+
+    /// Reads the lock object, applies `change`, and writes it back if its tag still matches,
+    /// retrying on a concurrent change. `change` returns what to answer and whether to write.
+    async fn with_lock_object<T>(
+        &self,
+        ws: &WorkspaceId,
+        mut change: impl FnMut(&mut LeaseRecord) -> Result<(T, bool)> + Send,
+    ) -> Result<T> {
+        let key = self.key(ws, "lease.json");
+        for _ in 0..20 {
+            let (mut record, tag) = self.lock_object(ws).await?;
+            let (answer, write) = change(&mut record)?;
+            if !write {
+                return Ok(answer);
+            }
+            let data = Bytes::from(serde_json::to_vec(&record).expect("lease record serializes"));
+            let condition = match &tag {
+                Some(tag) => Condition::Matches(tag),
+                None => Condition::Absent,
+            };
+            if self
+                .bucket
+                .put(&key, data, HashMap::new(), condition)
+                .await?
+            {
+                return Ok(answer);
+            }
+        }
+        Err(self.gave_up(&key))
+    }
+
+    async fn backup_index(&self, key: &str) -> Result<(Vec<BackupInfo>, Option<String>)> {
+        match self.bucket.get(key).await? {
+            Some(obj) => Ok((
+                serde_json::from_slice(&obj.data).map_err(|e| self.corrupt(key, &e.to_string()))?,
+                Some(obj.tag),
+            )),
+            None => Ok((Vec::new(), None)),
+        }
+    }
+
+    /// Writes the index if it is still the one read (`tag`; `None`: there was none).
+    async fn put_backup_index(
+        &self,
+        key: &str,
+        index: &[BackupInfo],
+        tag: Option<&str>,
+    ) -> Result<bool> {
+        let data = Bytes::from(serde_json::to_vec_pretty(index).expect("index serializes"));
+        let condition = match tag {
+            Some(tag) => Condition::Matches(tag),
+            None => Condition::Absent,
+        };
+        self.bucket.put(key, data, HashMap::new(), condition).await
+    }
+}
+
+const META_NUMBER: &str = "terrace-number";
+const META_KIND: &str = "terrace-kind";
+const META_SERIAL: &str = "terrace-serial";
+const META_LINEAGE: &str = "terrace-lineage";
+const META_SHA256: &str = "terrace-sha256";
+const META_CREATED: &str = "terrace-created";
+
+fn is_deleted(meta: &HashMap<String, String>) -> bool {
+    meta.get(META_KIND).is_some_and(|k| k == "deleted")
+}
+
+fn version_number(key: &str) -> Option<u64> {
+    key.rsplit('/')
+        .next()?
+        .strip_suffix(".tfstate")?
+        .parse()
+        .ok()
+}
+
+fn info_metadata(info: &VersionInfo) -> HashMap<String, String> {
+    HashMap::from([
+        (META_KIND.to_owned(), "state".to_owned()),
+        (META_NUMBER.to_owned(), info.number.to_string()),
+        (META_SERIAL.to_owned(), info.serial.to_string()),
+        (META_LINEAGE.to_owned(), info.lineage.clone()),
+        (META_SHA256.to_owned(), info.sha256.clone()),
+        (
+            META_CREATED.to_owned(),
+            info.created_at
+                .format(&time::format_description::well_known::Rfc3339)
+                .expect("a UTC time formats"),
+        ),
+    ])
+}
+
+fn info_from_metadata(
+    number: u64,
+    meta: &HashMap<String, String>,
+) -> std::result::Result<VersionInfo, String> {
+    let get = |k: &str| {
+        meta.get(k)
+            .ok_or_else(|| format!("metadata {k} is missing"))
+    };
+    Ok(VersionInfo {
+        number,
+        serial: get(META_SERIAL)?
+            .parse()
+            .map_err(|e| format!("serial: {e}"))?,
+        lineage: get(META_LINEAGE)?.clone(),
+        created_at: OffsetDateTime::parse(
+            get(META_CREATED)?,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .map_err(|e| format!("created: {e}"))?,
+        size: 0,
+        sha256: get(META_SHA256)?.clone(),
+    })
+}
+
+#[async_trait]
+impl<B: Bucket + Clone + 'static> StateStore for ObjectStore<B> {
+    fn kind(&self) -> &'static str {
+        self.bucket.backend()
+    }
+
+    async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>> {
+        let (number, deleted, copy) = self.newest(ws, true).await?;
+        if deleted {
+            return Ok(None);
+        }
+        let key = self.version_key(ws, number);
+        let obj = match copy {
+            Some(copy) => copy,
+            None => self
+                .bucket
+                .get(&key)
+                .await?
+                .ok_or_else(|| self.corrupt(&key, "the version vanished"))?,
+        };
+        let mut version =
+            info_from_metadata(number, &obj.metadata).map_err(|d| self.corrupt(&key, &d))?;
+        version.size = obj.data.len() as u64;
+        if sha256_hex(&obj.data) != version.sha256 {
+            return Err(self.corrupt(&key, "the content does not match its sha256"));
+        }
+        Ok(Some(CurrentState {
+            token: VersionToken(number.to_string()),
+            data: obj.data,
+            version,
+        }))
+    }
+
+    async fn put(
+        &self,
+        ws: &WorkspaceId,
+        state: NewState,
+        mode: PutMode,
+        fence: Option<&Fence>,
+    ) -> Result<VersionInfo> {
+        let mut info = VersionInfo {
+            number: 0,
+            serial: state.serial,
+            lineage: state.lineage,
+            created_at: OffsetDateTime::now_utc(),
+            size: state.data.len() as u64,
+            sha256: sha256_hex(&state.data),
+        };
+        // The number is only known at commit; metadata carries it for the copy, so it is
+        // filled in by a retry-free two-step: commit with the facts, then copy with the number.
+        let mut meta = info_metadata(&info);
+        meta.remove(META_NUMBER);
+        let number = self.commit(ws, &mode, fence, state.data, meta).await?;
+        info.number = number;
+        if let Err(e) = self.mark_changed(ws, number).await {
+            tracing::warn!(workspace = %ws, error = %e, "state version committed, but its change mark failed");
+        }
+        // The convenience copy, with the number a reader starts from. It may lag on a crash.
+        let copied = self
+            .bucket
+            .copy(
+                &self.version_key(ws, number),
+                &self.key(ws, "terraform.tfstate"),
+                Some(info_metadata(&info)),
+            )
+            .await;
+        if let Err(e) = copied {
+            tracing::warn!(workspace = %ws, error = %e, "state version committed, but its terraform.tfstate copy failed");
+        }
+        Ok(info)
+    }
+
+    async fn delete_current(
+        &self,
+        ws: &WorkspaceId,
+        expected: &VersionToken,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
+        let meta = HashMap::from([(META_KIND.to_owned(), "deleted".to_owned())]);
+        let number = self
+            .commit(
+                ws,
+                &PutMode::Update(expected.clone()),
+                fence,
+                Bytes::new(),
+                meta,
+            )
+            .await?;
+        self.mark_changed(ws, number).await?;
+        self.bucket.delete(&self.key(ws, "terraform.tfstate")).await
+    }
+
+    async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>> {
+        let mut listed: Vec<(u64, u64)> = self
+            .bucket
+            .list(&self.key(ws, "versions/"))
+            .await?
+            .iter()
+            .filter_map(|o| Some((version_number(&o.key)?, o.size)))
+            .collect();
+        listed.sort_unstable();
+        let mut out = Vec::with_capacity(listed.len());
+        for (number, size) in listed {
+            if let Some(mut info) = self.version_info(ws, number).await? {
+                info.size = size;
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn version(&self, ws: &WorkspaceId, number: u64) -> Result<Bytes> {
+        let key = self.version_key(ws, number);
+        match self.bucket.get(&key).await? {
+            Some(obj) if !is_deleted(&obj.metadata) => Ok(obj.data),
+            _ => Err(StoreError::NotFound {
+                workspace: ws.clone(),
+                what: format!("state version {number}"),
+            }),
+        }
+    }
+
+    async fn acquire_lease(&self, ws: &WorkspaceId, request: &LeaseRequest) -> Result<Lease> {
+        if let Some(keeper) = &self.leases {
+            return keeper.acquire(ws, &self.base(ws), request).await;
+        }
+        let now = OffsetDateTime::now_utc();
+        self.with_lock_object(ws, |record| match record.acquire(request, now) {
+            Ok(lease) => Ok((lease, true)),
+            Err(holder) => Err(StoreError::LeaseHeld {
+                workspace: ws.clone(),
+                holder,
+            }),
+        })
+        .await
+    }
+
+    async fn renew_lease(&self, ws: &WorkspaceId, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if let Some(keeper) = &self.leases {
+            return keeper.renew(ws, &self.base(ws), lease, ttl).await;
+        }
+        let now = OffsetDateTime::now_utc();
+        self.with_lock_object(ws, |record| {
+            record
+                .renew(lease, ttl, now)
+                .map(|l| (l, true))
+                .map_err(|reason| StoreError::LeaseLost {
+                    workspace: ws.clone(),
+                    owner: lease.owner.clone(),
+                    fence: lease.fence,
+                    reason,
+                })
+        })
+        .await
+    }
+
+    async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()> {
+        if let Some(keeper) = &self.leases {
+            return keeper.release(ws, &self.base(ws), lease).await;
+        }
+        self.with_lock_object(ws, |record| Ok(((), record.release(lease))))
+            .await
+    }
+
+    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
+        if let Some(keeper) = &self.leases {
+            return keeper.break_lease(ws, &self.base(ws)).await;
+        }
+        self.with_lock_object(ws, |record| {
+            let broken = record.break_lease();
+            let write = broken.is_some();
+            Ok((broken, write))
+        })
+        .await
+    }
+
+    async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
+        Ok(self.lease_record(ws).await?.held)
+    }
+
+    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>> {
+        crate::check_artifact_name("backups", label)?;
+        let (number, deleted) = self.head_version(ws).await?;
+        if deleted {
+            return Ok(None);
+        }
+        let info = self.version_info(ws, number).await?.ok_or_else(|| {
+            self.corrupt(
+                &self.version_key(ws, number),
+                "the current version vanished",
+            )
+        })?;
+        let backup = BackupInfo {
+            label: label.to_owned(),
+            version: number,
+            sha256: info.sha256.clone(),
+        };
+        let mut copied = false;
+        // The index is read, the copy made (once), then the index written if unchanged since:
+        // an index entry never names a backup that is not there.
+        let index_key = self.key(ws, "backups/index.json");
+        for _ in 0..20 {
+            let (mut index, tag) = self.backup_index(&index_key).await?;
+            // Unchanged since the last backup (or another sweep just made this one).
+            if index.last().is_some_and(|b| b.sha256 == backup.sha256) {
+                return Ok(None);
+            }
+            if !copied {
+                copied = true;
+                self.bucket
+                    .copy(
+                        &self.version_key(ws, number),
+                        &self.key(ws, &format!("backups/{label}.tfstate")),
+                        None,
+                    )
+                    .await?;
+            }
+            index.retain(|b| b.label != label);
+            index.push(backup.clone());
+            if self
+                .put_backup_index(&index_key, &index, tag.as_deref())
+                .await?
+            {
+                return Ok(Some(backup));
+            }
+        }
+        Err(self.gave_up(&index_key))
+    }
+
+    async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
+        Ok(self
+            .backup_index(&self.key(ws, "backups/index.json"))
+            .await?
+            .0)
+    }
+
+    async fn put_artifact(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        name: &str,
+        data: Bytes,
+    ) -> Result<()> {
+        crate::check_artifact_name(job_id, name)?;
+        let key = self.key(ws, &format!("runs/{job_id}/{name}"));
+        self.bucket
+            .put(&key, data, HashMap::new(), Condition::None)
+            .await?;
+        Ok(())
+    }
+
+    async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>> {
+        crate::check_artifact_name(job_id, name)?;
+        let key = self.key(ws, &format!("runs/{job_id}/{name}"));
+        Ok(self.bucket.get(&key).await?.map(|o| o.data))
+    }
+
+    async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
+        crate::check_artifact_name(job_id, "x")?;
+        let prefix = self.key(ws, &format!("runs/{job_id}/"));
+        let mut names: Vec<String> = self
+            .keys(&prefix)
+            .await?
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    async fn changed(&self) -> Result<Vec<Changed>> {
+        let prefix = self.changes_prefix();
+        let mut out: Vec<Changed> = self
+            .bucket
+            .list(&prefix)
+            .await?
+            .into_iter()
+            // An emptied mark is a cleared one (see `Bucket::clear_if`).
+            .filter(|o| o.size > 0)
+            .filter_map(|o| {
+                let (tenant, workspace) = o.key.strip_prefix(&prefix)?.split_once('/')?;
+                Some(Changed {
+                    ws: WorkspaceId::new(tenant, workspace).ok()?,
+                    mark: o.tag,
+                })
+            })
+            .collect();
+        out.sort_by_key(|a| a.ws.to_string());
+        Ok(out)
+    }
+
+    async fn workspaces(&self) -> Result<Vec<WorkspaceId>> {
+        let root = self.root();
+        let mut out = Vec::new();
+        for tenant in self.bucket.folders(&root).await? {
+            // `_changes/` and the like: `_` cannot start a tenant name.
+            if tenant.starts_with('_') {
+                continue;
+            }
+            for workspace in self.bucket.folders(&format!("{root}{tenant}/")).await? {
+                if let Ok(ws) = WorkspaceId::new(&tenant, &workspace) {
+                    out.push(ws);
+                }
+            }
+        }
+        out.sort_by_key(ToString::to_string);
+        Ok(out)
+    }
+
+    async fn clear_changed(&self, changed: &Changed) -> Result<()> {
+        self.bucket
+            .clear_if(&self.change_key(&changed.ws), &changed.mark)
+            .await
+    }
+
+    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
+        crate::check_artifact_name("backups", label)?;
+        let index_key = self.key(ws, "backups/index.json");
+        for _ in 0..20 {
+            let (mut index, tag) = self.backup_index(&index_key).await?;
+            let before = index.len();
+            index.retain(|b| b.label != label);
+            if index.len() == before
+                || self
+                    .put_backup_index(&index_key, &index, tag.as_deref())
+                    .await?
+            {
+                break;
+            }
+        }
+        self.bucket
+            .delete(&self.key(ws, &format!("backups/{label}.tfstate")))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_keys_parse_back_to_numbers() {
+        assert_eq!(
+            version_number("p/t/w/versions/0000000042.tfstate"),
+            Some(42)
+        );
+        assert_eq!(version_number("p/t/w/versions/notes.txt"), None);
+    }
+
+    #[test]
+    fn version_facts_round_trip_through_metadata() {
+        let info = VersionInfo {
+            number: 3,
+            serial: 7,
+            lineage: "l-1".into(),
+            created_at: OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap(),
+            size: 0,
+            sha256: "ab".into(),
+        };
+        assert_eq!(info_from_metadata(3, &info_metadata(&info)).unwrap(), info);
+        let mut meta = info_metadata(&info);
+        meta.remove(META_SERIAL);
+        assert!(info_from_metadata(3, &meta).unwrap_err().contains("serial"));
+    }
+}
