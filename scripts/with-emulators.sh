@@ -3,6 +3,7 @@
 # afterwards whatever happens. Installs them first (idempotent). Exports:
 #   TERRACE_TEST_MOTO      http://127.0.0.1:PORT  (moto: S3, DynamoDB, SQS, STS, KMS, ECS)
 #   TERRACE_TEST_MOTO_LOG  its request log (one line per request)
+#   TERRACE_TEST_GCS       http://127.0.0.1:PORT  (fake-gcs-server: GCS's JSON API)
 # Usage: scripts/with-emulators.sh COMMAND [ARGS...]
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,6 +57,16 @@ pids+=("$!")
 wait_for moto "http://127.0.0.1:$moto_port/moto-api/" "${pids[-1]}"
 export TERRACE_TEST_MOTO="http://127.0.0.1:$moto_port"
 export TERRACE_TEST_MOTO_LOG="$logs/moto-$moto_port.log"
-echo "emulators: moto on $TERRACE_TEST_MOTO" >&2
+
+fake_gcs="$("$repo_root/scripts/install-fake-gcs.sh")"
+gcs_port="$(free_port)"
+"$fake_gcs" -scheme http -host 127.0.0.1 -port "$gcs_port" -backend memory \
+    -external-url "http://127.0.0.1:$gcs_port" -public-host "127.0.0.1:$gcs_port" \
+    -log-level warn >"$logs/fake-gcs-$gcs_port.log" 2>&1 &
+pids+=("$!")
+wait_for fake-gcs-server "http://127.0.0.1:$gcs_port/storage/v1/b" "${pids[-1]}"
+export TERRACE_TEST_GCS="http://127.0.0.1:$gcs_port"
+
+echo "emulators: moto on $TERRACE_TEST_MOTO, fake-gcs-server on $TERRACE_TEST_GCS" >&2
 
 "$@"

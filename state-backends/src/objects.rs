@@ -145,6 +145,15 @@ impl<B: Bucket> ObjectStore<B> {
         &self.bucket
     }
 
+    /// The same store over a wrapped bucket (one that counts calls, say).
+    pub fn map_bucket<C: Bucket>(self, wrap: impl FnOnce(B) -> C) -> ObjectStore<C> {
+        ObjectStore {
+            bucket: wrap(self.bucket),
+            prefix: self.prefix,
+            leases: self.leases,
+        }
+    }
+
     fn root(&self) -> String {
         if self.prefix.is_empty() {
             String::new()

@@ -6,7 +6,10 @@
 //! that installs it.
 
 pub mod aws;
+pub mod counted;
 pub mod failing;
+pub mod gcs;
+pub mod http;
 pub mod lambda;
 
 use std::collections::BTreeMap;

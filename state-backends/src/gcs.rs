@@ -1,0 +1,466 @@
+//! The customer's GCS bucket ([`GcsBucket`], under the protocol of [`crate::objects`]), with the
+//! workspace's lease in a lock object.
+//!
+//! GCS's conditions are generations: `ifGenerationMatch=0` creates only, `=N` replaces only
+//! generation N. The lease is `lease.json`, created with `ifGenerationMatch=0` and changed only
+//! with the generation it was read at; its expiry and fence are inside it (the
+//! [`LeaseRecord`](crate::lease::LeaseRecord) rules every store shares).
+//!
+//! Reads and writes go through the official `google-cloud-storage` client. Its other half,
+//! `StorageControl`, speaks only gRPC, so metadata reads, listings, server-side copies
+//! (`rewriteTo`) and deletes use GCS's JSON API directly, with the same credentials: one
+//! path in production and against the emulator. A change mark is cleared by emptying it with
+//! the listed generation as the condition, not by a conditional delete, which the emulator
+//! does not check; empty marks are skipped by the listing.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use google_cloud_auth::credentials::{CacheableResource, Credentials};
+use google_cloud_storage::client::Storage;
+use serde::Deserialize;
+
+use crate::objects::{Bucket, Condition, Listed, Object, ObjectStore};
+use crate::{Result, StoreError};
+
+const BACKEND: &str = "gcs";
+
+/// The customer's bucket.
+#[derive(Clone, Debug)]
+pub struct GcsConfig {
+    pub bucket: String,
+    /// Prepended to every object name (`prefix/tenant/workspace/…`); empty for none.
+    pub prefix: String,
+    /// Encrypt every object with this Cloud KMS key
+    /// (`projects/P/locations/L/keyRings/R/cryptoKeys/K`); the bucket's default otherwise.
+    pub kms_key: Option<String>,
+    /// The JSON API's base URL: `https://storage.googleapis.com`, or an emulator's.
+    pub endpoint: String,
+}
+
+impl GcsConfig {
+    /// GCS itself.
+    pub const ENDPOINT: &'static str = "https://storage.googleapis.com";
+}
+
+/// The GCS store.
+pub type GcsStore = ObjectStore<GcsBucket>;
+
+impl ObjectStore<GcsBucket> {
+    /// A store over a client the caller built (credentials, endpoint); `credentials` are the
+    /// same the client uses, for the JSON API calls.
+    pub fn new(storage: Storage, credentials: Credentials, config: GcsConfig) -> Self {
+        let bucket = GcsBucket {
+            storage,
+            json: JsonApi {
+                http: reqwest::Client::new(),
+                base: config.endpoint.trim_end_matches('/').to_owned(),
+                credentials,
+            },
+            resource: format!("projects/_/buckets/{}", config.bucket),
+            name: config.bucket,
+            kms_key: config.kms_key,
+        };
+        Self::over(bucket, &config.prefix, None)
+    }
+}
+
+/// One GCS bucket.
+#[derive(Clone, Debug)]
+pub struct GcsBucket {
+    storage: Storage,
+    json: JsonApi,
+    /// `projects/_/buckets/NAME`, as the client names it.
+    resource: String,
+    name: String,
+    kms_key: Option<String>,
+}
+
+fn backend_error(message: String, retryable: bool) -> StoreError {
+    StoreError::Backend {
+        backend: BACKEND,
+        message,
+        retryable,
+        source: None,
+    }
+}
+
+fn client_error(what: &str, e: &google_cloud_storage::Error) -> StoreError {
+    let retryable = e.is_timeout()
+        || e.is_connect()
+        || e.http_status_code()
+            .is_some_and(|c| c >= 500 || c == 429 || c == 408);
+    backend_error(format!("{what}: {e}"), retryable)
+}
+
+fn generation(tag: &str) -> Result<i64> {
+    tag.parse()
+        .map_err(|_| backend_error(format!("{tag:?} is not a GCS generation"), false))
+}
+
+#[async_trait]
+impl Bucket for GcsBucket {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Object>> {
+        let mut response = match self.storage.read_object(&self.resource, key).send().await {
+            Ok(r) => r,
+            Err(e) if e.http_status_code() == Some(404) => return Ok(None),
+            Err(e) => return Err(client_error(&format!("GET {key}"), &e)),
+        };
+        let facts = response.object();
+        let mut data = BytesMut::new();
+        while let Some(chunk) = response.next().await {
+            data.extend_from_slice(&chunk.map_err(|e| client_error(&format!("GET {key}"), &e))?);
+        }
+        Ok(Some(Object {
+            data: data.freeze(),
+            tag: facts.generation.to_string(),
+            metadata: facts.metadata.into_iter().collect(),
+        }))
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
+        Ok(self
+            .json
+            .object(&self.name, key)
+            .await?
+            .map(|o| o.metadata.unwrap_or_default()))
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<bool> {
+        // The checksum goes with the request's metadata part: left to be computed while
+        // sending, it becomes a trailing part that some servers store as content.
+        let crc = crc32c::crc32c(&data);
+        let mut write = self
+            .storage
+            .write_object(&self.resource, key, data)
+            .set_content_type("application/json")
+            .set_metadata(metadata)
+            .with_known_crc32c(crc);
+        write = match condition {
+            Condition::None => write,
+            Condition::Absent => write.set_if_generation_match(0),
+            Condition::Matches(tag) => write.set_if_generation_match(generation(tag)?),
+        };
+        if let Some(key) = &self.kms_key {
+            write = write.set_kms_key(key);
+        }
+        match write.send_unbuffered().await {
+            Ok(_) => Ok(true),
+            Err(e) if e.http_status_code() == Some(412) => Ok(false),
+            Err(e) => Err(client_error(&format!("PUT {key}"), &e)),
+        }
+    }
+
+    async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        metadata: Option<HashMap<String, String>>,
+    ) -> Result<()> {
+        self.json
+            .rewrite(&self.name, from, to, metadata, self.kms_key.as_deref())
+            .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.json.delete(&self.name, key).await
+    }
+
+    async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
+        // Emptied, not deleted: the condition is checked on writes (see the module's notes).
+        self.put(key, Bytes::new(), HashMap::new(), Condition::Matches(tag))
+            .await
+            .map(|_| ())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .json
+                .list(&self.name, prefix, None, token.as_deref())
+                .await?;
+            out.extend(page.items.into_iter().map(|o| Listed {
+                key: o.name,
+                tag: o.generation.to_string(),
+                size: u64::try_from(o.size).unwrap_or(0),
+            }));
+            match page.next_page_token {
+                Some(next) if !next.is_empty() => token = Some(next),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .json
+                .list(&self.name, prefix, Some("/"), token.as_deref())
+                .await?;
+            out.extend(
+                page.prefixes
+                    .iter()
+                    .filter_map(|p| Some(p.strip_prefix(prefix)?.strip_suffix('/')?.to_owned())),
+            );
+            match page.next_page_token {
+                Some(next) if !next.is_empty() => token = Some(next),
+                _ => return Ok(out),
+            }
+        }
+    }
+}
+
+// ----- the JSON API, for what the client does over gRPC only -----
+
+/// GCS's JSON API with the client's credentials.
+#[derive(Clone, Debug)]
+struct JsonApi {
+    http: reqwest::Client,
+    base: String,
+    credentials: Credentials,
+}
+
+/// An object resource as the JSON API describes it (64-bit numbers are strings there).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct JsonObject {
+    name: String,
+    #[serde(deserialize_with = "int64")]
+    generation: i64,
+    #[serde(deserialize_with = "int64")]
+    size: i64,
+    metadata: Option<HashMap<String, String>>,
+}
+
+fn int64<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<i64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Int64 {
+        Text(String),
+        Number(i64),
+    }
+    match Int64::deserialize(d)? {
+        Int64::Text(s) => s.parse().map_err(serde::de::Error::custom),
+        Int64::Number(n) => Ok(n),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct ListPage {
+    items: Vec<JsonObject>,
+    prefixes: Vec<String>,
+    next_page_token: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RewriteAnswer {
+    done: bool,
+    rewrite_token: Option<String>,
+}
+
+impl JsonApi {
+    fn url(&self, segments: &[&str]) -> Result<reqwest::Url> {
+        let mut url = reqwest::Url::parse(&self.base)
+            .map_err(|e| backend_error(format!("bad GCS endpoint {:?}: {e}", self.base), false))?;
+        // Each segment is percent-encoded, the `/`s of an object name included.
+        url.path_segments_mut()
+            .map_err(|()| backend_error(format!("bad GCS endpoint {:?}", self.base), false))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(url)
+    }
+
+    /// Sends with the credentials' headers; `Ok(None)` for a 404.
+    async fn send(
+        &self,
+        what: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Option<reqwest::Response>> {
+        let headers = match self.credentials.headers(http::Extensions::new()).await {
+            Ok(CacheableResource::New { data, .. }) => data,
+            // Only answered to a request that carried an entity tag; this one has none.
+            Ok(CacheableResource::NotModified) => http::HeaderMap::new(),
+            Err(e) => {
+                return Err(backend_error(
+                    format!("{what}: no credentials: {e}"),
+                    e.is_transient(),
+                ));
+            }
+        };
+        let response = request
+            .headers(headers)
+            .send()
+            .await
+            .map_err(|e| backend_error(format!("{what}: {e}"), true))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if status.is_success() {
+            return Ok(Some(response));
+        }
+        let body = response.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or(body);
+        Err(backend_error(
+            format!("{what}: {status}: {}", message.trim()),
+            status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408,
+        ))
+    }
+
+    async fn object(&self, bucket: &str, key: &str) -> Result<Option<JsonObject>> {
+        let what = format!("HEAD {key}");
+        let url = self.url(&["storage", "v1", "b", bucket, "o", key])?;
+        match self.send(&what, self.http.get(url)).await? {
+            Some(r) => {
+                Ok(Some(r.json().await.map_err(|e| {
+                    backend_error(format!("{what}: {e}"), true)
+                })?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        delimiter: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<ListPage> {
+        let what = format!("LIST {prefix}");
+        let url = self.url(&["storage", "v1", "b", bucket, "o"])?;
+        let mut query = vec![("prefix", prefix)];
+        query.extend(delimiter.map(|d| ("delimiter", d)));
+        query.extend(token.map(|t| ("pageToken", t)));
+        match self.send(&what, self.http.get(url).query(&query)).await? {
+            Some(r) => r
+                .json()
+                .await
+                .map_err(|e| backend_error(format!("{what}: {e}"), true)),
+            None => Err(backend_error(
+                format!("{what}: the bucket {bucket} does not exist"),
+                false,
+            )),
+        }
+    }
+
+    /// A server-side copy (`rewriteTo`, repeated until done); `metadata` replaces the
+    /// source's when given.
+    async fn rewrite(
+        &self,
+        bucket: &str,
+        from: &str,
+        to: &str,
+        metadata: Option<HashMap<String, String>>,
+        kms_key: Option<&str>,
+    ) -> Result<()> {
+        let what = format!("COPY {from} → {to}");
+        let url = self.url(&[
+            "storage",
+            "v1",
+            "b",
+            bucket,
+            "o",
+            from,
+            "rewriteTo",
+            "b",
+            bucket,
+            "o",
+            to,
+        ])?;
+        let body = match metadata {
+            Some(metadata) => {
+                serde_json::json!({ "contentType": "application/json", "metadata": metadata })
+            }
+            None => serde_json::json!({}),
+        };
+        let mut token: Option<String> = None;
+        loop {
+            let mut query: Vec<(&str, &str)> = Vec::new();
+            query.extend(kms_key.map(|k| ("destinationKmsKeyName", k)));
+            query.extend(token.as_deref().map(|t| ("rewriteToken", t)));
+            let request = self.http.post(url.clone()).query(&query).json(&body);
+            let Some(response) = self.send(&what, request).await? else {
+                return Err(backend_error(
+                    format!("{what}: the source does not exist"),
+                    false,
+                ));
+            };
+            let answer: RewriteAnswer = response
+                .json()
+                .await
+                .map_err(|e| backend_error(format!("{what}: {e}"), true))?;
+            if answer.done {
+                return Ok(());
+            }
+            token = answer.rewrite_token;
+        }
+    }
+
+    /// Deletes; a missing object is not an error.
+    async fn delete(&self, bucket: &str, key: &str) -> Result<()> {
+        let url = self.url(&["storage", "v1", "b", bucket, "o", key])?;
+        self.send(&format!("DELETE {key}"), self.http.delete(url))
+            .await
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_json_apis_64_bit_numbers_are_read_from_strings_or_numbers() {
+        let o: JsonObject = serde_json::from_str(
+            r#"{"name":"a/b","generation":"1795326048501904","size":24,"metadata":{"k":"v"}}"#,
+        )
+        .unwrap();
+        assert_eq!(o.generation, 1_795_326_048_501_904);
+        assert_eq!(o.size, 24);
+        assert_eq!(o.metadata.unwrap()["k"], "v");
+    }
+
+    #[test]
+    fn object_names_are_one_percent_encoded_path_segment() {
+        let api = JsonApi {
+            http: reqwest::Client::new(),
+            base: "http://127.0.0.1:4443/".into(),
+            credentials: google_cloud_auth::credentials::anonymous::Builder::new().build(),
+        };
+        let url = api
+            .url(&[
+                "storage",
+                "v1",
+                "b",
+                "bkt",
+                "o",
+                "p/t/w/versions/0000000001.tfstate",
+            ])
+            .unwrap();
+        assert_eq!(
+            url.as_str(),
+            "http://127.0.0.1:4443/storage/v1/b/bkt/o/p%2Ft%2Fw%2Fversions%2F0000000001.tfstate"
+        );
+    }
+}
