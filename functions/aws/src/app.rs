@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use shared::job::RawJob;
-use shared::runner::{RunOutcome, Runner, RunnerConfig};
-use shared::validate::{ValidatedJob, validate};
+use shared::runner::Runner;
+use shared::trigger::{self, Handled};
+use shared::validate::ValidatedJob;
 use state_backends::StateStore;
 use state_backends::s3::{LeaseMode, S3Config, S3Store};
 use tokio_util::sync::CancellationToken;
@@ -33,23 +33,6 @@ pub struct App {
     pub aws: aws_config::SdkConfig,
     pub sqs: aws_sdk_sqs::Client,
     pub ecs: aws_sdk_ecs::Client,
-}
-
-/// How one message ended, for the trigger to acknowledge or not.
-#[derive(Debug)]
-pub enum Handled {
-    /// Finished, already done, rejected for good, or handed off: delete the message.
-    Done(Value),
-    /// Try again later (busy workspace, transient trouble); `delay` when known.
-    Again {
-        why: String,
-        delay: Option<Duration>,
-    },
-    /// The job does not fit in the time left here.
-    TooLong {
-        job_id: String,
-        ws: state_backends::WorkspaceId,
-    },
 }
 
 /// What a handed-off ECS task gets in `TERRACE_JOB_REF`: where the job message is staged in the
@@ -162,11 +145,7 @@ impl App {
 
     /// A message that will never be a job: answered with an error record, not retried.
     async fn reject(&self, message_id: &str, errors: Vec<Value>) -> Handled {
-        let record = json!({
-            "status": "rejected",
-            "message_id": message_id,
-            "errors": errors,
-        });
+        let record = trigger::rejection(message_id, errors);
         tracing::warn!(message_id, record = %record, "job message rejected");
         self.report(&record).await;
         Handled::Done(record)
@@ -184,36 +163,25 @@ impl App {
         let envelope: Envelope = match serde_json::from_str(body) {
             Ok(e) => e,
             Err(e) => {
-                return Err(self
-                    .reject(
-                        message_id,
-                        vec![json!({
-                            "field": "",
-                            "problem": format!("the message is not a job envelope: {e}"),
-                            "fix": "send {\"job\": {…}, \"target\": {\"role_arn\", \"external_id\", \"bucket\", …}}",
-                        })],
-                    )
-                    .await);
+                let problem = trigger::problem(
+                    "",
+                    format!("the message is not a job envelope: {e}"),
+                    "send {\"job\": {…}, \"target\": {\"role_arn\", \"external_id\", \"bucket\", …}}",
+                );
+                return Err(self.reject(message_id, vec![problem]).await);
             }
         };
         if let Err(e) = envelope.target.check() {
-            return Err(self
-                .reject(
-                    message_id,
-                    vec![json!({ "field": "target", "problem": e.to_string(), "fix": "add the ExternalId of the customer's role to the job's target" })],
-                )
-                .await);
+            let problem = trigger::problem(
+                "target",
+                e,
+                "add the ExternalId of the customer's role to the job's target",
+            );
+            return Err(self.reject(message_id, vec![problem]).await);
         }
-        let raw = RawJob(envelope.job.clone());
-        match validate(&raw, &self.config.templates) {
+        match trigger::check_job(&envelope.job, &self.config.runtime.templates) {
             Ok(job) => Ok((envelope, job)),
-            Err(errors) => {
-                let errors = errors
-                    .iter()
-                    .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
-                    .collect();
-                Err(self.reject(message_id, errors).await)
-            }
+            Err(errors) => Err(self.reject(message_id, errors).await),
         }
     }
 
@@ -279,45 +247,15 @@ impl App {
                 };
             }
         };
-        let mut terraform = self.config.terraform.clone();
-        terraform.env.clone_from(&credentials.env);
-        terraform.settings.clone_from(&credentials.settings);
-        let runner = Runner::new(
-            store,
-            RunnerConfig {
-                terraform,
-                lease_ttl: self.config.lease_ttl,
-                templates: Some(self.config.templates.clone()),
-                ..RunnerConfig::default()
-            },
-        );
-        match runner.run(&job, cancel).await {
-            Ok(RunOutcome::Finished(result)) => {
-                let value = serde_json::to_value(&*result).unwrap_or(Value::Null);
-                self.report(&value).await;
-                Handled::Done(value)
-            }
-            Ok(RunOutcome::AlreadyDone(result)) => {
-                Handled::Done(serde_json::to_value(&*result).unwrap_or(Value::Null))
-            }
-            Ok(RunOutcome::Busy { holder }) => {
-                let wait = (holder.expires_at - time::OffsetDateTime::now_utc())
-                    .whole_seconds()
-                    .clamp(5, 900);
-                Handled::Again {
-                    why: format!(
-                        "workspace busy: job {} holds it until {}",
-                        holder.owner,
-                        state_backends::display_time(holder.expires_at)
-                    ),
-                    delay: Some(Duration::from_secs(wait.unsigned_abs())),
-                }
-            }
-            Err(e) => Handled::Again {
-                why: format!("{e:#}"),
-                delay: None,
-            },
+        let mut config = self.config.runtime.runner_config();
+        config.terraform.env.clone_from(&credentials.env);
+        config.terraform.settings.clone_from(&credentials.settings);
+        let runner = Runner::new(store, config);
+        let (handled, fresh) = trigger::handled(runner.run(&job, cancel).await);
+        if let (true, Handled::Done(result)) = (fresh, &handled) {
+            self.report(result).await;
         }
+        handled
     }
 
     /// Starts an ECS Fargate task of the same image that runs the job (`terrace-aws task`),

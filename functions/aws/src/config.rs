@@ -1,9 +1,8 @@
 //! The function's settings, from its environment (set by the deployment).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use shared::terraform::TerraformConfig;
+use shared::settings::{Runtime, list, seconds, var};
 
 /// Where a job too long for Lambda runs instead: an ECS Fargate task of the same image.
 #[derive(Clone, Debug)]
@@ -18,9 +17,7 @@ pub struct Handoff {
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub templates: PathBuf,
-    pub terraform: TerraformConfig,
-    pub lease_ttl: Duration,
+    pub runtime: Runtime,
     /// The jobs queue, to keep a running job's message invisible and to delay a busy one.
     pub jobs_queue_url: Option<String>,
     /// Where every result and every rejection is sent.
@@ -35,32 +32,6 @@ pub struct Config {
     /// Terraform's session for the customer account is replaced when it has less than this
     /// left (see `credentials`).
     pub refresh_credentials_before: Duration,
-}
-
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-fn list(name: &str) -> Vec<String> {
-    var(name)
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn seconds(name: &str, default: u64) -> Result<Duration, String> {
-    match var(name) {
-        None => Ok(Duration::from_secs(default)),
-        Some(v) => v
-            .parse::<u64>()
-            .map(Duration::from_secs)
-            .map_err(|_| format!("{name}={v:?} is not a number of seconds")),
-    }
 }
 
 impl Config {
@@ -88,21 +59,7 @@ impl Config {
             }
         };
         Ok(Self {
-            templates: var("TERRACE_TEMPLATES")
-                .unwrap_or_else(|| "/opt/terrace/templates".into())
-                .into(),
-            terraform: TerraformConfig {
-                binary: var("TERRACE_TERRAFORM")
-                    .unwrap_or_else(|| "terraform".into())
-                    .into(),
-                plugin_cache: var("TERRACE_PLUGIN_CACHE").map(Into::into),
-                cli_config: var("TERRACE_TF_CLI_CONFIG").map(Into::into),
-                pass_env: list("TERRACE_PASS_ENV"),
-                env: Vec::new(),
-                settings: Vec::new(),
-                grace: seconds("TERRACE_GRACE", 30)?,
-            },
-            lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
+            runtime: Runtime::from_env()?,
             jobs_queue_url: var("TERRACE_JOBS_QUEUE_URL"),
             results_queue_url: var("TERRACE_RESULTS_QUEUE_URL"),
             s3_path_style: var("TERRACE_S3_FORCE_PATH_STYLE")

@@ -20,7 +20,8 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::access::Target;
-use crate::app::{App, Handled};
+use crate::app::App;
+use shared::trigger::Handled;
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -9,7 +9,8 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{App, Handled};
+use crate::app::App;
+use shared::trigger::Handled;
 
 pub async fn handle_batch(
     app: &App,

@@ -1,0 +1,88 @@
+//! Settings every function reads from its environment (set by its deployment), and the helpers
+//! that read them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::runner::RunnerConfig;
+use crate::terraform::TerraformConfig;
+
+/// A variable's value; unset and blank are the same.
+pub fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A comma-separated list.
+pub fn list(name: &str) -> Vec<String> {
+    var(name)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A number of seconds, `default` when unset.
+///
+/// # Errors
+/// A value that is not a number, named.
+pub fn seconds(name: &str, default: u64) -> Result<Duration, String> {
+    match var(name) {
+        None => Ok(Duration::from_secs(default)),
+        Some(v) => v
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{name}={v:?} is not a number of seconds")),
+    }
+}
+
+/// What runs a job, in every function.
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    /// `TERRACE_TEMPLATES` (default `/opt/terrace/templates`).
+    pub templates: PathBuf,
+    /// `TERRACE_TERRAFORM`, `TERRACE_PLUGIN_CACHE`, `TERRACE_TF_CLI_CONFIG`, `TERRACE_PASS_ENV`,
+    /// `TERRACE_GRACE` (30 s).
+    pub terraform: TerraformConfig,
+    /// `TERRACE_LEASE_TTL` (60 s).
+    pub lease_ttl: Duration,
+}
+
+impl Runtime {
+    /// Reads the settings.
+    ///
+    /// # Errors
+    /// A setting that is present but malformed, named.
+    pub fn from_env() -> Result<Self, String> {
+        Ok(Self {
+            templates: var("TERRACE_TEMPLATES")
+                .unwrap_or_else(|| "/opt/terrace/templates".into())
+                .into(),
+            terraform: TerraformConfig {
+                binary: var("TERRACE_TERRAFORM")
+                    .unwrap_or_else(|| "terraform".into())
+                    .into(),
+                plugin_cache: var("TERRACE_PLUGIN_CACHE").map(Into::into),
+                cli_config: var("TERRACE_TF_CLI_CONFIG").map(Into::into),
+                pass_env: list("TERRACE_PASS_ENV"),
+                env: Vec::new(),
+                settings: Vec::new(),
+                grace: seconds("TERRACE_GRACE", 30)?,
+            },
+            lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
+        })
+    }
+
+    /// A runner's settings: these, with the function's own defaults for the rest.
+    pub fn runner_config(&self) -> RunnerConfig {
+        RunnerConfig {
+            terraform: self.terraform.clone(),
+            lease_ttl: self.lease_ttl,
+            templates: Some(self.templates.clone()),
+            ..RunnerConfig::default()
+        }
+    }
+}
