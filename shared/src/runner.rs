@@ -51,6 +51,10 @@ pub struct RunnerConfig {
     /// The templates folder, for `on_failure: rollback` to load the configuration of the
     /// workspace's last successful apply (rollback only destroys what the run created without).
     pub templates: Option<PathBuf>,
+    /// Cancelled when the host is shutting down (a function's SIGTERM). A job stopped by it
+    /// ends `interrupted`, not `cancelled`, so its message delivered again runs it again.
+    /// Callers pass a child of it as the job's cancel token.
+    pub shutdown: Option<CancellationToken>,
 }
 
 impl Default for RunnerConfig {
@@ -62,6 +66,7 @@ impl Default for RunnerConfig {
             work_root: None,
             console: true,
             templates: None,
+            shutdown: None,
         }
     }
 }
@@ -89,6 +94,8 @@ pub struct Runner {
 enum StopReason {
     Timeout,
     Cancelled,
+    /// The host is shutting down (see [`RunnerConfig::shutdown`]).
+    Shutdown,
     LeaseLost(String),
 }
 
@@ -329,10 +336,19 @@ impl Runner {
         let (status, error) = match outcome {
             Ok(()) => (Status::Succeeded, None),
             Err(e) => {
+                let shutting_down = self
+                    .config
+                    .shutdown
+                    .as_ref()
+                    .is_some_and(CancellationToken::is_cancelled);
                 let stopped = reason
                     .get()
                     .cloned()
-                    .or_else(|| stop.is_cancelled().then_some(StopReason::Cancelled));
+                    .or_else(|| stop.is_cancelled().then_some(StopReason::Cancelled))
+                    .map(|r| match r {
+                        StopReason::Cancelled if shutting_down => StopReason::Shutdown,
+                        other => other,
+                    });
                 match stopped {
                     Some(reason) => stopped_error(&reason, e),
                     None => (Status::Failed, Some(e)),
@@ -1173,6 +1189,13 @@ fn stopped_error(reason: &StopReason, step_error: JobError) -> (Status, Option<J
             Category::Cancelled,
             format!("the job was cancelled during {step}{left}"),
             "run the job again when ready",
+            true,
+        ),
+        StopReason::Shutdown => (
+            Status::Interrupted,
+            Category::Cancelled,
+            format!("the runner was shut down during {step}{left}"),
+            "nothing to do: the job runs again when its message is delivered again",
             true,
         ),
         StopReason::LeaseLost(why) => (

@@ -8,6 +8,7 @@
 pub mod aws;
 pub mod counted;
 pub mod failing;
+pub mod gcp;
 pub mod gcs;
 pub mod http;
 pub mod lambda;

@@ -1,0 +1,64 @@
+//! The service's settings, from its environment (set by the deployment).
+
+use std::time::Duration;
+
+use shared::settings::{Runtime, list, seconds, var};
+
+use crate::oidc::OidcConfig;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub runtime: Runtime,
+    /// `PORT`, set by Cloud Run (default 8080).
+    pub port: u16,
+    pub oidc: OidcConfig,
+    /// `TERRACE_REQUEST_TIMEOUT`: the service's request timeout (Cloud Run's default, 300 s). A
+    /// job must finish within it, less `TERRACE_DEADLINE_MARGIN` (30 s) for its result.
+    pub request_timeout: Duration,
+    pub margin: Duration,
+    /// `TERRACE_GCS_ENDPOINT`: GCS's JSON API (an emulator's in tests).
+    pub gcs_endpoint: String,
+    /// `TERRACE_GCS_ANONYMOUS=1`: no credentials and no impersonation, for an emulator only.
+    pub anonymous: bool,
+}
+
+impl Config {
+    /// Reads the settings.
+    ///
+    /// # Errors
+    /// A missing or malformed setting, named.
+    pub fn from_env() -> Result<Self, String> {
+        let audience = var("TERRACE_PUSH_AUDIENCE").ok_or(
+            "TERRACE_PUSH_AUDIENCE is not set: set it to the audience of the push subscription's and the scheduler's OIDC tokens (usually this service's URL)",
+        )?;
+        let mut issuers = list("TERRACE_OIDC_ISSUERS");
+        if issuers.is_empty() {
+            issuers = vec![
+                "https://accounts.google.com".into(),
+                "accounts.google.com".into(),
+            ];
+        }
+        let port = match var("PORT") {
+            None => 8080,
+            Some(p) => p
+                .parse()
+                .map_err(|_| format!("PORT={p:?} is not a port number"))?,
+        };
+        Ok(Self {
+            runtime: Runtime::from_env()?,
+            port,
+            oidc: OidcConfig {
+                audience,
+                issuers,
+                jwks_url: var("TERRACE_OIDC_JWKS_URL")
+                    .unwrap_or_else(|| "https://www.googleapis.com/oauth2/v3/certs".into()),
+                service_accounts: list("TERRACE_PUSH_SERVICE_ACCOUNTS"),
+            },
+            request_timeout: seconds("TERRACE_REQUEST_TIMEOUT", 300)?,
+            margin: seconds("TERRACE_DEADLINE_MARGIN", 30)?,
+            gcs_endpoint: var("TERRACE_GCS_ENDPOINT")
+                .unwrap_or_else(|| state_backends::gcs::GcsConfig::ENDPOINT.into()),
+            anonymous: var("TERRACE_GCS_ANONYMOUS").is_some_and(|v| v == "1" || v == "true"),
+        })
+    }
+}

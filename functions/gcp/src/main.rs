@@ -1,0 +1,100 @@
+//! `terrace-gcp`: the Google Cloud function, a Cloud Run service. Pub/Sub pushes job messages to
+//! `POST /pubsub`; Cloud Scheduler calls `POST /sweeps/backup` hourly. Every request must carry
+//! a Google-signed OIDC token for this service (see `oidc`). State lives in the customer's GCS
+//! bucket, reached by impersonating their service account.
+//!
+//! On SIGTERM (Cloud Run stopping the instance) it stops taking requests, interrupts running
+//! jobs (terraform gets SIGINT, leases are released, results say `interrupted`) and answers
+//! their pushes with 503 so Pub/Sub delivers them again.
+
+mod access;
+mod app;
+mod config;
+mod oidc;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::App;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match config::Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("terrace-gcp: {e}");
+            return ExitCode::from(78);
+        }
+    };
+    let port = config.port;
+    let shutdown = CancellationToken::new();
+    let app = Arc::new(App {
+        verifier: oidc::Verifier::new(config.oidc.clone()),
+        config,
+        shutdown: shutdown.clone(),
+    });
+    let router = Router::new()
+        .route(
+            "/pubsub",
+            post(
+                |State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes| async move {
+                    app.push(&headers, &body).await
+                },
+            ),
+        )
+        .route(
+            "/sweeps/backup",
+            post(
+                |State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes| async move {
+                    app.backup_sweep(&headers, &body).await
+                },
+            ),
+        )
+        .with_state(app);
+    let listener = match tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await
+    {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("terrace-gcp: cannot listen on port {port}: {e}");
+            return ExitCode::from(71);
+        }
+    };
+    tracing::info!(port, "serving");
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            term.recv().await;
+            tracing::info!("SIGTERM: no new requests; interrupting running jobs");
+            on_signal.cancel();
+        }
+    });
+    let stopped = shutdown.clone();
+    match axum::serve(listener, router)
+        .with_graceful_shutdown(async move { stopped.cancelled().await })
+        .await
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("terrace-gcp: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

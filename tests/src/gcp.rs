@@ -1,0 +1,184 @@
+//! The Cloud Run service under test: a signing key and its JWKS served on loopback (standing in
+//! for Google's published keys), tokens signed with it, and the real `terrace-gcp` binary.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header, jwk::Jwk};
+use serde_json::{Value, json};
+
+use crate::{Sandbox, terraform, workspace_bin};
+
+/// The audience the service expects.
+pub const AUDIENCE: &str = "https://terrace.test/pubsub";
+/// The push subscription's service account.
+pub const PUSHER: &str = "pubsub-push@platform.iam.gserviceaccount.com";
+pub const ISSUER: &str = "https://accounts.google.com";
+
+/// An RSA key made for this test run, with its JWK.
+pub struct SigningKey {
+    pub kid: String,
+    pub encoding: EncodingKey,
+    pub jwk: Value,
+}
+
+impl SigningKey {
+    pub fn new(kid: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pem = dir.path().join("key.pem");
+        let made = Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+            ])
+            .arg(&pem)
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(made.success(), "openssl made a key");
+        let encoding =
+            EncodingKey::from_rsa_pem(&std::fs::read(&pem).expect("key read")).expect("an RSA key");
+        let mut jwk = serde_json::to_value(
+            Jwk::from_encoding_key(&encoding, Algorithm::RS256).expect("a JWK"),
+        )
+        .expect("JWK serializes");
+        jwk["kid"] = json!(kid);
+        Self {
+            kid: kid.to_owned(),
+            encoding,
+            jwk,
+        }
+    }
+
+    /// A token with these claims over the usual ones (issuer, audience, pusher, an hour).
+    pub fn token(&self, claims: Value) -> String {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut all = json!({
+            "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 3600,
+            "email": PUSHER, "email_verified": true, "sub": "1234",
+        });
+        for (k, v) in claims.as_object().expect("an object") {
+            all[k] = v.clone();
+        }
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&header, &all, &self.encoding).expect("signed")
+    }
+
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}", self.token(json!({})))
+    }
+}
+
+/// Serves `{"keys": [...]}` on loopback until dropped; returns its URL.
+pub async fn serve_jwks(keys: Vec<Value>) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/certs", listener.local_addr().unwrap());
+    let body = json!({ "keys": keys });
+    let app = axum::Router::new().route(
+        "/certs",
+        axum::routing::get(move || {
+            let body = body.clone();
+            async move { axum::Json(body) }
+        }),
+    );
+    let handle = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, handle)
+}
+
+/// The running service; killed when dropped.
+pub struct Service {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Service {
+    /// Starts `terrace-gcp` for `sb` against the emulator, and waits until it answers.
+    pub async fn start(sb: &Sandbox, jwks_url: &str, extra: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let mut cmd = Command::new(workspace_bin("terrace-gcp"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PORT", port.to_string())
+            .env("TERRACE_PUSH_AUDIENCE", AUDIENCE)
+            .env("TERRACE_OIDC_JWKS_URL", jwks_url)
+            .env("TERRACE_PUSH_SERVICE_ACCOUNTS", PUSHER)
+            .env("TERRACE_GCS_ENDPOINT", crate::gcs::endpoint())
+            .env("TERRACE_GCS_ANONYMOUS", "1")
+            .env("TERRACE_TEMPLATES", &sb.templates)
+            .env("TERRACE_TERRAFORM", terraform())
+            .env("TERRACE_TF_CLI_CONFIG", &sb.cli_config)
+            .env(
+                "TERRACE_PASS_ENV",
+                "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS",
+            )
+            .env("TESTCLOUD_ROOT", &sb.cloud)
+            .env("TERRACE_GRACE", "5")
+            .env("TERRACE_LEASE_TTL", "10")
+            .env("TERRACE_REQUEST_TIMEOUT", "900")
+            .env("TERRACE_LOG", "info")
+            .envs(extra.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("TERRACE_TEST_VERBOSE").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        let child = cmd.spawn().expect("terrace-gcp starts");
+        let service = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return service;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("terrace-gcp did not listen on {port}");
+    }
+
+    /// Sends SIGTERM, as Cloud Run does when it stops an instance.
+    pub fn terminate(&self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signalled");
+    }
+}
+
+/// A Pub/Sub push envelope around `data`.
+pub fn push_envelope(message_id: &str, data: &Value) -> Value {
+    use base64::Engine;
+    json!({
+        "message": {
+            "data": base64::engine::general_purpose::STANDARD.encode(data.to_string()),
+            "attributes": {},
+            "messageId": message_id,
+            "publishTime": "2026-11-22T06:00:00Z",
+        },
+        "subscription": "projects/platform/subscriptions/terrace-jobs",
+    })
+}

@@ -1,0 +1,353 @@
+//! The real `terrace-gcp` service: Pub/Sub push envelopes with OIDC tokens signed by a test
+//! key (served as a JWKS on loopback), real terraform, state in fake-gcs-server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+use tests::gcp::{AUDIENCE, PUSHER, Service, SigningKey, push_envelope, serve_jwks};
+use tests::http::{Answer, post_json};
+use tests::{Sandbox, gcs};
+
+struct World {
+    sb: Sandbox,
+    key: SigningKey,
+    bucket: String,
+    jwks: String,
+    _jwks_server: tokio::task::JoinHandle<()>,
+}
+
+impl World {
+    async fn new() -> Self {
+        let key = SigningKey::new("test-key-1");
+        let (jwks, server) = serve_jwks(vec![key.jwk.clone()]).await;
+        Self {
+            sb: Sandbox::new(),
+            key,
+            bucket: gcs::bucket().await,
+            jwks,
+            _jwks_server: server,
+        }
+    }
+
+    async fn start(&self) -> Service {
+        Service::start(&self.sb, &self.jwks, &[]).await
+    }
+
+    fn target(&self) -> Value {
+        json!({
+            "service_account": "terrace@acme-prod.iam.gserviceaccount.com",
+            "bucket": self.bucket,
+            "prefix": "states",
+        })
+    }
+
+    fn message(&self, id: &str, workspace: &str) -> Value {
+        json!({
+            "job": {
+                "id": id, "tenant": "acme", "workspace": workspace, "operation": "apply",
+                "template": { "name": "demo", "version": "1.0.0" },
+                "variables": { "cluster_name": workspace, "region": "eu-west-1", "admin_password": "correct-horse-battery" },
+                "timeout": "5m",
+            },
+            "target": self.target(),
+        })
+    }
+
+    async fn store(&self) -> Arc<dyn StateStore> {
+        Arc::new(gcs::store(&self.bucket, "states").await)
+    }
+
+    async fn push(&self, service: &Service, envelope: &Value) -> Answer {
+        let bearer = self.key.bearer();
+        post_json(
+            &format!("{}/pubsub", service.url),
+            &[("authorization", &bearer)],
+            envelope,
+        )
+        .await
+    }
+}
+
+fn ws(name: &str) -> WorkspaceId {
+    WorkspaceId::new("acme", name).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_job_runs_once_and_its_state_and_log_land_in_the_bucket() {
+    let w = World::new().await;
+    let service = w.start().await;
+    let envelope = push_envelope("m-1", &w.message("g-1", "run"));
+
+    let answer = w.push(&service, &envelope).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let result: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(result["job_id"], "g-1");
+
+    let store = w.store().await;
+    let versions = store.versions(&ws("run")).await.unwrap();
+    assert!(!versions.is_empty(), "state versions in the bucket");
+    let artifacts = store.artifacts(&ws("run"), "g-1").await.unwrap();
+    assert!(
+        artifacts.iter().any(|a| a.starts_with("log")),
+        "{artifacts:?}"
+    );
+    assert!(
+        artifacts.contains(&"result.json".to_owned()),
+        "{artifacts:?}"
+    );
+    assert_eq!(w.sb.cloud_names().len(), 2, "a network and a cluster");
+
+    // Pub/Sub delivers at least once: the same message again runs nothing.
+    let again = w.push(&service, &envelope).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    let again: Value = serde_json::from_str(&again.body).unwrap();
+    assert_eq!(
+        again["started_at"], result["started_at"],
+        "the earlier result"
+    );
+    assert_eq!(store.versions(&ws("run")).await.unwrap(), versions);
+
+    // Cloud Scheduler's hourly call backs up the workspace that changed.
+    let sweep = post_json(
+        &format!("{}/sweeps/backup", service.url),
+        &[("authorization", &w.key.bearer())],
+        &json!({ "targets": [w.target()] }),
+    )
+    .await;
+    assert_eq!(sweep.status, 200, "{}", sweep.body);
+    let sweep: Value = serde_json::from_str(&sweep.body).unwrap();
+    assert_eq!(sweep["backup_sweep"][0]["backed_up"], 1, "{sweep}");
+    assert_eq!(store.backups(&ws("run")).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing_runs() {
+    let w = World::new().await;
+    let service = w.start().await;
+    let envelope = push_envelope("m-2", &w.message("g-2", "guarded"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let stranger = SigningKey::new("test-key-1"); // same kid, another key
+    let url = format!("{}/pubsub", service.url);
+    let cases: Vec<(&str, Option<String>, u16)> = vec![
+        ("no token", None, 401),
+        ("not a JWT", Some("Bearer not-a-token".into()), 401),
+        (
+            "expired",
+            Some(format!(
+                "Bearer {}",
+                w.key.token(json!({ "iat": now - 7200, "exp": now - 3600 }))
+            )),
+            401,
+        ),
+        (
+            "another audience",
+            Some(format!(
+                "Bearer {}",
+                w.key.token(json!({ "aud": "https://someone-else.test" }))
+            )),
+            403,
+        ),
+        (
+            "another issuer",
+            Some(format!(
+                "Bearer {}",
+                w.key.token(json!({ "iss": "https://issuer.test" }))
+            )),
+            403,
+        ),
+        (
+            "another service account",
+            Some(format!(
+                "Bearer {}",
+                w.key
+                    .token(json!({ "email": "intruder@elsewhere.iam.gserviceaccount.com" }))
+            )),
+            403,
+        ),
+        ("signed by another key", Some(stranger.bearer()), 401),
+    ];
+    for (case, bearer, status) in cases {
+        let headers: Vec<(&str, &str)> = bearer
+            .as_deref()
+            .map(|b| vec![("authorization", b)])
+            .unwrap_or_default();
+        let answer = post_json(&url, &headers, &envelope).await;
+        assert_eq!(answer.status, status, "{case}: {}", answer.body);
+        assert!(answer.body.contains("error"), "{case}: {}", answer.body);
+    }
+    let sweep = post_json(
+        &format!("{}/sweeps/backup", service.url),
+        &[],
+        &json!({ "targets": [w.target()] }),
+    )
+    .await;
+    assert_eq!(sweep.status, 401, "the sweep needs a token too");
+
+    let store = w.store().await;
+    assert!(store.workspaces().await.unwrap().is_empty(), "nothing ran");
+    assert!(w.sb.cloud_names().is_empty());
+    assert_eq!(PUSHER.split('@').count(), 2);
+    assert!(AUDIENCE.starts_with("https://"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_envelopes_get_400_and_invalid_jobs_are_acknowledged_with_their_problems() {
+    let w = World::new().await;
+    let service = w.start().await;
+    let bearer = w.key.bearer();
+    let url = format!("{}/pubsub", service.url);
+    let auth = [("authorization", bearer.as_str())];
+
+    let not_json = tests::http::call(
+        "POST",
+        &url,
+        &[
+            ("authorization", &bearer),
+            ("content-type", "application/json"),
+        ],
+        "{not json",
+    )
+    .await;
+    assert_eq!(not_json.status, 400, "{}", not_json.body);
+    assert!(not_json.body.contains("not a Pub/Sub push envelope"));
+    let no_data = post_json(
+        &url,
+        &auth,
+        &json!({ "message": { "messageId": "m" }, "subscription": "s" }),
+    )
+    .await;
+    assert_eq!(no_data.status, 400, "{}", no_data.body);
+    assert!(no_data.body.contains("message.data"));
+    let not_base64 = post_json(
+        &url,
+        &auth,
+        &json!({ "message": { "messageId": "m", "data": "%%%" }, "subscription": "s" }),
+    )
+    .await;
+    assert_eq!(not_base64.status, 400, "{}", not_base64.body);
+
+    // A push that is well formed but can never be a job: acknowledged, with why.
+    let mut bad_target = w.message("g-3", "bad");
+    bad_target["target"]["service_account"] = json!("terrace");
+    let answer = post_json(&url, &auth, &push_envelope("m-3", &bad_target)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let record: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(record["status"], "rejected");
+    assert_eq!(record["message_id"], "m-3");
+    assert!(
+        record["errors"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("target.service_account")
+    );
+
+    let mut bad_job = w.message("g-4", "bad");
+    bad_job["job"]["variables"]["region"] = json!("mars-north-1");
+    bad_job["job"]["variables"]
+        .as_object_mut()
+        .unwrap()
+        .remove("admin_password");
+    let answer = post_json(&url, &auth, &push_envelope("m-4", &bad_job)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let record: Value = serde_json::from_str(&answer.body).unwrap();
+    let fields: Vec<&str> = record["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"variables.region"), "{record}");
+    assert!(fields.contains(&"variables.admin_password"), "{record}");
+
+    let mut too_long = w.message("g-5", "bad");
+    too_long["job"]["timeout"] = json!("2h");
+    let answer = post_json(&url, &auth, &push_envelope("m-5", &too_long)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.body.contains("request timeout"), "{}", answer.body);
+
+    let store = w.store().await;
+    assert!(store.workspaces().await.unwrap().is_empty(), "nothing ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_workspace_is_answered_429_and_the_job_runs_once_the_lease_is_free() {
+    let w = World::new().await;
+    let service = w.start().await;
+    let store = w.store().await;
+    let held = store
+        .acquire_lease(
+            &ws("busy"),
+            &LeaseRequest {
+                owner: "other-job".into(),
+                ttl: Duration::from_secs(600),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let envelope = push_envelope("m-6", &w.message("g-6", "busy"));
+    let answer = w.push(&service, &envelope).await;
+    assert_eq!(answer.status, 429, "{}", answer.body);
+    assert!(answer.body.contains("other-job"), "{}", answer.body);
+    assert!(store.versions(&ws("busy")).await.unwrap().is_empty());
+
+    store.release_lease(&ws("busy"), &held).await.unwrap();
+    let answer = w.push(&service, &envelope).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_interrupts_a_running_job_releases_its_lease_and_the_redelivery_runs_it() {
+    let w = World::new().await;
+    let slow = Service::start(&w.sb, &w.jwks, &[("TESTCLOUD_CREATE_DELAY_MS", "20000")]).await;
+    let envelope = push_envelope("m-7", &w.message("g-7", "stopped"));
+    let store = w.store().await;
+
+    let pushing = {
+        let url = format!("{}/pubsub", slow.url);
+        let bearer = w.key.bearer();
+        let envelope = envelope.clone();
+        tokio::spawn(async move { post_json(&url, &[("authorization", &bearer)], &envelope).await })
+    };
+    // Wait until the job holds the workspace and terraform is creating.
+    let mut held = false;
+    for _ in 0..600 {
+        if store.lease(&ws("stopped")).await.unwrap().is_some() && !w.sb.cloud_names().is_empty() {
+            held = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(held, "the job started");
+    slow.terminate();
+    let answer = pushing.await.unwrap();
+    assert_eq!(answer.status, 503, "delivered again: {}", answer.body);
+    assert!(answer.body.contains("shutting down"), "{}", answer.body);
+    let mut slow = slow;
+    let exited = slow.child.wait().unwrap();
+    assert!(exited.success(), "{exited:?}");
+    assert!(
+        store.lease(&ws("stopped")).await.unwrap().is_none(),
+        "the lease is released"
+    );
+    let result = store
+        .artifact(&ws("stopped"), "g-7", "result.json")
+        .await
+        .unwrap()
+        .unwrap();
+    let result: Value = serde_json::from_slice(&result).unwrap();
+    assert_eq!(result["status"], "interrupted", "{result}");
+
+    // Pub/Sub delivers it again, to another instance: it runs.
+    let service = w.start().await;
+    let answer = w.push(&service, &envelope).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
+}
