@@ -86,3 +86,67 @@ pub fn handled(outcome: anyhow::Result<RunOutcome>) -> (Handled, bool) {
         ),
     }
 }
+
+/// What a handed-off task (an ECS task, a Cloud Run Job) gets: where the job message is staged
+/// in the customer's store (`runs/<job>/request.json`), and the account (`target`) to read it
+/// with. The message itself, with the job's variables, never goes through the platform's API.
+#[derive(Debug, serde::Deserialize, serde::Serialize)]
+pub struct JobRef<T> {
+    pub target: T,
+    pub tenant: String,
+    pub workspace: String,
+    pub job_id: String,
+}
+
+/// The staged job message's name in the run's folder.
+pub const REQUEST: &str = "request.json";
+
+impl<T> JobRef<T> {
+    pub fn new(target: T, ws: &WorkspaceId, job_id: &str) -> Self {
+        Self {
+            target,
+            tenant: ws.tenant().to_owned(),
+            workspace: ws.workspace().to_owned(),
+            job_id: job_id.to_owned(),
+        }
+    }
+
+    /// Stages the message for the task.
+    ///
+    /// # Errors
+    /// Why it cannot be written, as a sentence.
+    pub async fn stage(
+        &self,
+        store: &dyn state_backends::StateStore,
+        body: &[u8],
+    ) -> Result<(), String> {
+        let ws = self.ws()?;
+        store
+            .put_artifact(
+                &ws,
+                &self.job_id,
+                REQUEST,
+                bytes::Bytes::copy_from_slice(body),
+            )
+            .await
+            .map_err(|e| format!("cannot stage the job for its task: {e}"))
+    }
+
+    /// The staged message.
+    ///
+    /// # Errors
+    /// Why it cannot be read, as a sentence.
+    pub async fn staged(&self, store: &dyn state_backends::StateStore) -> Result<Vec<u8>, String> {
+        let ws = self.ws()?;
+        let data = store
+            .artifact(&ws, &self.job_id, REQUEST)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("runs/{}/{REQUEST} is not in {ws}", self.job_id))?;
+        Ok(data.to_vec())
+    }
+
+    fn ws(&self) -> Result<WorkspaceId, String> {
+        WorkspaceId::new(&self.tenant, &self.workspace).map_err(|e| e.to_string())
+    }
+}

@@ -108,7 +108,7 @@ impl Drop for Service {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -117,13 +117,11 @@ fn free_port() -> u16 {
 }
 
 impl Service {
-    /// Starts `terrace-gcp` for `sb` against the emulator, and waits until it answers.
-    pub async fn start(sb: &Sandbox, jwks_url: &str, extra: &[(&str, &str)]) -> Self {
-        let port = free_port();
+    /// `terrace-gcp` set up for `sb` against the emulator.
+    pub fn command(sb: &Sandbox, jwks_url: &str, extra: &[(&str, &str)]) -> Command {
         let mut cmd = Command::new(workspace_bin("terrace-gcp"));
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("PORT", port.to_string())
             .env("TERRACE_PUSH_AUDIENCE", AUDIENCE)
             .env("TERRACE_OIDC_JWKS_URL", jwks_url)
             .env("TERRACE_PUSH_SERVICE_ACCOUNTS", PUSHER)
@@ -142,12 +140,19 @@ impl Service {
             .env("TERRACE_REQUEST_TIMEOUT", "900")
             .env("TERRACE_LOG", "info")
             .envs(extra.iter().copied())
-            .stdout(Stdio::null())
             .stderr(if std::env::var_os("TERRACE_TEST_VERBOSE").is_some() {
                 Stdio::inherit()
             } else {
                 Stdio::null()
             });
+        cmd
+    }
+
+    /// Starts `terrace-gcp` for `sb` against the emulator, and waits until it answers.
+    pub async fn start(sb: &Sandbox, jwks_url: &str, extra: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let mut cmd = Self::command(sb, jwks_url, extra);
+        cmd.env("PORT", port.to_string()).stdout(Stdio::null());
         let child = cmd.spawn().expect("terrace-gcp starts");
         let service = Self {
             child,

@@ -351,3 +351,53 @@ async fn sigterm_interrupts_a_running_job_releases_its_lease_and_the_redelivery_
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_longer_than_a_request_is_staged_for_a_cloud_run_job_whose_task_runs_it() {
+    let w = World::new().await;
+    // Nothing listens there: the Cloud Run Admin API cannot be reached.
+    let admin = format!("http://127.0.0.1:{}", tests::gcp::free_port());
+    let job = "projects/platform/locations/europe-west1/jobs/terrace";
+    let service = Service::start(
+        &w.sb,
+        &w.jwks,
+        &[
+            ("TERRACE_REQUEST_TIMEOUT", "120"),
+            ("TERRACE_CLOUD_RUN_JOB", job),
+            ("TERRACE_CLOUD_RUN_ENDPOINT", &admin),
+        ],
+    )
+    .await;
+    let message = w.message("g-8", "long");
+    let answer = w.push(&service, &push_envelope("m-8", &message)).await;
+    assert_eq!(answer.status, 503, "delivered again: {}", answer.body);
+    assert!(
+        answer.body.contains("Cloud Run Admin API"),
+        "{}",
+        answer.body
+    );
+
+    // The message is staged byte for byte; nothing ran here.
+    let store = w.store().await;
+    let staged = store
+        .artifact(&ws("long"), "g-8", "request.json")
+        .await
+        .unwrap()
+        .expect("staged");
+    assert_eq!(serde_json::from_slice::<Value>(&staged).unwrap(), message);
+    assert!(store.versions(&ws("long")).await.unwrap().is_empty());
+
+    // The execution's entry point runs it from the reference alone.
+    let reference = json!({
+        "target": w.target(), "tenant": "acme", "workspace": "long", "job_id": "g-8",
+    });
+    let out = Service::command(&w.sb, &w.jwks, &[])
+        .arg("task")
+        .env("TERRACE_JOB_REF", reference.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert!(!store.versions(&ws("long")).await.unwrap().is_empty());
+}

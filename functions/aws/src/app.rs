@@ -35,19 +35,8 @@ pub struct App {
     pub ecs: aws_sdk_ecs::Client,
 }
 
-/// What a handed-off ECS task gets in `TERRACE_JOB_REF`: where the job message is staged in the
-/// customer's bucket (`runs/<job>/request.json`), and the account to read it with. The message
-/// itself, with the job's variables, never goes through ECS's API.
-#[derive(Debug, Deserialize, serde::Serialize)]
-pub struct JobRef {
-    pub target: Target,
-    pub tenant: String,
-    pub workspace: String,
-    pub job_id: String,
-}
-
-/// The staged job message's name in the run's folder.
-pub const REQUEST: &str = "request.json";
+/// What a handed-off ECS task gets in `TERRACE_JOB_REF`.
+pub type JobRef = trigger::JobRef<Target>;
 
 impl App {
     pub async fn new(config: Config) -> Self {
@@ -115,15 +104,8 @@ impl App {
     pub async fn staged(&self, reference: &str) -> Result<String, String> {
         let r: JobRef = serde_json::from_str(reference)
             .map_err(|e| format!("TERRACE_JOB_REF is not a job reference: {e}"))?;
-        let ws =
-            state_backends::WorkspaceId::new(&r.tenant, &r.workspace).map_err(|e| e.to_string())?;
         let store = self.store_for(&r.target, &r.job_id).await?;
-        let data = store
-            .artifact(&ws, &r.job_id, REQUEST)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("runs/{}/{REQUEST} is not in {ws}", r.job_id))?;
-        String::from_utf8(data.to_vec()).map_err(|e| e.to_string())
+        String::from_utf8(r.staged(&*store).await?).map_err(|e| e.to_string())
     }
 
     /// Sends a result or a rejection to the results queue, when there is one.
@@ -279,17 +261,9 @@ impl App {
             );
         };
         let store = self.store_for(target, job_id).await?;
-        store
-            .put_artifact(ws, job_id, REQUEST, bytes::Bytes::from(body.to_owned()))
-            .await
-            .map_err(|e| format!("cannot stage the job for ECS: {e}"))?;
-        let reference = serde_json::to_string(&JobRef {
-            target: target.clone(),
-            tenant: ws.tenant().to_owned(),
-            workspace: ws.workspace().to_owned(),
-            job_id: job_id.to_owned(),
-        })
-        .map_err(|e| e.to_string())?;
+        let reference = JobRef::new(target.clone(), ws, job_id);
+        reference.stage(&*store, body.as_bytes()).await?;
+        let reference = serde_json::to_string(&reference).map_err(|e| e.to_string())?;
         let vpc = AwsVpcConfiguration::builder()
             .set_subnets(Some(h.subnets.clone()))
             .set_security_groups((!h.security_groups.is_empty()).then(|| h.security_groups.clone()))

@@ -62,6 +62,24 @@ pub struct App {
     pub shutdown: CancellationToken,
 }
 
+/// What a Cloud Run Job execution gets in `TERRACE_JOB_REF`.
+type JobRef = trigger::JobRef<Target>;
+
+/// The Cloud Run Admin API's `jobs.run` body: one task, `terrace-gcp task` with the reference,
+/// and a task timeout of the job's plus 5 minutes for its result and lease.
+fn run_job_request(reference: &str, job_timeout: Duration) -> Value {
+    json!({
+        "overrides": {
+            "containerOverrides": [{
+                "args": ["task"],
+                "env": [{ "name": "TERRACE_JOB_REF", "value": reference }],
+            }],
+            "taskCount": 1,
+            "timeout": format!("{}s", job_timeout.as_secs() + 300),
+        }
+    })
+}
+
 fn answer(status: StatusCode, body: Value) -> Response {
     (status, Json(body)).into_response()
 }
@@ -132,7 +150,11 @@ impl App {
             }
         };
         tracing::info!(message_id = %id, subscription = %push.subscription, "job message");
-        match self.handle(&id, &data).await {
+        let left = self
+            .config
+            .request_timeout
+            .saturating_sub(self.config.margin);
+        match self.handle(&id, &data, Some(left)).await {
             Handled::Done(body) => answer(StatusCode::OK, body),
             Handled::Again { why, delay } => {
                 tracing::warn!(message_id = %id, why, "job message to be delivered again");
@@ -150,16 +172,25 @@ impl App {
                 }
                 response
             }
+            Handled::TooLong { job_id, ws } if self.config.cloud_run_job.is_some() => {
+                match self.hand_off(&data, &job_id, &ws).await {
+                    Ok(record) => answer(StatusCode::OK, record),
+                    Err(why) => {
+                        tracing::error!(message_id = %id, why, "handoff to the Cloud Run Job failed");
+                        answer(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": why }))
+                    }
+                }
+            }
             Handled::TooLong { job_id, ws } => {
                 let record = trigger::rejection(
                     &id,
                     vec![trigger::problem(
                         "timeout",
                         format!(
-                            "job {job_id} for {ws} may run longer than this service's request timeout ({} s) allows, and handing jobs off to a Cloud Run Job is not built yet",
+                            "job {job_id} for {ws} may run longer than this service's request timeout ({} s) allows, and no Cloud Run Job is configured to run it",
                             self.config.request_timeout.as_secs()
                         ),
-                        "shorten the job's timeout, or raise the service's request timeout and TERRACE_REQUEST_TIMEOUT (up to 3600 s)",
+                        "shorten the job's timeout, raise the service's request timeout and TERRACE_REQUEST_TIMEOUT (up to 3600 s), or set TERRACE_CLOUD_RUN_JOB",
                     )],
                 );
                 tracing::warn!(message_id = %id, record = %record, "job message rejected");
@@ -174,7 +205,9 @@ impl App {
         Handled::Done(record)
     }
 
-    async fn handle(&self, message_id: &str, data: &[u8]) -> Handled {
+    /// One job message. A job whose timeout exceeds `time_left` does not start here
+    /// ([`Handled::TooLong`]).
+    async fn handle(&self, message_id: &str, data: &[u8], time_left: Option<Duration>) -> Handled {
         let envelope: Envelope = match serde_json::from_slice(data) {
             Ok(e) => e,
             Err(e) => {
@@ -198,11 +231,7 @@ impl App {
             Ok(job) => job,
             Err(errors) => return Self::reject(message_id, errors),
         };
-        let left = self
-            .config
-            .request_timeout
-            .saturating_sub(self.config.margin);
-        if job.job.timeout > left {
+        if time_left.is_some_and(|left| job.job.timeout > left) {
             return match state_backends::WorkspaceId::new(&job.job.tenant, &job.job.workspace) {
                 Ok(ws) => Handled::TooLong {
                     job_id: job.job.id.clone(),
@@ -235,6 +264,97 @@ impl App {
                 delay: None,
             },
             other => other,
+        }
+    }
+
+    /// Starts an execution of the Cloud Run Job (the same image, `terrace-gcp task`) for a job
+    /// too long for a request. The message is staged in the customer's bucket first, so its
+    /// variables stay out of Cloud Run's API; the execution gets only a [`JobRef`].
+    ///
+    /// # Errors
+    /// Why the execution was not started, as a sentence (the push is then delivered again).
+    async fn hand_off(
+        &self,
+        data: &[u8],
+        job_id: &str,
+        ws: &state_backends::WorkspaceId,
+    ) -> Result<Value, String> {
+        let job = self
+            .config
+            .cloud_run_job
+            .as_deref()
+            .ok_or("no Cloud Run Job is configured")?;
+        let envelope: Envelope = serde_json::from_slice(data).map_err(|e| e.to_string())?;
+        let timeout = trigger::check_job(&envelope.job, &self.config.runtime.templates)
+            .map_err(|_| "the job is no longer valid")?
+            .job
+            .timeout;
+        let store = self.store_for(&envelope.target).await?;
+        let reference = JobRef::new(envelope.target, ws, job_id);
+        reference.stage(&*store, data).await?;
+        let request = run_job_request(
+            &serde_json::to_string(&reference).map_err(|e| e.to_string())?,
+            timeout,
+        );
+        let credentials = if self.config.anonymous {
+            google_cloud_auth::credentials::anonymous::Builder::new().build()
+        } else {
+            google_cloud_auth::credentials::Builder::default()
+                .build()
+                .map_err(|e| format!("this service has no credentials of its own: {e}"))?
+        };
+        let headers = match credentials.headers(http::Extensions::new()).await {
+            Ok(google_cloud_auth::credentials::CacheableResource::New { data, .. }) => data,
+            Ok(google_cloud_auth::credentials::CacheableResource::NotModified) => {
+                http::HeaderMap::new()
+            }
+            Err(e) => return Err(format!("no token for the Cloud Run Admin API: {e}")),
+        };
+        let url = format!(
+            "{}/v2/{job}:run",
+            self.config.run_endpoint.trim_end_matches('/')
+        );
+        let response = reqwest::Client::new()
+            .post(&url)
+            .headers(headers)
+            .json(&request)
+            .send()
+            .await
+            .map_err(|e| format!("cannot reach the Cloud Run Admin API: {e}"))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            return Err(format!(
+                "Cloud Run did not run {job}: {status}: {}",
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap_or("no reason given")
+            ));
+        }
+        let operation = body["name"].as_str().unwrap_or_default().to_owned();
+        tracing::info!(job_id, operation, "handed off to the Cloud Run Job");
+        Ok(json!({
+            "status": "handed-off", "job_id": job_id, "workspace": ws.to_string(),
+            "cloud_run_job": job, "operation": operation,
+        }))
+    }
+
+    /// `terrace-gcp task`: the job a Cloud Run Job execution was handed, by its reference.
+    ///
+    /// # Errors
+    /// Why it could not run, as a sentence.
+    pub async fn task(&self, reference: &str) -> Result<Value, String> {
+        let r: JobRef = serde_json::from_str(reference)
+            .map_err(|e| format!("TERRACE_JOB_REF is not a job reference: {e}"))?;
+        let store = self.store_for(&r.target).await?;
+        let data = r.staged(&*store).await?;
+        match self
+            .handle(&format!("task-{}", r.job_id), &data, None)
+            .await
+        {
+            Handled::Done(result) => Ok(result),
+            Handled::Again { why, .. } => Err(why),
+            Handled::TooLong { .. } => Err("unreachable: a task has no time limit".into()),
         }
     }
 
@@ -291,5 +411,24 @@ impl App {
             StatusCode::OK
         };
         answer(status, json!({ "backup_sweep": reports }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_run_request_carries_only_the_reference_and_a_fitting_timeout() {
+        let request = run_job_request(r#"{"job_id":"j1"}"#, Duration::from_secs(7200));
+        let overrides = &request["overrides"];
+        assert_eq!(overrides["taskCount"], 1);
+        assert_eq!(overrides["timeout"], "7500s");
+        let container = &overrides["containerOverrides"][0];
+        assert_eq!(container["args"], json!(["task"]));
+        assert_eq!(
+            container["env"],
+            json!([{ "name": "TERRACE_JOB_REF", "value": "{\"job_id\":\"j1\"}" }])
+        );
     }
 }

@@ -20,6 +20,11 @@ pub struct Config {
     pub gcs_endpoint: String,
     /// `TERRACE_GCS_ANONYMOUS=1`: no credentials and no impersonation, for an emulator only.
     pub anonymous: bool,
+    /// `TERRACE_CLOUD_RUN_JOB`: the Cloud Run Job (`projects/P/locations/L/jobs/J`, same image)
+    /// that runs jobs too long for a request; unset: such jobs are rejected.
+    pub cloud_run_job: Option<String>,
+    /// `TERRACE_CLOUD_RUN_ENDPOINT`: the Cloud Run Admin API (default `https://run.googleapis.com`).
+    pub run_endpoint: String,
 }
 
 impl Config {
@@ -59,6 +64,9 @@ impl Config {
             gcs_endpoint: var("TERRACE_GCS_ENDPOINT")
                 .unwrap_or_else(|| state_backends::gcs::GcsConfig::ENDPOINT.into()),
             anonymous: var("TERRACE_GCS_ANONYMOUS").is_some_and(|v| v == "1" || v == "true"),
+            cloud_run_job: var("TERRACE_CLOUD_RUN_JOB"),
+            run_endpoint: var("TERRACE_CLOUD_RUN_ENDPOINT")
+                .unwrap_or_else(|| "https://run.googleapis.com".into()),
         })
     }
 }

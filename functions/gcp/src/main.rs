@@ -1,5 +1,7 @@
 //! `terrace-gcp`: the Google Cloud function, a Cloud Run service. Pub/Sub pushes job messages to
-//! `POST /pubsub`; Cloud Scheduler calls `POST /sweeps/backup` hourly. Every request must carry
+//! `POST /pubsub`; Cloud Scheduler calls `POST /sweeps/backup` hourly. `terrace-gcp task` is the
+//! Cloud Run Job execution a job too long for a request is handed to (`TERRACE_CLOUD_RUN_JOB`):
+//! it runs the job staged in the customer's bucket that `TERRACE_JOB_REF` points to. Every request must carry
 //! a Google-signed OIDC token for this service (see `oidc`). State lives in the customer's GCS
 //! bucket, reached by impersonating their service account.
 //!
@@ -49,6 +51,19 @@ async fn main() -> ExitCode {
         config,
         shutdown: shutdown.clone(),
     });
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            term.recv().await;
+            tracing::info!("SIGTERM: no new requests; interrupting running jobs");
+            on_signal.cancel();
+        }
+    });
+    if std::env::args().nth(1).as_deref() == Some("task") {
+        return task(&app).await;
+    }
     let router = Router::new()
         .route(
             "/pubsub",
@@ -76,16 +91,6 @@ async fn main() -> ExitCode {
         }
     };
     tracing::info!(port, "serving");
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            term.recv().await;
-            tracing::info!("SIGTERM: no new requests; interrupting running jobs");
-            on_signal.cancel();
-        }
-    });
     let stopped = shutdown.clone();
     match axum::serve(listener, router)
         .with_graceful_shutdown(async move { stopped.cancelled().await })
@@ -95,6 +100,30 @@ async fn main() -> ExitCode {
         Err(e) => {
             eprintln!("terrace-gcp: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `terrace-gcp task`: the Cloud Run Job execution a long job was handed to.
+async fn task(app: &App) -> ExitCode {
+    let Ok(reference) = std::env::var("TERRACE_JOB_REF") else {
+        eprintln!(
+            "terrace-gcp task: TERRACE_JOB_REF is not set (the service sets it when it hands a job off)"
+        );
+        return ExitCode::from(64);
+    };
+    match app.task(&reference).await {
+        Ok(result) => {
+            println!("{result}");
+            if result["status"] == "succeeded" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(why) => {
+            eprintln!("terrace-gcp task: {why}");
+            ExitCode::from(75)
         }
     }
 }
