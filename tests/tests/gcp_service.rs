@@ -401,3 +401,78 @@ async fn a_job_longer_than_a_request_is_staged_for_a_cloud_run_job_whose_task_ru
     assert_eq!(result["status"], "succeeded", "{result}");
     assert!(!store.versions(&ws("long")).await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drift_sweep_plans_a_check_per_applied_workspace_and_reports_what_it_could_not_queue() {
+    let w = World::new().await;
+    // No Pub/Sub emulator exists: the topic's API is unreachable, so the sweep must say which
+    // checks it could not queue (and a result that cannot be published must not fail a job).
+    let pubsub = format!("http://127.0.0.1:{}", tests::gcp::free_port());
+    let service = Service::start(
+        &w.sb,
+        &w.jwks,
+        &[
+            (
+                "TERRACE_JOBS_TOPIC",
+                "projects/platform/topics/terrace-jobs",
+            ),
+            (
+                "TERRACE_RESULTS_TOPIC",
+                "projects/platform/topics/terrace-results",
+            ),
+            ("TERRACE_PUBSUB_ENDPOINT", &pubsub),
+        ],
+    )
+    .await;
+    let fleet = json!({
+        "job": {
+            "id": "f-1", "tenant": "acme", "workspace": "nets", "operation": "apply",
+            "template": { "name": "fleet", "version": "1.0.0" },
+            "variables": { "networks": ["a"] }, "timeout": "5m",
+        },
+        "target": w.target(),
+    });
+    let applied = w.push(&service, &push_envelope("m-9", &fleet)).await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    assert!(applied.body.contains("\"succeeded\""), "{}", applied.body);
+    let applied = w
+        .push(
+            &service,
+            &push_envelope("m-10", &w.message("s-1", "secret")),
+        )
+        .await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
+
+    let sweep = post_json(
+        &format!("{}/sweeps/drift", service.url),
+        &[("authorization", &w.key.bearer())],
+        &json!({ "targets": [w.target()] }),
+    )
+    .await;
+    assert_eq!(sweep.status, 500, "{}", sweep.body);
+    let sweep: Value = serde_json::from_str(&sweep.body).unwrap();
+    let report = &sweep["drift_sweep"][0];
+    assert_eq!(report["queued"], 0, "{sweep}");
+    assert_eq!(
+        report["needs_secrets"],
+        json!([{ "workspace": "acme/secret", "sensitive_variables": ["admin_password"] }])
+    );
+    let failed = report["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{sweep}");
+    assert_eq!(failed[0]["workspace"], "acme/nets");
+    assert!(
+        failed[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("projects/platform/topics/terrace-jobs"),
+        "{sweep}"
+    );
+
+    let unauthorized = post_json(
+        &format!("{}/sweeps/drift", service.url),
+        &[],
+        &json!({ "targets": [w.target()] }),
+    )
+    .await;
+    assert_eq!(unauthorized.status, 401);
+}

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Target};
 use crate::config::Config;
+use crate::google;
 use crate::oidc::Verifier;
 
 /// A job message: the job and the customer project it runs against.
@@ -58,6 +59,8 @@ struct Sweep {
 pub struct App {
     pub config: Config,
     pub verifier: Verifier,
+    /// This service's own credentials, for Cloud Run and Pub/Sub.
+    pub own: google::Own,
     /// Cancelled on SIGTERM: running jobs stop (and end `interrupted`, to run again).
     pub shutdown: CancellationToken,
 }
@@ -194,14 +197,34 @@ impl App {
                     )],
                 );
                 tracing::warn!(message_id = %id, record = %record, "job message rejected");
+                self.report(&record).await;
                 answer(StatusCode::OK, record)
             }
         }
     }
 
-    fn reject(message_id: &str, errors: Vec<Value>) -> Handled {
+    /// Publishes a result or a rejection to the results topic, when there is one.
+    async fn report(&self, record: &Value) {
+        let Some(topic) = &self.config.results_topic else {
+            return;
+        };
+        if let Err(e) = google::publish(
+            &self.own,
+            &self.config.pubsub_endpoint,
+            topic,
+            std::slice::from_ref(record),
+        )
+        .await
+        {
+            tracing::error!(error = %e, "could not publish to the results topic");
+        }
+    }
+
+    /// A message that will never be a job: answered with an error record, not retried.
+    async fn reject(&self, message_id: &str, errors: Vec<Value>) -> Handled {
         let record = trigger::rejection(message_id, errors);
         tracing::warn!(message_id, record = %record, "job message rejected");
+        self.report(&record).await;
         Handled::Done(record)
     }
 
@@ -216,7 +239,7 @@ impl App {
                     format!("the message is not a job envelope: {e}"),
                     "publish {\"job\": {…}, \"target\": {\"service_account\", \"bucket\", …}}",
                 );
-                return Self::reject(message_id, vec![problem]);
+                return self.reject(message_id, vec![problem]).await;
             }
         };
         if let Err(e) = envelope.target.check() {
@@ -225,11 +248,11 @@ impl App {
                 e,
                 "name the customer's service account this service may impersonate",
             );
-            return Self::reject(message_id, vec![problem]);
+            return self.reject(message_id, vec![problem]).await;
         }
         let job = match trigger::check_job(&envelope.job, &self.config.runtime.templates) {
             Ok(job) => job,
-            Err(errors) => return Self::reject(message_id, errors),
+            Err(errors) => return self.reject(message_id, errors).await,
         };
         if time_left.is_some_and(|left| job.job.timeout > left) {
             return match state_backends::WorkspaceId::new(&job.job.tenant, &job.job.workspace) {
@@ -237,7 +260,10 @@ impl App {
                     job_id: job.job.id.clone(),
                     ws,
                 },
-                Err(e) => Self::reject(message_id, vec![trigger::problem("workspace", e, "")]),
+                Err(e) => {
+                    self.reject(message_id, vec![trigger::problem("workspace", e, "")])
+                        .await
+                }
             };
         }
         let target = &envelope.target;
@@ -255,7 +281,8 @@ impl App {
         config.terraform.env = env;
         config.shutdown = Some(self.shutdown.clone());
         let runner = Runner::new(store, config);
-        let (handled, _) = trigger::handled(runner.run(&job, self.shutdown.child_token()).await);
+        let (handled, fresh) =
+            trigger::handled(runner.run(&job, self.shutdown.child_token()).await);
         match handled {
             // Stopped by this instance's shutdown: not final, so deliver it again.
             Handled::Done(result) if result["status"] == "interrupted" => Handled::Again {
@@ -263,6 +290,12 @@ impl App {
                     .into(),
                 delay: None,
             },
+            Handled::Done(result) => {
+                if fresh {
+                    self.report(&result).await;
+                }
+                Handled::Done(result)
+            }
             other => other,
         }
     }
@@ -296,41 +329,18 @@ impl App {
             &serde_json::to_string(&reference).map_err(|e| e.to_string())?,
             timeout,
         );
-        let credentials = if self.config.anonymous {
-            google_cloud_auth::credentials::anonymous::Builder::new().build()
-        } else {
-            google_cloud_auth::credentials::Builder::default()
-                .build()
-                .map_err(|e| format!("this service has no credentials of its own: {e}"))?
-        };
-        let headers = match credentials.headers(http::Extensions::new()).await {
-            Ok(google_cloud_auth::credentials::CacheableResource::New { data, .. }) => data,
-            Ok(google_cloud_auth::credentials::CacheableResource::NotModified) => {
-                http::HeaderMap::new()
-            }
-            Err(e) => return Err(format!("no token for the Cloud Run Admin API: {e}")),
-        };
         let url = format!(
             "{}/v2/{job}:run",
             self.config.run_endpoint.trim_end_matches('/')
         );
-        let response = reqwest::Client::new()
-            .post(&url)
-            .headers(headers)
-            .json(&request)
-            .send()
-            .await
-            .map_err(|e| format!("cannot reach the Cloud Run Admin API: {e}"))?;
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            return Err(format!(
-                "Cloud Run did not run {job}: {status}: {}",
-                body["error"]["message"]
-                    .as_str()
-                    .unwrap_or("no reason given")
-            ));
-        }
+        let body = self
+            .own
+            .post(
+                &format!("the Cloud Run Admin API, starting {job}"),
+                &url,
+                &request,
+            )
+            .await?;
         let operation = body["name"].as_str().unwrap_or_default().to_owned();
         tracing::info!(job_id, operation, "handed off to the Cloud Run Job");
         Ok(json!({
@@ -358,19 +368,100 @@ impl App {
         }
     }
 
+    /// `POST /sweeps/drift`: a `drift-check` job for each applied workspace of each customer's
+    /// bucket, published to the jobs topic, so each runs like any other job.
+    pub async fn drift_sweep(&self, headers: &HeaderMap, body: &[u8]) -> Response {
+        let sweep = match self.sweep_request(headers, body).await {
+            Ok(s) => s,
+            Err(refused) => return refused,
+        };
+        let mut reports = Vec::new();
+        let mut failed = false;
+        for target in &sweep.targets {
+            let report = match self.drift_target(target).await {
+                Ok(report) => report,
+                Err(e) => json!({ "bucket": target.bucket, "error": e }),
+            };
+            failed |= report.get("error").is_some()
+                || report["failed"].as_array().is_some_and(|f| !f.is_empty());
+            tracing::info!(report = %report, "drift sweep");
+            reports.push(report);
+        }
+        let status = if failed {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::OK
+        };
+        answer(status, json!({ "drift_sweep": reports }))
+    }
+
+    async fn drift_target(&self, target: &Target) -> Result<Value, String> {
+        let topic = self
+            .config
+            .jobs_topic
+            .as_deref()
+            .ok_or("TERRACE_JOBS_TOPIC is not set: the drift checks have no topic")?;
+        let store = self.store_for(target).await?;
+        let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc())
+            .await
+            .map_err(|e| e.to_string())?;
+        let messages: Vec<Value> = plan
+            .jobs
+            .iter()
+            .map(|(_, job)| json!({ "job": job.0, "target": target }))
+            .collect();
+        let mut failed: Vec<Value> = plan
+            .failed
+            .iter()
+            .map(|(ws, why)| json!({ "workspace": ws.to_string(), "error": why }))
+            .collect();
+        let queued = match google::publish(
+            &self.own,
+            &self.config.pubsub_endpoint,
+            topic,
+            &messages,
+        )
+        .await
+        {
+            Ok(n) => n,
+            Err(why) => {
+                failed.extend(
+                    plan.jobs
+                        .iter()
+                        .map(|(ws, _)| json!({ "workspace": ws.to_string(), "error": why })),
+                );
+                0
+            }
+        };
+        let needs_secrets: Vec<Value> = plan
+            .needs_secrets
+            .iter()
+            .map(|(ws, names)| json!({ "workspace": ws.to_string(), "sensitive_variables": names }))
+            .collect();
+        Ok(json!({
+            "bucket": target.bucket, "queued": queued, "needs_secrets": needs_secrets,
+            "never_applied": plan.never_applied, "failed": failed,
+        }))
+    }
+
+    /// A scheduler's call: its token, then its body.
+    async fn sweep_request(&self, headers: &HeaderMap, body: &[u8]) -> Result<Sweep, Response> {
+        if let Err(refusal) = self.verifier.verify(headers).await {
+            return Err(answer(refusal.status, json!({ "error": refusal.reason })));
+        }
+        serde_json::from_slice(body).map_err(|e| {
+            answer(
+                StatusCode::BAD_REQUEST,
+                json!({ "error": format!("not a sweep request: {e}"), "fix": "POST {\"targets\": [{\"service_account\", \"bucket\", …}]}" }),
+            )
+        })
+    }
+
     /// `POST /sweeps/backup`: the hourly backup sweep over each customer's bucket.
     pub async fn backup_sweep(&self, headers: &HeaderMap, body: &[u8]) -> Response {
-        if let Err(refusal) = self.verifier.verify(headers).await {
-            return answer(refusal.status, json!({ "error": refusal.reason }));
-        }
-        let sweep: Sweep = match serde_json::from_slice(body) {
+        let sweep = match self.sweep_request(headers, body).await {
             Ok(s) => s,
-            Err(e) => {
-                return answer(
-                    StatusCode::BAD_REQUEST,
-                    json!({ "error": format!("not a sweep request: {e}"), "fix": "POST {\"targets\": [{\"service_account\", \"bucket\", …}]}" }),
-                );
-            }
+            Err(refused) => return refused,
         };
         let mut reports = Vec::new();
         let mut failed = false;

@@ -25,6 +25,13 @@ pub struct Config {
     pub cloud_run_job: Option<String>,
     /// `TERRACE_CLOUD_RUN_ENDPOINT`: the Cloud Run Admin API (default `https://run.googleapis.com`).
     pub run_endpoint: String,
+    /// `TERRACE_JOBS_TOPIC` (`projects/P/topics/T`): where the drift sweep puts its checks (the
+    /// topic whose push subscription calls this service).
+    pub jobs_topic: Option<String>,
+    /// `TERRACE_RESULTS_TOPIC`: where results and rejections are published, when set.
+    pub results_topic: Option<String>,
+    /// `TERRACE_PUBSUB_ENDPOINT` (default `https://pubsub.googleapis.com`).
+    pub pubsub_endpoint: String,
 }
 
 impl Config {
@@ -67,6 +74,10 @@ impl Config {
             cloud_run_job: var("TERRACE_CLOUD_RUN_JOB"),
             run_endpoint: var("TERRACE_CLOUD_RUN_ENDPOINT")
                 .unwrap_or_else(|| "https://run.googleapis.com".into()),
+            jobs_topic: var("TERRACE_JOBS_TOPIC"),
+            results_topic: var("TERRACE_RESULTS_TOPIC"),
+            pubsub_endpoint: var("TERRACE_PUBSUB_ENDPOINT")
+                .unwrap_or_else(|| "https://pubsub.googleapis.com".into()),
         })
     }
 }

@@ -12,6 +12,7 @@
 mod access;
 mod app;
 mod config;
+mod google;
 mod oidc;
 
 use std::net::SocketAddr;
@@ -46,7 +47,15 @@ async fn main() -> ExitCode {
     };
     let port = config.port;
     let shutdown = CancellationToken::new();
+    let own = match google::Own::new(config.anonymous) {
+        Ok(own) => own,
+        Err(e) => {
+            eprintln!("terrace-gcp: {e}");
+            return ExitCode::from(78);
+        }
+    };
     let app = Arc::new(App {
+        own,
         verifier: oidc::Verifier::new(config.oidc.clone()),
         config,
         shutdown: shutdown.clone(),
@@ -70,6 +79,14 @@ async fn main() -> ExitCode {
             post(
                 |State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes| async move {
                     app.push(&headers, &body).await
+                },
+            ),
+        )
+        .route(
+            "/sweeps/drift",
+            post(
+                |State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes| async move {
+                    app.drift_sweep(&headers, &body).await
                 },
             ),
         )
