@@ -139,6 +139,37 @@ pub async fn sweep(
     Ok(report)
 }
 
+/// One bucket's hourly sweep, as a function reports it: what [`sweep`] did with the default
+/// retention, or why it could not run (`store` is the bucket, or why it cannot be reached).
+pub async fn bucket_report(
+    bucket: &str,
+    store: Result<std::sync::Arc<dyn StateStore>, String>,
+    now: OffsetDateTime,
+) -> serde_json::Value {
+    let swept = match store {
+        Ok(store) => sweep(&*store, now, Retention::default())
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e),
+    };
+    match swept {
+        Ok(r) => serde_json::json!({
+            "bucket": bucket, "changed": r.changed,
+            "backed_up": r.backed_up.len(), "pruned": r.pruned.len(),
+            "failed": r.failed,
+        }),
+        Err(e) => serde_json::json!({ "bucket": bucket, "error": e }),
+    }
+}
+
+/// Whether a sweep's bucket report (backup or drift) says something was not done.
+pub fn report_failed(report: &serde_json::Value) -> bool {
+    report.get("error").is_some()
+        || report["failed"]
+            .as_array()
+            .is_some_and(|failed| !failed.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -31,6 +31,36 @@ pub struct DriftPlan {
     pub failed: Vec<(WorkspaceId, String)>,
 }
 
+impl DriftPlan {
+    /// The sweep's report for one bucket: `queued` checks went out; `unqueued` could not be
+    /// queued, with why.
+    pub fn report(
+        &self,
+        bucket: &str,
+        queued: usize,
+        unqueued: Vec<(String, String)>,
+    ) -> serde_json::Value {
+        let failed: Vec<serde_json::Value> = self
+            .failed
+            .iter()
+            .map(|(ws, why)| (ws.to_string(), why.clone()))
+            .chain(unqueued)
+            .map(|(ws, why)| serde_json::json!({ "workspace": ws, "error": why }))
+            .collect();
+        let needs_secrets: Vec<serde_json::Value> = self
+            .needs_secrets
+            .iter()
+            .map(|(ws, names)| {
+                serde_json::json!({ "workspace": ws.to_string(), "sensitive_variables": names })
+            })
+            .collect();
+        serde_json::json!({
+            "bucket": bucket, "queued": queued, "needs_secrets": needs_secrets,
+            "never_applied": self.never_applied, "failed": failed,
+        })
+    }
+}
+
 /// The id of the drift checks of the sweep at `now`.
 pub fn job_id(now: OffsetDateTime) -> String {
     format!("drift-{}", crate::backup::hour_label(now))

@@ -94,23 +94,9 @@ async fn handle(app: &App, event: LambdaEvent<Value>) -> Result<Value, Error> {
 async fn backup_sweep(app: &App, targets: &[Target]) -> Value {
     let mut reports = Vec::new();
     for target in targets {
-        let report = match app.store_for(target, "backup-sweep").await {
-            Ok(store) => match shared::backup::sweep(
-                &*store,
-                OffsetDateTime::now_utc(),
-                shared::backup::Retention::default(),
-            )
-            .await
-            {
-                Ok(r) => json!({
-                    "bucket": target.bucket, "changed": r.changed,
-                    "backed_up": r.backed_up.len(), "pruned": r.pruned.len(),
-                    "failed": r.failed,
-                }),
-                Err(e) => json!({ "bucket": target.bucket, "error": e.to_string() }),
-            },
-            Err(e) => json!({ "bucket": target.bucket, "error": e }),
-        };
+        let store = app.store_for(target, "backup-sweep").await;
+        let report =
+            shared::backup::bucket_report(&target.bucket, store, OffsetDateTime::now_utc()).await;
         tracing::info!(report = %report, "backup sweep");
         reports.push(report);
     }
@@ -141,11 +127,7 @@ async fn drift_target(app: &App, target: &Target) -> Result<Value, String> {
         .await
         .map_err(|e| e.to_string())?;
     let mut queued = 0;
-    let mut failed: Vec<Value> = plan
-        .failed
-        .iter()
-        .map(|(ws, why)| json!({ "workspace": ws.to_string(), "error": why }))
-        .collect();
+    let mut unqueued: Vec<(String, String)> = Vec::new();
     for chunk in plan.jobs.chunks(10) {
         let mut entries = Vec::new();
         for (i, (_, job)) in chunk.iter().enumerate() {
@@ -174,29 +156,18 @@ async fn drift_target(app: &App, target: &Target) -> Result<Value, String> {
                         .parse::<usize>()
                         .ok()
                         .and_then(|i| chunk.get(i))
-                        .map(|(ws, _)| ws.to_string());
-                    failed.push(json!({ "workspace": ws, "error": f.message() }));
+                        .map(|(ws, _)| ws.to_string())
+                        .unwrap_or_default();
+                    unqueued.push((ws, f.message().unwrap_or_default().to_owned()));
                 }
             }
             Err(e) => {
                 let why = state_backends::s3::brief(&e);
-                failed.extend(
-                    chunk
-                        .iter()
-                        .map(|(ws, _)| json!({ "workspace": ws.to_string(), "error": why })),
-                );
+                unqueued.extend(chunk.iter().map(|(ws, _)| (ws.to_string(), why.clone())));
             }
         }
     }
-    let needs_secrets: Vec<Value> = plan
-        .needs_secrets
-        .iter()
-        .map(|(ws, names)| json!({ "workspace": ws.to_string(), "sensitive_variables": names }))
-        .collect();
-    Ok(json!({
-        "bucket": target.bucket, "queued": queued, "needs_secrets": needs_secrets,
-        "never_applied": plan.never_applied, "failed": failed,
-    }))
+    Ok(plan.report(&target.bucket, queued, unqueued))
 }
 
 /// `terrace-aws task`: one handed-off job.

@@ -376,23 +376,15 @@ impl App {
             Err(refused) => return refused,
         };
         let mut reports = Vec::new();
-        let mut failed = false;
         for target in &sweep.targets {
             let report = match self.drift_target(target).await {
                 Ok(report) => report,
                 Err(e) => json!({ "bucket": target.bucket, "error": e }),
             };
-            failed |= report.get("error").is_some()
-                || report["failed"].as_array().is_some_and(|f| !f.is_empty());
             tracing::info!(report = %report, "drift sweep");
             reports.push(report);
         }
-        let status = if failed {
-            StatusCode::INTERNAL_SERVER_ERROR
-        } else {
-            StatusCode::OK
-        };
-        answer(status, json!({ "drift_sweep": reports }))
+        sweep_answer("drift_sweep", reports)
     }
 
     async fn drift_target(&self, target: &Target) -> Result<Value, String> {
@@ -410,38 +402,19 @@ impl App {
             .iter()
             .map(|(_, job)| json!({ "job": job.0, "target": target }))
             .collect();
-        let mut failed: Vec<Value> = plan
-            .failed
-            .iter()
-            .map(|(ws, why)| json!({ "workspace": ws.to_string(), "error": why }))
-            .collect();
-        let queued = match google::publish(
-            &self.own,
-            &self.config.pubsub_endpoint,
-            topic,
-            &messages,
-        )
-        .await
-        {
-            Ok(n) => n,
+        let published =
+            google::publish(&self.own, &self.config.pubsub_endpoint, topic, &messages).await;
+        Ok(match published {
+            Ok(queued) => plan.report(&target.bucket, queued, Vec::new()),
             Err(why) => {
-                failed.extend(
-                    plan.jobs
-                        .iter()
-                        .map(|(ws, _)| json!({ "workspace": ws.to_string(), "error": why })),
-                );
-                0
+                let unqueued = plan
+                    .jobs
+                    .iter()
+                    .map(|(ws, _)| (ws.to_string(), why.clone()))
+                    .collect();
+                plan.report(&target.bucket, 0, unqueued)
             }
-        };
-        let needs_secrets: Vec<Value> = plan
-            .needs_secrets
-            .iter()
-            .map(|(ws, names)| json!({ "workspace": ws.to_string(), "sensitive_variables": names }))
-            .collect();
-        Ok(json!({
-            "bucket": target.bucket, "queued": queued, "needs_secrets": needs_secrets,
-            "never_applied": plan.never_applied, "failed": failed,
-        }))
+        })
     }
 
     /// A scheduler's call: its token, then its body.
@@ -464,45 +437,30 @@ impl App {
             Err(refused) => return refused,
         };
         let mut reports = Vec::new();
-        let mut failed = false;
         for target in &sweep.targets {
-            let report = match self.store_for(target).await {
-                Ok(store) => match shared::backup::sweep(
-                    &*store,
-                    time::OffsetDateTime::now_utc(),
-                    shared::backup::Retention::default(),
-                )
-                .await
-                {
-                    Ok(r) => {
-                        failed |= !r.failed.is_empty();
-                        json!({
-                            "bucket": target.bucket, "changed": r.changed,
-                            "backed_up": r.backed_up.len(), "pruned": r.pruned.len(),
-                            "failed": r.failed,
-                        })
-                    }
-                    Err(e) => {
-                        failed = true;
-                        json!({ "bucket": target.bucket, "error": e.to_string() })
-                    }
-                },
-                Err(e) => {
-                    failed = true;
-                    json!({ "bucket": target.bucket, "error": e })
-                }
-            };
+            let store = self.store_for(target).await;
+            let report = shared::backup::bucket_report(
+                &target.bucket,
+                store,
+                time::OffsetDateTime::now_utc(),
+            )
+            .await;
             tracing::info!(report = %report, "backup sweep");
             reports.push(report);
         }
-        // Cloud Scheduler retries a failed call by its own policy.
-        let status = if failed {
-            StatusCode::INTERNAL_SERVER_ERROR
-        } else {
-            StatusCode::OK
-        };
-        answer(status, json!({ "backup_sweep": reports }))
+        sweep_answer("backup_sweep", reports)
     }
+}
+
+/// A sweep's answer: 500 when any bucket's report says something was not done (Cloud
+/// Scheduler then retries by its own policy).
+fn sweep_answer(name: &str, reports: Vec<Value>) -> Response {
+    let status = if reports.iter().any(shared::backup::report_failed) {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::OK
+    };
+    answer(status, json!({ name: reports }))
 }
 
 #[cfg(test)]
