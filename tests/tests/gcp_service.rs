@@ -133,6 +133,21 @@ async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing
         .unwrap()
         .as_secs();
     let stranger = SigningKey::new("test-key-1"); // same kid, another key
+    let hs256 = {
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        header.kid = Some("test-key-1".into());
+        let claims = json!({
+            "iss": "https://accounts.google.com", "aud": AUDIENCE, "exp": now + 3600,
+            "email": PUSHER, "email_verified": true,
+        });
+        let token = jsonwebtoken::encode(
+            &header,
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(b"not-a-google-key"),
+        )
+        .unwrap();
+        format!("Bearer {token}")
+    };
     let url = format!("{}/pubsub", service.url);
     let cases: Vec<(&str, Option<String>, u16)> = vec![
         ("no token", None, 401),
@@ -171,6 +186,19 @@ async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing
             403,
         ),
         ("signed by another key", Some(stranger.bearer()), 401),
+        (
+            "an unverified email",
+            Some(format!(
+                "Bearer {}",
+                w.key.token(json!({ "email_verified": false }))
+            )),
+            403,
+        ),
+        (
+            "signed with a shared secret (HS256)",
+            Some(hs256.clone()),
+            401,
+        ),
     ];
     for (case, bearer, status) in cases {
         let headers: Vec<(&str, &str)> = bearer
@@ -192,8 +220,16 @@ async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing
     let store = w.store().await;
     assert!(store.workspaces().await.unwrap().is_empty(), "nothing ran");
     assert!(w.sb.cloud_names().is_empty());
-    assert_eq!(PUSHER.split('@').count(), 2);
-    assert!(AUDIENCE.starts_with("https://"));
+
+    // Without a list of the callers' service accounts, the service does not start: anyone can
+    // get a Google-signed token for any audience.
+    let out = Service::command(&w.sb, &w.jwks, &[("TERRACE_PUSH_SERVICE_ACCOUNTS", "")])
+        .env("PORT", tests::gcp::free_port().to_string())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TERRACE_PUSH_SERVICE_ACCOUNTS"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

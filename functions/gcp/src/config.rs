@@ -64,7 +64,13 @@ impl Config {
                 issuers,
                 jwks_url: var("TERRACE_OIDC_JWKS_URL")
                     .unwrap_or_else(|| "https://www.googleapis.com/oauth2/v3/certs".into()),
-                service_accounts: list("TERRACE_PUSH_SERVICE_ACCOUNTS"),
+                service_accounts: {
+                    let allowed = list("TERRACE_PUSH_SERVICE_ACCOUNTS");
+                    if allowed.is_empty() {
+                        return Err("TERRACE_PUSH_SERVICE_ACCOUNTS is not set: name the service accounts of the push subscription and the scheduler jobs (anyone can get a Google-signed token for this audience)".into());
+                    }
+                    allowed
+                },
             },
             request_timeout: seconds("TERRACE_REQUEST_TIMEOUT", 300)?,
             margin: seconds("TERRACE_DEADLINE_MARGIN", 30)?,

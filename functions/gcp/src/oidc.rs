@@ -21,7 +21,8 @@ pub struct OidcConfig {
     pub audience: String,
     pub issuers: Vec<String>,
     pub jwks_url: String,
-    /// The service accounts allowed to call (the token's `email`); empty: any.
+    /// The service accounts allowed to call (the token's `email`, verified). Required: any
+    /// Google account can get a Google-signed token for any audience.
     pub service_accounts: Vec<String>,
 }
 
@@ -73,7 +74,11 @@ impl Verifier {
     pub fn new(config: OidcConfig) -> Self {
         Self {
             config,
-            http: reqwest::Client::new(),
+            // A hung fetch must not hold the key cache's lock for long.
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap_or_default(),
             keys: RwLock::new(Keys {
                 set: JwkSet { keys: Vec::new() },
                 fetched: None,
@@ -89,11 +94,11 @@ impl Verifier {
         let mut keys = self.keys.write().await;
         let stale = keys.fetched.is_none_or(|t| t.elapsed() >= REFETCH_AFTER);
         if stale {
+            // Counted as a fetch even when it fails: made-up key ids cannot make every request
+            // fetch again.
+            keys.fetched = Some(Instant::now());
             match self.fetch().await {
-                Ok(set) => {
-                    keys.set = set;
-                    keys.fetched = Some(Instant::now());
-                }
+                Ok(set) => keys.set = set,
                 Err(e) => {
                     tracing::error!(error = %e, url = %self.config.jwks_url, "cannot fetch the token signing keys");
                     return Err(Refusal {
@@ -157,19 +162,17 @@ impl Verifier {
             }
         })?;
         let claims = data.claims;
-        if !self.config.service_accounts.is_empty() {
-            let allowed: HashSet<&str> = self
-                .config
-                .service_accounts
-                .iter()
-                .map(String::as_str)
-                .collect();
-            let email = claims.email.as_deref().unwrap_or_default();
-            if claims.email_verified != Some(true) || !allowed.contains(email) {
-                return Err(forbidden(format!(
-                    "the token's service account {email:?} may not call this service"
-                )));
-            }
+        let allowed: HashSet<&str> = self
+            .config
+            .service_accounts
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let email = claims.email.as_deref().unwrap_or_default();
+        if claims.email_verified != Some(true) || !allowed.contains(email) {
+            return Err(forbidden(format!(
+                "the token's service account {email:?} may not call this service"
+            )));
         }
         Ok(claims)
     }
