@@ -3,11 +3,45 @@
 /// What a redacted value is replaced with.
 pub const MASK: &str = "(sensitive value)";
 
+/// Secrets learned while a job runs (a session a function refreshes mid-job), shared with the
+/// job's redactor, which masks them from then on.
+#[derive(Clone, Default)]
+pub struct LateSecrets(std::sync::Arc<std::sync::RwLock<Vec<String>>>);
+
+impl std::fmt::Debug for LateSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LateSecrets({})", self.read().len())
+    }
+}
+
+impl LateSecrets {
+    pub fn add(&self, secret: &str) {
+        if secret.is_empty() {
+            return;
+        }
+        let mut all = self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !all.iter().any(|s| s == secret) {
+            all.push(secret.to_owned());
+            all.sort_by(|a, b| b.len().cmp(&a.len()));
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<String>> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Replaces every occurrence of a set of secrets in text.
 #[derive(Clone, Default)]
 pub struct Redactor {
     /// Longest first, so a secret containing another is masked whole.
     secrets: Vec<String>,
+    late: LateSecrets,
 }
 
 impl std::fmt::Debug for Redactor {
@@ -46,17 +80,27 @@ impl Redactor {
         }
         all.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         all.dedup();
-        Self { secrets: all }
+        Self {
+            secrets: all,
+            late: LateSecrets::default(),
+        }
+    }
+
+    /// This redactor, masking `late`'s secrets too, as they are added.
+    #[must_use]
+    pub fn with_late(mut self, late: LateSecrets) -> Self {
+        self.late = late;
+        self
     }
 
     pub fn is_empty(&self) -> bool {
-        self.secrets.is_empty()
+        self.secrets.is_empty() && self.late.read().is_empty()
     }
 
     /// `text` with every secret masked.
     pub fn redact(&self, text: &str) -> String {
         let mut out = text.to_owned();
-        for secret in &self.secrets {
+        for secret in self.secrets.iter().chain(self.late.read().iter()) {
             if out.contains(secret.as_str()) {
                 out = out.replace(secret.as_str(), MASK);
             }
@@ -109,5 +153,19 @@ mod tests {
         let pem =
             Redactor::new(["-----BEGIN KEY-----\nMIIBOgIBAAJBAK\n-----END KEY-----".to_owned()]);
         assert_eq!(pem.redact("  MIIBOgIBAAJBAK"), format!("  {MASK}"));
+    }
+
+    #[test]
+    fn late_secrets_are_masked_from_when_they_are_added() {
+        let late = LateSecrets::default();
+        let r = Redactor::new(["early-secret".to_owned()]).with_late(late.clone());
+        assert_eq!(r.redact("k=late-secret"), "k=late-secret");
+        late.add("late-secret");
+        late.add("");
+        assert_eq!(
+            r.redact("k=late-secret e=early-secret"),
+            format!("k={MASK} e={MASK}")
+        );
+        assert!(!format!("{late:?}").contains("late-secret"));
     }
 }

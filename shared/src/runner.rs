@@ -267,7 +267,8 @@ impl Runner {
                 .cloned()
                 .chain(self.config.terraform.env.iter().map(|(_, v)| v.clone()))
                 .chain([password.clone()]),
-        );
+        )
+        .with_late(self.config.terraform.late_secrets.clone());
         let record = serde_json::json!({
             "id": j.id, "tenant": j.tenant, "workspace": j.workspace,
             "operation": j.operation, "template": j.template,

@@ -70,6 +70,7 @@ impl Runtime {
                 pass_env: list("TERRACE_PASS_ENV"),
                 env: Vec::new(),
                 settings: Vec::new(),
+                late_secrets: crate::redact::LateSecrets::default(),
                 grace: seconds("TERRACE_GRACE", 30)?,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,

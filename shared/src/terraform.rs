@@ -40,6 +40,9 @@ pub struct TerraformConfig {
     /// Variables set for terraform by the runner that are not secret (a config file's path, a
     /// region): not redacted, and filtered like [`TerraformConfig::env`].
     pub settings: Vec<(String, String)>,
+    /// Secrets terraform may come to see that are not in its environment (the keys of a
+    /// session its credential process hands out), masked from the job's log as they appear.
+    pub late_secrets: crate::redact::LateSecrets,
     /// How long terraform has to stop after SIGINT before the process group is killed.
     pub grace: Duration,
 }
@@ -53,6 +56,7 @@ impl Default for TerraformConfig {
             pass_env: Vec::new(),
             env: Vec::new(),
             settings: Vec::new(),
+            late_secrets: crate::redact::LateSecrets::default(),
             grace: Duration::from_secs(30),
         }
     }

@@ -572,9 +572,11 @@ async fn terraform_gets_a_session_of_its_own_through_credential_process_never_st
     let two: Value = serde_json::from_str(&read("refreshed-second.json")).unwrap();
     assert_ne!(one["AccessKeyId"], two["AccessKeyId"], "a new session");
 
-    // The session's secret is in no log line the function stored.
+    // The provisioner printed the session: its secrets are masked in every line stored.
     let secret = first["SecretAccessKey"].as_str().unwrap();
+    let token = first["SessionToken"].as_str().unwrap();
     let s3 = aws::s3().await;
+    let mut masked = false;
     for key in w.keys("states/acme/creds/runs/c-1/").await {
         let object = s3
             .get_object()
@@ -586,7 +588,10 @@ async fn terraform_gets_a_session_of_its_own_through_credential_process_never_st
         let bytes = object.body.collect().await.unwrap().into_bytes();
         let text = String::from_utf8_lossy(&bytes);
         assert!(!text.contains(secret), "{key} holds the session's secret");
+        assert!(!text.contains(token), "{key} holds the session's token");
+        masked |= key.contains("/log/") && text.contains(shared::redact::MASK);
     }
+    assert!(masked, "the printed session was logged, masked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

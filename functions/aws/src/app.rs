@@ -232,6 +232,7 @@ impl App {
         let mut config = self.config.runtime.runner_config();
         config.terraform.env.clone_from(&credentials.env);
         config.terraform.settings.clone_from(&credentials.settings);
+        config.terraform.late_secrets = credentials.late.clone();
         let runner = Runner::new(store, config);
         let (handled, fresh) = trigger::handled(runner.run(&job, cancel).await);
         if let (true, Handled::Done(result)) = (fresh, &handled) {

@@ -44,6 +44,8 @@ struct Broker {
     token: String,
     refresh_before: Duration,
     current: Mutex<Option<Issued>>,
+    /// Every session's secrets, for the job's redactor.
+    late: shared::redact::LateSecrets,
 }
 
 /// How long a new session should last: until the job's deadline plus 5 minutes, within what
@@ -85,6 +87,8 @@ impl Broker {
         let creds = out
             .credentials()
             .ok_or_else(|| sts_error("STS returned no credentials".into()))?;
+        self.late.add(creds.secret_access_key());
+        self.late.add(creds.session_token());
         let expires_at = OffsetDateTime::from_unix_timestamp(creds.expiration().secs())
             .map_err(|e| sts_error(format!("STS returned an odd expiration: {e}")))?;
         let document = serde_json::json!({
@@ -127,6 +131,8 @@ pub struct ForTerraform {
     pub env: Vec<(String, String)>,
     /// Not secret: the config file's path, the region.
     pub settings: Vec<(String, String)>,
+    /// The sessions' secrets, as the broker hands them out, for the job's redactor.
+    pub late: shared::redact::LateSecrets,
     server: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
@@ -159,6 +165,7 @@ pub async fn for_terraform(
         token: shared::state_server::random_secret(),
         refresh_before,
         current: Mutex::new(None),
+        late: shared::redact::LateSecrets::default(),
     });
     broker.credentials().await?;
 
@@ -223,6 +230,7 @@ pub async fn for_terraform(
             (TOKEN_VAR.to_owned(), broker.token.clone()),
         ],
         settings,
+        late: broker.late.clone(),
         server,
         _dir: dir,
     })

@@ -265,6 +265,7 @@ fn runner_config(g: &Global) -> RunnerConfig {
                 .collect(),
             env: Vec::new(),
             settings: Vec::new(),
+            late_secrets: shared::redact::LateSecrets::default(),
             grace: Duration::from_secs(g.grace),
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
