@@ -25,7 +25,7 @@ impl LateSecrets {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !all.iter().any(|s| s == secret) {
             all.push(secret.to_owned());
-            all.sort_by(|a, b| b.len().cmp(&a.len()));
+            all.sort_by_key(|s| std::cmp::Reverse(s.len()));
         }
     }
 
