@@ -25,7 +25,8 @@ pub struct DriftPlan {
     pub jobs: Vec<(WorkspaceId, RawJob)>,
     /// Workspaces whose last apply had sensitive variables, with their names.
     pub needs_secrets: Vec<(WorkspaceId, Vec<String>)>,
-    /// Workspaces with no successful apply yet: nothing to compare against.
+    /// Workspaces with no successful apply yet, or no state now (destroyed, deleted): nothing
+    /// to compare against.
     pub never_applied: usize,
     /// Workspaces whose records could not be read, with why.
     pub failed: Vec<(WorkspaceId, String)>,
@@ -77,9 +78,14 @@ pub async fn plan(store: &dyn StateStore, now: OffsetDateTime) -> Result<DriftPl
     for ws in store.workspaces().await? {
         match last_apply(store, &ws).await {
             Ok(None) => out.never_applied += 1,
-            Ok(Some((_, record))) => match drift_job(&record, &ws, &id) {
-                Ok(job) => out.jobs.push((ws, job)),
-                Err(masked) => out.needs_secrets.push((ws, masked)),
+            Ok(Some((_, record))) => match store.current(&ws).await {
+                // Destroyed or deleted since: a check would only plan to recreate it all.
+                Ok(None) => out.never_applied += 1,
+                Ok(Some(_)) => match drift_job(&record, &ws, &id) {
+                    Ok(job) => out.jobs.push((ws, job)),
+                    Err(masked) => out.needs_secrets.push((ws, masked)),
+                },
+                Err(e) => out.failed.push((ws, e.to_string())),
             },
             Err(why) => out.failed.push((ws, why)),
         }
@@ -135,6 +141,15 @@ mod tests {
         crate::rollback::record_last_apply(store, ws, job)
             .await
             .unwrap();
+        if store.current(ws).await.unwrap().is_none() {
+            let state =
+                state_backends::NewState::parse(state_backends::tfstate::empty_state("drift", 1))
+                    .unwrap();
+            store
+                .put(ws, state, state_backends::PutMode::Create, None)
+                .await
+                .unwrap();
+        }
     }
 
     #[tokio::test]
@@ -168,6 +183,17 @@ mod tests {
             .put_artifact(&fresh, "j4", "log.txt", Bytes::from_static(b"failed"))
             .await
             .unwrap();
+        // Applied, then destroyed: its state is gone.
+        let gone = WorkspaceId::new("acme", "gone").unwrap();
+        applied(
+            &store,
+            &gone,
+            "j5",
+            serde_json::json!({ "networks": ["a"] }),
+        )
+        .await;
+        let token = store.current(&gone).await.unwrap().unwrap().token;
+        store.delete_current(&gone, &token, None).await.unwrap();
 
         let now = OffsetDateTime::from_unix_timestamp(1_795_000_000).unwrap();
         let plan = plan(&store, now).await.unwrap();
@@ -184,7 +210,7 @@ mod tests {
         );
         assert_eq!(job.0["timeout"], 600);
         assert_eq!(plan.needs_secrets, vec![(secret, vec!["token".to_owned()])]);
-        assert_eq!(plan.never_applied, 1);
+        assert_eq!(plan.never_applied, 2, "never applied, and destroyed");
         assert!(plan.failed.is_empty());
         assert!(job_id(now).starts_with("drift-20"));
     }
