@@ -183,6 +183,16 @@ impl<B: Bucket> ObjectStore<B> {
         )
     }
 
+    /// The number after `number`; the numbers come from the bucket (metadata, key names).
+    fn successor(&self, ws: &WorkspaceId, number: u64) -> Result<u64> {
+        number.checked_add(1).ok_or_else(|| {
+            self.corrupt(
+                &self.key(ws, "terraform.tfstate"),
+                "a version number at the end of its range",
+            )
+        })
+    }
+
     fn version_key(&self, ws: &WorkspaceId, number: u64) -> String {
         self.key(ws, &format!("versions/{number:010}.tfstate"))
     }
@@ -281,7 +291,11 @@ impl<B: Bucket> ObjectStore<B> {
             }
         };
         // The copy may lag a writer that died between its commit and its copy.
-        while let Some(meta) = self.bucket.head(&self.version_key(ws, number + 1)).await? {
+        while let Some(meta) = self
+            .bucket
+            .head(&self.version_key(ws, self.successor(ws, number)?))
+            .await?
+        {
             number += 1;
             marker = is_deleted(&meta);
             copy = None;
@@ -328,7 +342,7 @@ impl<B: Bucket> ObjectStore<B> {
             None => LeaseRecord::default(),
         };
         check_put(ws, &record, current.as_ref(), mode, fence)?;
-        let next = number + 1;
+        let next = self.successor(ws, number)?;
         if !self
             .bucket
             .put(
@@ -571,7 +585,9 @@ impl<B: Bucket + Clone + 'static> StateStore for ObjectStore<B> {
                 meta,
             )
             .await?;
-        self.mark_changed(ws, number).await?;
+        if let Err(e) = self.mark_changed(ws, number).await {
+            tracing::warn!(workspace = %ws, error = %e, "deletion committed, but its change mark failed");
+        }
         self.bucket.delete(&self.key(ws, "terraform.tfstate")).await
     }
 
