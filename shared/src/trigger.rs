@@ -146,7 +146,39 @@ impl<T> JobRef<T> {
         Ok(data.to_vec())
     }
 
+    /// Deletes the staged message once its job has a final result: it holds the job's
+    /// variables, sensitive ones included, which must not outlive the run in the customer's
+    /// bucket. A re-runnable end (interrupted, or not run) keeps it for the retry. A failure is
+    /// logged, not returned: the job's result stands.
+    pub async fn unstage(
+        &self,
+        store: &dyn state_backends::StateStore,
+        result: &serde_json::Value,
+    ) {
+        if !is_final(result) {
+            return;
+        }
+        let deleted = match self.ws() {
+            Ok(ws) => store
+                .delete_artifact(&ws, &self.job_id, REQUEST)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = deleted {
+            tracing::warn!(job_id = %self.job_id, error = %e, "could not delete the staged job message");
+        }
+    }
+
     fn ws(&self) -> Result<WorkspaceId, String> {
         WorkspaceId::new(&self.tenant, &self.workspace).map_err(|e| e.to_string())
     }
+}
+
+/// Whether a job's result is its last word: anything but `interrupted` (which runs again).
+#[must_use]
+pub fn is_final(result: &serde_json::Value) -> bool {
+    result["status"]
+        .as_str()
+        .is_some_and(|s| s != "interrupted")
 }

@@ -470,6 +470,27 @@ pub async fn artifacts_round_trip(store: &dyn StateStore) {
         vec!["log/000001.ndjson".to_owned(), "result.json".to_owned()]
     );
     assert!(store.artifacts(&ws, "job-2").await.unwrap().is_empty());
+    store
+        .delete_artifact(&ws, "job-1", "result.json")
+        .await
+        .unwrap();
+    assert!(
+        store
+            .artifact(&ws, "job-1", "result.json")
+            .await
+            .unwrap()
+            .is_none(),
+        "a deleted artifact is gone"
+    );
+    assert_eq!(
+        store.artifacts(&ws, "job-1").await.unwrap(),
+        vec!["log/000001.ndjson".to_owned()],
+        "deleting one artifact keeps the others"
+    );
+    store
+        .delete_artifact(&ws, "job-1", "result.json")
+        .await
+        .expect("deleting an absent artifact is not an error");
     for bad in ["../escape", "", "a//b", "./x"] {
         let err = store
             .put_artifact(&ws, "job-1", bad, Bytes::new())

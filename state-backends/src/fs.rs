@@ -606,6 +606,18 @@ impl StateStore for FsStore {
         .await
     }
 
+    async fn delete_artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<()> {
+        let (job_id, name) = (job_id.to_owned(), name.to_owned());
+        self.blocking(ws, move |dir| {
+            let path = dir.artifact_path(&job_id, &name)?;
+            match fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", &path)(e)),
+                _ => Ok(()),
+            }
+        })
+        .await
+    }
+
     async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
         crate::check_artifact_name(job_id, "x")?;
         let job_id = job_id.to_owned();

@@ -54,7 +54,12 @@ impl ObjectStore<GcsBucket> {
         let bucket = GcsBucket {
             storage,
             json: JsonApi {
-                http: reqwest::Client::new(),
+                // Every JSON API call is small; 60 s is a stuck connection, retried as one.
+                http: reqwest::Client::builder()
+                    .connect_timeout(std::time::Duration::from_secs(10))
+                    .timeout(std::time::Duration::from_secs(60))
+                    .build()
+                    .unwrap_or_default(),
                 base: config.endpoint.trim_end_matches('/').to_owned(),
                 credentials,
             },
@@ -413,7 +418,15 @@ impl JsonApi {
             if answer.done {
                 return Ok(());
             }
-            token = answer.rewrite_token;
+            match answer.rewrite_token {
+                Some(t) if !t.is_empty() => token = Some(t),
+                _ => {
+                    return Err(backend_error(
+                        format!("{what}: GCS answered not done without a rewrite token"),
+                        true,
+                    ));
+                }
+            }
         }
     }
 

@@ -299,6 +299,12 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// Backend failures.
     async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>>;
 
+    /// Deletes a run artifact; deleting an absent one is not an error.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn delete_artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<()>;
+
     /// Lists the names of a run's artifacts (relative to the run), sorted.
     ///
     /// # Errors

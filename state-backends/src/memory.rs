@@ -220,6 +220,14 @@ impl StateStore for MemoryStore {
         }))
     }
 
+    async fn delete_artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<()> {
+        crate::check_artifact_name(job_id, name)?;
+        self.with(ws, |w| {
+            w.artifacts.remove(&(job_id.to_owned(), name.to_owned()));
+        });
+        Ok(())
+    }
+
     async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
         Ok(self.with(ws, |w| {
             w.artifacts

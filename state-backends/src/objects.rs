@@ -756,6 +756,12 @@ impl<B: Bucket + Clone + 'static> StateStore for ObjectStore<B> {
         Ok(self.bucket.get(&key).await?.map(|o| o.data))
     }
 
+    async fn delete_artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<()> {
+        crate::check_artifact_name(job_id, name)?;
+        let key = self.key(ws, &format!("runs/{job_id}/{name}"));
+        self.bucket.delete(&key).await
+    }
+
     async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
         crate::check_artifact_name(job_id, "x")?;
         let prefix = self.key(ws, &format!("runs/{job_id}/"));

@@ -122,6 +122,9 @@ impl StateStore for FailingPuts {
     async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>> {
         self.inner.artifact(ws, job_id, name).await
     }
+    async fn delete_artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<()> {
+        self.inner.delete_artifact(ws, job_id, name).await
+    }
     async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
         self.inner.artifacts(ws, job_id).await
     }

@@ -684,6 +684,10 @@ async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_run
     let store = w.store().await;
     let ws: WorkspaceId = "acme/lam-long".parse().unwrap();
     assert!(store.current(&ws).await.unwrap().is_some());
+    // The staged message held the job's variables: it is gone once the job is done.
+    let left = store.artifacts(&ws, "long-1").await.unwrap();
+    assert!(left.contains(&"result.json".to_owned()), "{left:?}");
+    assert!(!left.contains(&"request.json".to_owned()), "{left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,6 +108,17 @@ impl App {
         String::from_utf8(r.staged(&*store).await?).map_err(|e| e.to_string())
     }
 
+    /// Deletes the staged job message once the task's job has a final result.
+    pub async fn unstage(&self, reference: &str, result: &Value) {
+        let Ok(r) = serde_json::from_str::<JobRef>(reference) else {
+            return;
+        };
+        match self.store_for(&r.target, &r.job_id).await {
+            Ok(store) => r.unstage(&*store, result).await,
+            Err(e) => tracing::warn!(error = %e, "could not delete the staged job message"),
+        }
+    }
+
     /// Sends a result or a rejection to the results queue, when there is one.
     pub async fn report(&self, body: &Value) {
         let Some(url) = &self.config.results_queue_url else {

@@ -114,7 +114,7 @@ async fn serve(State(broker): State<Arc<Broker>>, headers: HeaderMap) -> (Status
     let authorized = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v == expected);
+        .is_some_and(|v| shared::state_server::constant_time_eq(v.as_bytes(), expected.as_bytes()));
     if !authorized {
         return (StatusCode::UNAUTHORIZED, "wrong or missing token\n".into());
     }

@@ -172,19 +172,17 @@ async fn drift_target(app: &App, target: &Target) -> Result<Value, String> {
 
 /// `terrace-aws task`: one handed-off job.
 async fn task(app: &App) -> ExitCode {
-    let body = match (
-        std::env::var("TERRACE_JOB_REF"),
-        std::env::var("TERRACE_JOB"),
-    ) {
-        (Ok(reference), _) => match app.staged(&reference).await {
+    let reference = std::env::var("TERRACE_JOB_REF").ok();
+    let body = match (&reference, std::env::var("TERRACE_JOB")) {
+        (Some(reference), _) => match app.staged(reference).await {
             Ok(body) => body,
             Err(e) => {
                 eprintln!("terrace-aws task: {e}");
                 return ExitCode::from(75);
             }
         },
-        (Err(_), Ok(body)) => body,
-        (Err(_), Err(_)) => {
+        (None, Ok(body)) => body,
+        (None, Err(_)) => {
             eprintln!(
                 "terrace-aws task: set TERRACE_JOB_REF (what the Lambda hands off) or TERRACE_JOB (a job message)"
             );
@@ -192,6 +190,11 @@ async fn task(app: &App) -> ExitCode {
         }
     };
     let Ok((envelope, job)) = app.parse("ecs-task", &body).await else {
+        // Rejected (and reported): it can never run, so it need not stay staged.
+        if let Some(reference) = &reference {
+            app.unstage(reference, &serde_json::json!({"status": "rejected"}))
+                .await;
+        }
         return ExitCode::from(65);
     };
     let cancel = CancellationToken::new();
@@ -207,6 +210,9 @@ async fn task(app: &App) -> ExitCode {
     });
     match app.run(&envelope, job, None, cancel).await {
         Handled::Done(result) => {
+            if let Some(reference) = &reference {
+                app.unstage(reference, &result).await;
+            }
             println!("{result}");
             if result["status"] == "succeeded" {
                 ExitCode::SUCCESS
