@@ -281,7 +281,9 @@ fn authorized(headers: &HeaderMap, password: &str) -> bool {
     constant_time_eq(&decoded, expected.as_bytes())
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Compares secrets in time that depends on their length only.
+#[must_use]
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -427,8 +427,11 @@ async fn a_job_longer_than_a_request_is_staged_for_a_cloud_run_job_whose_task_ru
     let reference = json!({
         "target": w.target(), "tenant": "acme", "workspace": "long", "job_id": "g-8",
     });
+    // A task takes no requests: it needs none of the token settings.
     let out = Service::command(&w.sb, &w.jwks, &[])
         .arg("task")
+        .env_remove("TERRACE_PUSH_AUDIENCE")
+        .env_remove("TERRACE_PUSH_SERVICE_ACCOUNTS")
         .env("TERRACE_JOB_REF", reference.to_string())
         .output()
         .unwrap();
@@ -436,6 +439,10 @@ async fn a_job_longer_than_a_request_is_staged_for_a_cloud_run_job_whose_task_ru
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["status"], "succeeded", "{result}");
     assert!(!store.versions(&ws("long")).await.unwrap().is_empty());
+    // The staged message held the job's variables: it is gone once the job is done.
+    let left = store.artifacts(&ws("long"), "g-8").await.unwrap();
+    assert!(left.contains(&"result.json".to_owned()), "{left:?}");
+    assert!(!left.contains(&"request.json".to_owned()), "{left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

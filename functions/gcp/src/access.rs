@@ -1,9 +1,9 @@
 //! The customer's project: the service account of this service impersonates the customer's
-//! (short-lived tokens), once for the store and once for terraform.
+//! (short-lived tokens), for the store here and for terraform in its provider.
 
 use std::time::Duration;
 
-use google_cloud_auth::credentials::{self, CacheableResource, Credentials};
+use google_cloud_auth::credentials::{self, Credentials};
 use serde::{Deserialize, Serialize};
 
 /// The customer project a job runs against, from the job's message.
@@ -66,37 +66,21 @@ pub fn customer(
         .map_err(|e| format!("cannot impersonate {}: {e}", target.service_account))
 }
 
-/// Terraform's environment for the customer project: an access token of a separate
-/// impersonation (`GOOGLE_OAUTH_ACCESS_TOKEN`), never this service's own credentials. None
-/// against an emulator.
-///
-/// # Errors
-/// Why no token could be had, as a sentence.
-pub async fn terraform_env(
-    target: &Target,
-    job_timeout: Duration,
-    anonymous: bool,
-) -> Result<Vec<(String, String)>, String> {
+/// Terraform's settings for the customer project: its Google provider (and `gcloud` in a
+/// provisioner) impersonates the customer's service account itself, from this service's
+/// ambient credentials, and refreshes the token as it expires, so a job may run longer than
+/// the 1 h a token lasts. No token is handed over, so none can be logged or outlive the job.
+/// None against an emulator.
+#[must_use]
+pub fn terraform_settings(target: &Target, anonymous: bool) -> Vec<(String, String)> {
     if anonymous {
-        return Ok(Vec::new());
+        return Vec::new();
     }
-    let lifetime = (job_timeout + Duration::from_secs(300))
-        .clamp(Duration::from_secs(900), Duration::from_secs(3600));
-    let credentials = customer(target, lifetime, false)?;
-    let headers = match credentials.headers(http::Extensions::new()).await {
-        Ok(CacheableResource::New { data, .. }) => data,
-        Ok(CacheableResource::NotModified) => http::HeaderMap::new(),
-        Err(e) => return Err(format!("no token for {}: {e}", target.service_account)),
-    };
-    let token = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| format!("no access token for {}", target.service_account))?;
-    Ok(vec![(
-        "GOOGLE_OAUTH_ACCESS_TOKEN".to_owned(),
-        token.to_owned(),
-    )])
+    let sa = target.service_account.trim().to_owned();
+    vec![
+        ("GOOGLE_IMPERSONATE_SERVICE_ACCOUNT".to_owned(), sa.clone()),
+        ("CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT".to_owned(), sa),
+    ]
 }
 
 #[cfg(test)]
@@ -128,5 +112,24 @@ mod tests {
             let e = target(bad).check().unwrap_err();
             assert!(e.contains("target.service_account"), "{e}");
         }
+    }
+
+    #[test]
+    fn terraform_impersonates_the_customer_and_gets_no_token() {
+        let settings = terraform_settings(&target(" tf@acme.iam.gserviceaccount.com "), false);
+        let names: Vec<&str> = settings.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "GOOGLE_IMPERSONATE_SERVICE_ACCOUNT",
+                "CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT"
+            ]
+        );
+        assert!(
+            settings
+                .iter()
+                .all(|(_, v)| v == "tf@acme.iam.gserviceaccount.com")
+        );
+        assert!(terraform_settings(&target("tf@acme.iam.gserviceaccount.com"), true).is_empty());
     }
 }

@@ -208,7 +208,7 @@ impl App {
         let Some(topic) = &self.config.results_topic else {
             return;
         };
-        if let Err(e) = google::publish(
+        if let Err((_, e)) = google::publish(
             &self.own,
             &self.config.pubsub_endpoint,
             topic,
@@ -272,13 +272,8 @@ impl App {
             Ok(s) => s,
             Err(e) => return again(e),
         };
-        let env = match access::terraform_env(target, job.job.timeout, self.config.anonymous).await
-        {
-            Ok(env) => env,
-            Err(e) => return again(e),
-        };
         let mut config = self.config.runtime.runner_config();
-        config.terraform.env = env;
+        config.terraform.settings = access::terraform_settings(target, self.config.anonymous);
         config.shutdown = Some(self.shutdown.clone());
         let runner = Runner::new(store, config);
         let (handled, fresh) =
@@ -362,7 +357,10 @@ impl App {
             .handle(&format!("task-{}", r.job_id), &data, None)
             .await
         {
-            Handled::Done(result) => Ok(result),
+            Handled::Done(result) => {
+                r.unstage(&*store, &result).await;
+                Ok(result)
+            }
             Handled::Again { why, .. } => Err(why),
             Handled::TooLong { .. } => Err("unreachable: a task has no time limit".into()),
         }
@@ -406,13 +404,13 @@ impl App {
             google::publish(&self.own, &self.config.pubsub_endpoint, topic, &messages).await;
         Ok(match published {
             Ok(queued) => plan.report(&target.bucket, queued, Vec::new()),
-            Err(why) => {
-                let unqueued = plan
-                    .jobs
+            // The messages before the failed request were published, in order.
+            Err((queued, why)) => {
+                let unqueued = plan.jobs[queued..]
                     .iter()
                     .map(|(ws, _)| (ws.to_string(), why.clone()))
                     .collect();
-                plan.report(&target.bucket, 0, unqueued)
+                plan.report(&target.bucket, queued, unqueued)
             }
         })
     }

@@ -35,14 +35,17 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads the settings.
+    /// Reads the settings. A task (`serving` false) takes no requests, so it needs no token
+    /// settings; its verifier accepts nothing.
     ///
     /// # Errors
     /// A missing or malformed setting, named.
-    pub fn from_env() -> Result<Self, String> {
-        let audience = var("TERRACE_PUSH_AUDIENCE").ok_or(
-            "TERRACE_PUSH_AUDIENCE is not set: set it to the audience of the push subscription's and the scheduler's OIDC tokens (usually this service's URL)",
-        )?;
+    pub fn from_env(serving: bool) -> Result<Self, String> {
+        let audience = match var("TERRACE_PUSH_AUDIENCE") {
+            Some(a) => a,
+            None if !serving => String::new(),
+            None => return Err("TERRACE_PUSH_AUDIENCE is not set: set it to the audience of the push subscription's and the scheduler's OIDC tokens (usually this service's URL)".into()),
+        };
         let mut issuers = list("TERRACE_OIDC_ISSUERS");
         if issuers.is_empty() {
             issuers = vec![
@@ -66,7 +69,7 @@ impl Config {
                     .unwrap_or_else(|| "https://www.googleapis.com/oauth2/v3/certs".into()),
                 service_accounts: {
                     let allowed = list("TERRACE_PUSH_SERVICE_ACCOUNTS");
-                    if allowed.is_empty() {
+                    if allowed.is_empty() && serving {
                         return Err("TERRACE_PUSH_SERVICE_ACCOUNTS is not set: name the service accounts of the push subscription and the scheduler jobs (anyone can get a Google-signed token for this audience)".into());
                     }
                     allowed

@@ -81,7 +81,7 @@ pub async fn publish(
     endpoint: &str,
     topic: &str,
     messages: &[Value],
-) -> Result<usize, String> {
+) -> Result<usize, (usize, String)> {
     let url = format!("{}/v1/{topic}:publish", endpoint.trim_end_matches('/'));
     let mut published = 0;
     for chunk in messages.chunks(1000) {
@@ -90,7 +90,8 @@ pub async fn publish(
             &url,
             &publish_body(chunk),
         )
-        .await?;
+        .await
+        .map_err(|why| (published, why))?;
         published += chunk.len();
     }
     Ok(published)

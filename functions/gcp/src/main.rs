@@ -38,7 +38,8 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let config = match config::Config::from_env() {
+    let serving = std::env::args().nth(1).as_deref() != Some("task");
+    let config = match config::Config::from_env(serving) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("terrace-gcp: {e}");
@@ -70,7 +71,7 @@ async fn main() -> ExitCode {
             on_signal.cancel();
         }
     });
-    if std::env::args().nth(1).as_deref() == Some("task") {
+    if !serving {
         return task(&app).await;
     }
     let router = Router::new()
