@@ -2,7 +2,7 @@
 # Installs everything the demo and the tests need, idempotently, into .cache/ (git-ignored):
 # protoc (to build the testcloud provider), the real terraform binary with its test-harness
 # wrapper, the testcloud provider in a filesystem mirror, a terraform CLI config using it, and
-# the cloud emulators (moto, fake-gcs-server).
+# the cloud emulators (moto, fake-gcs-server, Azurite).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -26,4 +26,5 @@ provider_installation {
 HCL
 scripts/install-moto.sh >/dev/null
 scripts/install-fake-gcs.sh >/dev/null
-echo "tools ready: .cache/tools/terraform/terraform, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs" >&2
+scripts/install-azurite.sh >/dev/null
+echo "tools ready: .cache/tools/terraform/terraform, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs, azurite in .cache/azurite" >&2

@@ -4,6 +4,9 @@
 #   TERRACE_TEST_MOTO      http://127.0.0.1:PORT  (moto: S3, DynamoDB, SQS, STS, KMS, ECS)
 #   TERRACE_TEST_MOTO_LOG  its request log (one line per request)
 #   TERRACE_TEST_GCS       http://127.0.0.1:PORT  (fake-gcs-server: GCS's JSON API)
+#   TERRACE_TEST_AZURE_BLOB   http://127.0.0.1:PORT/terrace  (Azurite's Blob service)
+#   TERRACE_TEST_AZURE_QUEUE  http://127.0.0.1:PORT/terrace  (Azurite's Queue service)
+#   TERRACE_TEST_AZURE_ACCOUNT, TERRACE_TEST_AZURE_KEY  its account, with a key made at start
 # Usage: scripts/with-emulators.sh COMMAND [ARGS...]
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -67,6 +70,24 @@ pids+=("$!")
 wait_for fake-gcs-server "http://127.0.0.1:$gcs_port/storage/v1/b" "${pids[-1]}"
 export TERRACE_TEST_GCS="http://127.0.0.1:$gcs_port"
 
-echo "emulators: moto on $TERRACE_TEST_MOTO, fake-gcs-server on $TERRACE_TEST_GCS" >&2
+azurite="$("$repo_root/scripts/install-azurite.sh")"
+# An account of our own, with a key made now, instead of the emulator's well-known one.
+azure_account="terrace"
+azure_key="$(python3 -c 'import base64, os; print(base64.b64encode(os.urandom(64)).decode())')"
+blob_port="$(free_port)"
+queue_port="$(free_port)"
+AZURITE_ACCOUNTS="$azure_account:$azure_key" "$azurite" --silent --inMemoryPersistence --disableTelemetry --skipApiVersionCheck --loose \
+    --blobHost 127.0.0.1 --blobPort "$blob_port" --queueHost 127.0.0.1 --queuePort "$queue_port" \
+    --tableHost 127.0.0.1 --tablePort "$(free_port)" \
+    >"$logs/azurite-$blob_port.log" 2>&1 &
+pids+=("$!")
+wait_for azurite "http://127.0.0.1:$blob_port/$azure_account?comp=list" "${pids[-1]}"
+wait_for azurite-queue "http://127.0.0.1:$queue_port/$azure_account?comp=list" "${pids[-1]}"
+export TERRACE_TEST_AZURE_BLOB="http://127.0.0.1:$blob_port/$azure_account"
+export TERRACE_TEST_AZURE_QUEUE="http://127.0.0.1:$queue_port/$azure_account"
+export TERRACE_TEST_AZURE_ACCOUNT="$azure_account"
+export TERRACE_TEST_AZURE_KEY="$azure_key"
+
+echo "emulators: moto on $TERRACE_TEST_MOTO, fake-gcs-server on $TERRACE_TEST_GCS, azurite on $TERRACE_TEST_AZURE_BLOB and $TERRACE_TEST_AZURE_QUEUE" >&2
 
 "$@"

@@ -12,6 +12,8 @@
 //!
 //! The trait knows bytes and keys; what a valid Terraform state is lives in [`tfstate`].
 
+#[cfg(feature = "azure")]
+pub mod azure;
 #[cfg(feature = "gcp")]
 pub mod gcs;
 pub mod lease;

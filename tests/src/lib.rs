@@ -6,6 +6,7 @@
 //! that installs it.
 
 pub mod aws;
+pub mod azure;
 pub mod counted;
 pub mod failing;
 pub mod gcp;
