@@ -210,8 +210,7 @@ impl AzureBucket {
             // 412: the condition failed; 409: a concurrent create won (BlobAlreadyExists).
             Err(e)
                 if status(&e) == Some(412)
-                    || (status(&e) == Some(409)
-                        && error_code(&e) == Some("BlobAlreadyExists")) =>
+                    || (status(&e) == Some(409) && error_code(&e) == Some("BlobAlreadyExists")) =>
             {
                 Ok(false)
             }
@@ -293,12 +292,7 @@ impl AzureBucket {
         }
         let page: EnumerationResults = azure_core::xml::from_xml(body)
             .map_err(|e| backend_error(format!("{what}: unreadable answer: {e}"), false))?;
-        let names = page
-            .blobs
-            .prefixes
-            .into_iter()
-            .map(|p| p.name)
-            .collect();
+        let names = page.blobs.prefixes.into_iter().map(|p| p.name).collect();
         Ok((names, page.next_marker.filter(|m| !m.is_empty())))
     }
 }
@@ -442,7 +436,11 @@ impl Bucket for AzureBucket {
             .list_blobs(Some(options))
             .map_err(|e| client_error(&what, &e))?;
         let mut out = Vec::new();
-        while let Some(item) = pager.try_next().await.map_err(|e| client_error(&what, &e))? {
+        while let Some(item) = pager
+            .try_next()
+            .await
+            .map_err(|e| client_error(&what, &e))?
+        {
             let (Some(key), Some(properties)) = (item.name, item.properties) else {
                 continue;
             };
@@ -779,7 +777,12 @@ mod tests {
   <NextMarker>abc</NextMarker>
 </EnumerationResults>"#;
         let page: EnumerationResults = azure_core::xml::from_xml(Bytes::from(xml)).unwrap();
-        let names: Vec<&str> = page.blobs.prefixes.iter().map(|p| p.name.as_str()).collect();
+        let names: Vec<&str> = page
+            .blobs
+            .prefixes
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
         assert_eq!(names, ["t/acme/one/", "t/acme/two/"]);
         assert_eq!(page.next_marker.as_deref(), Some("abc"));
     }

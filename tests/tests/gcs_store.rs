@@ -2,10 +2,6 @@
 //! sweep copies only what changed.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use state_backends::objects::Bucket;
-use tests::counted::Counted;
 use tests::gcs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,67 +18,6 @@ async fn gcs_at_the_buckets_root_passes_the_conformance_suite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backup_sweep_over_100_workspaces_copies_only_the_4_that_changed() {
-    use shared::backup::{Retention, sweep};
-    use state_backends::{NewState, PutMode, StateStore, WorkspaceId, tfstate::empty_state};
-
-    let calls = Arc::new(AtomicUsize::new(0));
-    let store = Arc::new(
-        gcs::store(&gcs::bucket().await, "states")
-            .await
-            .map_bucket(|b| Counted::new(b, calls.clone())),
-    );
-    let names: Vec<WorkspaceId> = (0..100)
-        .map(|i| WorkspaceId::new("acme", &format!("ws-{i:03}")).unwrap())
-        .collect();
-    let state = |serial| NewState::parse(empty_state("sweep", serial)).unwrap();
-    let mut writes = tokio::task::JoinSet::new();
-    for ws in names.clone() {
-        let store = store.clone();
-        writes.spawn(async move { store.put(&ws, state(1), PutMode::Create, None).await });
-    }
-    while let Some(done) = writes.join_next().await {
-        done.unwrap().unwrap();
-    }
-    let hour = time::macros::datetime!(2026-11-22 01:00 UTC);
-    let first = sweep(&*store, hour, Retention::default()).await.unwrap();
-    assert_eq!(first.backed_up.len(), 100, "{:?}", first.failed);
-    assert!(
-        store.changed().await.unwrap().is_empty(),
-        "every mark is cleared"
-    );
-
-    let changed: Vec<&WorkspaceId> = names.iter().step_by(25).collect();
-    for ws in &changed {
-        let token = store.current(ws).await.unwrap().unwrap().token;
-        store
-            .put(ws, state(2), PutMode::Update(token), None)
-            .await
-            .unwrap();
-    }
-
-    calls.store(0, Ordering::Relaxed);
-    let second = sweep(
-        &*store,
-        hour + time::Duration::hours(1),
-        Retention::default(),
-    )
-    .await
-    .unwrap();
-    let calls = calls.load(Ordering::Relaxed);
-    let backed: Vec<String> = second.backed_up.iter().map(|(w, _)| w.clone()).collect();
-    let expected: Vec<String> = changed.iter().map(|w| w.to_string()).collect();
-    assert_eq!(backed, expected);
-    assert!(second.backed_up.iter().all(|(_, b)| b.version == 2));
-    println!("GCS backup sweep: 100 workspaces, 4 changed: {calls} calls");
-    // One listing, then a bounded number of calls per changed workspace.
-    assert!(calls <= 1 + 4 * 12, "{calls} calls");
-    for ws in &changed {
-        let backups = store.backups(ws).await.unwrap();
-        let labels: Vec<&str> = backups.iter().map(|b| b.label.as_str()).collect();
-        assert_eq!(labels, ["2026-11-22T01", "2026-11-22T02"]);
-        // A backup is a server-side copy of the version it names, byte for byte.
-        let key = format!("states/{ws}/backups/2026-11-22T02.tfstate");
-        let copy = store.bucket().get(&key).await.unwrap().expect("the copy");
-        assert_eq!(copy.data, store.version(ws, 2).await.unwrap());
-    }
+    let store = gcs::store(&gcs::bucket().await, "states").await;
+    tests::sweep::copies_only_what_changed(store, "GCS").await;
 }
