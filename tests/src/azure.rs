@@ -97,3 +97,104 @@ pub fn store(url: &str, prefix: &str) -> state_backends::azure::AzureStore {
     )
     .expect("an Azure store")
 }
+
+/// A queue in Azurite, by name; its URL is `url()` (with the SAS) or `plain()`.
+pub struct TestQueue {
+    pub name: String,
+    client: azure_storage_queue::QueueClient,
+}
+
+impl TestQueue {
+    /// A new, empty queue.
+    pub async fn new(prefix: &str) -> Self {
+        let q = Self::named(&crate::aws::unique(prefix));
+        q.client
+            .create(None)
+            .await
+            .unwrap_or_else(|e| panic!("creating queue {}: {e}", q.name));
+        q
+    }
+
+    /// A queue that may not exist yet (one the job creates, say).
+    pub fn named(name: &str) -> Self {
+        let url = format!("{}/{name}?{}", queue_endpoint(), sas());
+        let client = azure_storage_queue::QueueClient::new(
+            azure_core::http::Url::parse(&url).expect("a URL"),
+            None,
+            None,
+        )
+        .expect("a queue client");
+        Self {
+            name: name.to_owned(),
+            client,
+        }
+    }
+
+    /// Its URL without a SAS (the job appends its own).
+    pub fn plain(&self) -> String {
+        format!("{}/{}", queue_endpoint(), self.name)
+    }
+
+    // `QueueMessage` is non-exhaustive: it cannot be built with a struct literal.
+    #[allow(clippy::field_reassign_with_default)]
+    pub async fn send(&self, text: &str) {
+        let mut message = azure_storage_queue::models::QueueMessage::default();
+        message.message_text = Some(text.to_owned());
+        self.client
+            .send_message(message.try_into().expect("XML"), None)
+            .await
+            .expect("sent");
+    }
+
+    /// How many messages it holds, visible or not (0 for a queue that does not exist).
+    pub async fn count(&self) -> i64 {
+        use azure_storage_queue::models::QueueClientGetPropertiesResultHeaders;
+        match self.client.get_properties(None).await {
+            Ok(p) => p.approximate_messages_count().unwrap().unwrap_or(0),
+            Err(e) if e.http_status().map(u16::from) == Some(404) => 0,
+            Err(e) => panic!("queue {}: {e}", self.name),
+        }
+    }
+
+    /// The texts of the visible messages (up to 32), left where they are.
+    pub async fn peek(&self) -> Vec<String> {
+        let options = azure_storage_queue::models::QueueClientPeekMessagesOptions {
+            number_of_messages: Some(32),
+            ..Default::default()
+        };
+        match self.client.peek_messages(Some(options)).await {
+            Ok(r) => r
+                .into_model()
+                .unwrap()
+                .items
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|m| m.message_text)
+                .collect(),
+            Err(e) if e.http_status().map(u16::from) == Some(404) => Vec::new(),
+            Err(e) => panic!("queue {}: {e}", self.name),
+        }
+    }
+
+    /// Receives the next message as a worker would (counting a dequeue), invisible for
+    /// `seconds`; its dequeue count.
+    pub async fn receive(&self, seconds: i32) -> Option<i64> {
+        let options = azure_storage_queue::models::QueueClientReceiveMessagesOptions {
+            number_of_messages: Some(1),
+            visibility_timeout: Some(seconds),
+            ..Default::default()
+        };
+        let got = self
+            .client
+            .receive_messages(Some(options))
+            .await
+            .expect("received")
+            .into_model()
+            .unwrap();
+        got.items
+            .unwrap_or_default()
+            .into_iter()
+            .next()
+            .map(|m| m.dequeue_count.unwrap_or(0))
+    }
+}

@@ -83,7 +83,7 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     let bin = dir.join(name);
     assert!(
         bin.exists(),
-        "{} not found: run `cargo build -p local -p aws` before the tests (or `make test`)",
+        "{} not found: run `cargo build -p local -p aws -p gcp -p azure` before the tests (or `make test`)",
         bin.display()
     );
     bin

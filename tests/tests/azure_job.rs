@@ -1,0 +1,317 @@
+//! The real `terrace-azure` Container Apps job against Azurite: messages on a real Storage
+//! Queue, real terraform, state in a Blob container.
+
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+use tests::azure::{self, TestQueue};
+use tests::{Sandbox, terraform, workspace_bin};
+
+struct World {
+    sb: Sandbox,
+    /// The container's URL with the SAS, for the test's own store.
+    container: String,
+    jobs: TestQueue,
+    poison: TestQueue,
+    results: TestQueue,
+}
+
+impl World {
+    async fn new() -> Self {
+        let jobs = TestQueue::new("jobs").await;
+        let poison = TestQueue::named(&format!("{}-poison", jobs.name));
+        Self {
+            sb: Sandbox::new(),
+            container: azure::container().await,
+            jobs,
+            poison,
+            results: TestQueue::new("results").await,
+        }
+    }
+
+    /// The container's URL as a message names it (no SAS: the job has its own).
+    fn container_url(&self) -> String {
+        self.container
+            .split_once('?')
+            .map_or(self.container.clone(), |(url, _)| url.to_owned())
+    }
+
+    fn target(&self) -> Value {
+        json!({ "container_url": self.container_url(), "prefix": "states" })
+    }
+
+    fn message(&self, id: &str, workspace: &str) -> Value {
+        json!({
+            "job": {
+                "id": id, "tenant": "acme", "workspace": workspace, "operation": "apply",
+                "template": { "name": "fleet", "version": "1.0.0" },
+                "variables": { "networks": ["blue", "green"] },
+                "timeout": "5m",
+            },
+            "target": self.target(),
+        })
+    }
+
+    fn store(&self) -> Arc<dyn StateStore> {
+        Arc::new(azure::store(&self.container, "states"))
+    }
+
+    fn command(&self, extra: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new(workspace_bin("terrace-azure"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TERRACE_QUEUE_URL", self.jobs.plain())
+            .env("TERRACE_RESULTS_QUEUE_URL", self.results.plain())
+            .env("TERRACE_AZURE_SAS", azure::sas())
+            .env("TERRACE_TEMPLATES", &self.sb.templates)
+            .env("TERRACE_TERRAFORM", terraform())
+            .env("TERRACE_TF_CLI_CONFIG", &self.sb.cli_config)
+            .env(
+                "TERRACE_PASS_ENV",
+                "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS",
+            )
+            .env("TESTCLOUD_ROOT", &self.sb.cloud)
+            .env("TERRACE_GRACE", "5")
+            .env("TERRACE_LEASE_TTL", "10")
+            .env("TERRACE_LOG", "info")
+            .envs(extra.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(if std::env::var_os("TERRACE_TEST_VERBOSE").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        cmd
+    }
+
+    /// One execution, to its end.
+    fn run(&self, extra: &[(&str, &str)]) -> Output {
+        self.command(extra).output().expect("terrace-azure runs")
+    }
+
+    fn sweep(&self, kind: &str) -> Value {
+        let out = self
+            .command(&[("TERRACE_SWEEP_TARGETS", &json!([self.target()]).to_string())])
+            .args(["sweep", kind])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+fn ws(name: &str) -> WorkspaceId {
+    WorkspaceId::new("acme", name).unwrap()
+}
+
+fn records(texts: Vec<String>) -> Vec<Value> {
+    texts
+        .iter()
+        .map(|t| serde_json::from_str(t).expect("a JSON record"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_job_runs_once_and_its_message_is_deleted() {
+    let w = World::new().await;
+    let message = w.message("az-1", "net").to_string();
+    w.jobs.send(&message).await;
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 0, "the message is deleted");
+
+    // State versions, the log and the result are in the container.
+    let store = w.store();
+    let versions = store.versions(&ws("net")).await.unwrap();
+    assert!(!versions.is_empty());
+    let artifacts = store.artifacts(&ws("net"), "az-1").await.unwrap();
+    assert!(
+        artifacts.iter().any(|a| a.starts_with("log/")),
+        "{artifacts:?}"
+    );
+    let result: Value = serde_json::from_slice(
+        &store
+            .artifact(&ws("net"), "az-1", "result.json")
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    let reported = records(w.results.peek().await);
+    assert_eq!(reported.len(), 1);
+    assert_eq!(reported[0]["job_id"], "az-1");
+    assert_eq!(reported[0]["status"], "succeeded");
+
+    // The same message again (at-least-once delivery): nothing runs twice.
+    w.jobs.send(&message).await;
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 0, "the repeat is deleted too");
+    assert_eq!(store.versions(&ws("net")).await.unwrap(), versions);
+    assert_eq!(w.results.peek().await.len(), 1, "no second result");
+
+    // An empty queue: the execution just ends.
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+
+    // The timer's sweeps: the changed workspace is backed up; its drift check is queued.
+    let backup = w.sweep("backup");
+    assert_eq!(backup["targets"][0]["backed_up"], 1, "{backup}");
+    assert_eq!(store.backups(&ws("net")).await.unwrap().len(), 1);
+    let drift = w.sweep("drift");
+    assert_eq!(drift["targets"][0]["queued"], 1, "{drift}");
+    let queued = records(w.jobs.peek().await);
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0]["job"]["operation"], "drift-check");
+    assert_eq!(queued[0]["job"]["workspace"], "net");
+    // … and runs as a job: nothing drifted.
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 0);
+    let check = records(w.results.peek().await).pop().unwrap();
+    assert_eq!(check["operation"], "drift-check", "{check}");
+    assert_eq!(check["drift"], false, "{check}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
+    let w = World::new().await;
+    let mut invalid = w.message("az-2", "bad");
+    invalid["job"]["variables"] = json!({ "networks": "not-a-list" });
+    invalid["target"]["container_url"] = json!("ftp://elsewhere");
+    for text in ["this is not json".to_owned(), invalid.to_string()] {
+        w.jobs.send(&text).await;
+        let out = w.run(&[]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert_eq!(w.jobs.count().await, 0, "both left the jobs queue");
+    let poisoned = records(w.poison.peek().await);
+    assert_eq!(poisoned.len(), 2, "{poisoned:?}");
+    assert_eq!(poisoned[0]["status"], "rejected");
+    assert_eq!(poisoned[0]["message"], "this is not json");
+    assert!(
+        poisoned[0]["errors"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("not a job envelope"),
+        "{}",
+        poisoned[0]
+    );
+    let fields: Vec<&str> = poisoned[1]["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"target.container_url"), "{fields:?}");
+    assert!(fields.contains(&"variables.networks"), "{fields:?}");
+    assert_eq!(poisoned[1]["message"], invalid.to_string());
+    // Nothing was written.
+    assert!(w.store().workspaces().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_workspace_leaves_the_message_for_later() {
+    let w = World::new().await;
+    let store = w.store();
+    let lease = store
+        .acquire_lease(
+            &ws("busy"),
+            &LeaseRequest {
+                owner: "another-job".into(),
+                ttl: Duration::from_secs(3),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    w.jobs.send(&w.message("az-3", "busy").to_string()).await;
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 1, "the message stays");
+    assert!(
+        w.jobs.peek().await.is_empty(),
+        "… invisible until it may run"
+    );
+    assert!(store.versions(&ws("busy")).await.unwrap().is_empty());
+    store.release_lease(&ws("busy"), &lease).await.unwrap();
+    // Visible again after the holder's lease would have ended (at least 5 s).
+    let mut waited = 0;
+    while w.jobs.peek().await.is_empty() {
+        assert!(waited < 60, "the message never came back");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        waited += 1;
+    }
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 0);
+    assert!(!store.versions(&ws("busy")).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_received_too_often_goes_to_the_poison_queue_without_running() {
+    let w = World::new().await;
+    w.jobs.send(&w.message("az-4", "flaky").to_string()).await;
+    // An earlier execution received it and died.
+    assert_eq!(w.jobs.receive(1).await, Some(1));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let out = w.run(&[("TERRACE_MAX_DEQUEUES", "1")]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 0);
+    let poisoned = records(w.poison.peek().await);
+    assert_eq!(poisoned.len(), 1);
+    assert_eq!(poisoned[0]["dequeue_count"], 2);
+    assert!(
+        poisoned[0]["errors"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("received 2 times"),
+        "{}",
+        poisoned[0]
+    );
+    assert!(w.store().versions(&ws("flaky")).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_jobs_message_stays_invisible_and_sigterm_makes_it_visible_again() {
+    let w = World::new().await;
+    w.jobs.send(&w.message("az-5", "slow").to_string()).await;
+    // Each create takes 20 s; the message is received invisible for 3 s only, and the job
+    // extends that every second.
+    let mut child = w
+        .command(&[
+            ("TERRACE_VISIBILITY_TIMEOUT", "3"),
+            ("TESTCLOUD_CREATE_DELAY_MS", "20000"),
+        ])
+        .spawn()
+        .unwrap();
+    for _ in 0..16 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            w.jobs.peek().await.is_empty(),
+            "the message became visible while its job ran"
+        );
+    }
+    assert_eq!(w.jobs.count().await, 1);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    // Interrupted: visible again at once, the lease released, the result says so.
+    assert_eq!(w.jobs.peek().await.len(), 1, "the message is visible again");
+    let store = w.store();
+    assert!(store.lease(&ws("slow")).await.unwrap().is_none());
+    let result: Value = serde_json::from_slice(
+        &store
+            .artifact(&ws("slow"), "az-5", "result.json")
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(result["status"], "interrupted", "{result}");
+}
