@@ -239,7 +239,6 @@ impl App {
             poisoned["message_truncated"] = json!(true);
         }
         let poison = self.queue(&self.config.poison_queue_url)?;
-        poison.ensure().await?;
         poison.send(&poisoned.to_string()).await?;
         jobs.delete(&message.id, &message.pop_receipt).await?;
         tracing::warn!(message_id = %message.id, record = %record, "moved to the poison queue");

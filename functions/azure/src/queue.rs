@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use azure_core::credentials::TokenCredential;
-use azure_core::http::Url;
+use azure_core::http::{RequestContent, Url, XmlFormat};
 use azure_storage_queue::QueueClient;
 use azure_storage_queue::models::{QueueClientReceiveMessagesOptions, QueueMessage};
 
@@ -52,10 +52,7 @@ impl Queue {
     }
 
     /// Creates the queue if it is not there.
-    ///
-    /// # Errors
-    /// Why not, as a sentence.
-    pub async fn ensure(&self) -> Result<(), String> {
+    async fn ensure(&self) -> Result<(), String> {
         self.client
             .create(None)
             .await
@@ -131,19 +128,33 @@ impl Queue {
             .map_err(|e| brief(&format!("deleting message {id}"), &e))
     }
 
+    /// Sends `text`; a queue that does not exist is created first (the poison queue, say).
+    ///
     /// # Errors
     /// Why not, as a sentence.
-    // `QueueMessage` is non-exhaustive: it cannot be built with a struct literal.
-    #[allow(clippy::field_reassign_with_default)]
     pub async fn send(&self, text: &str) -> Result<(), String> {
         let what = format!("sending to {}", self.name);
-        let mut message = QueueMessage::default();
-        message.message_text = Some(text.to_owned());
-        let content = message.try_into().map_err(|e| brief(&what, &e))?;
-        self.client
-            .send_message(content, None)
-            .await
-            .map(|_| ())
-            .map_err(|e| brief(&what, &e))
+        match self.client.send_message(message(text)?, None).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.http_status().map(u16::from) == Some(404) => {
+                self.ensure().await?;
+                self.client
+                    .send_message(message(text)?, None)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| brief(&what, &e))
+            }
+            Err(e) => Err(brief(&what, &e)),
+        }
     }
+}
+
+// `QueueMessage` is non-exhaustive: it cannot be built with a struct literal.
+#[allow(clippy::field_reassign_with_default)]
+fn message(text: &str) -> Result<RequestContent<QueueMessage, XmlFormat>, String> {
+    let mut message = QueueMessage::default();
+    message.message_text = Some(text.to_owned());
+    message
+        .try_into()
+        .map_err(|e: azure_core::Error| format!("a message of {} bytes: {e}", text.len()))
 }
