@@ -151,3 +151,77 @@ async fn a_dead_holders_blob_lease_is_broken_once_its_recorded_lease_expires() {
         .await
         .expect("free after the break");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_overtaken_while_stalled_can_neither_renew_nor_release_its_way_back() {
+    use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId};
+    use std::time::Duration;
+
+    let url = azure::container().await;
+    let store = azure::store(&url, "states");
+    let ws = WorkspaceId::new("acme", "stalled").unwrap();
+    let request = |owner: &str, ttl| LeaseRequest {
+        owner: owner.into(),
+        ttl,
+        info: serde_json::Value::Null,
+    };
+    let stalled = store
+        .acquire_lease(&ws, &request("runner-a", Duration::from_secs(1)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b = store
+        .acquire_lease(&ws, &request("runner-b", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    store.release_lease(&ws, &b).await.unwrap();
+    // runner-a wakes up: the workspace is free, its blob lease long broken.
+    assert!(matches!(
+        store.renew_lease(&ws, &stalled, Duration::from_secs(60)).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    store.release_lease(&ws, &stalled).await.unwrap();
+    assert!(store.lease(&ws).await.unwrap().is_none(), "still free");
+    // Fences only grow.
+    let c = store
+        .acquire_lease(&ws, &request("runner-c", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(c.fence > b.fence && b.fence > stalled.fence);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_lease_left_by_a_taker_that_died_before_writing_is_broken() {
+    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use std::time::Duration;
+
+    let url = azure::container().await;
+    let store = azure::store(&url, "states");
+    let ws = WorkspaceId::new("acme", "orphan").unwrap();
+    let request = LeaseRequest {
+        owner: "runner-a".into(),
+        ttl: Duration::from_secs(60),
+        info: serde_json::Value::Null,
+    };
+    let first = store.acquire_lease(&ws, &request).await.unwrap();
+    store.release_lease(&ws, &first).await.unwrap();
+    // A taker takes the blob lease for good, then dies before writing the record.
+    let container = azure_storage_blob::BlobContainerClient::new(
+        azure_core::http::Url::parse(&url).unwrap(),
+        None,
+        None,
+    )
+    .unwrap();
+    container
+        .blob_client("states/acme/orphan/lease.json")
+        .acquire_lease(-1, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        blob_lease_state(&url, "states/acme/orphan/lease.json").await,
+        "Leased"
+    );
+    // The record is free, so the next taker breaks that orphan after a short wait.
+    let taken = store.acquire_lease(&ws, &request).await.unwrap();
+    assert!(taken.fence > first.fence);
+}

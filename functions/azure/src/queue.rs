@@ -32,7 +32,7 @@ fn brief(what: &str, e: &azure_core::Error) -> String {
             u16::from(*status),
             error_code.as_deref().unwrap_or("")
         ),
-        _ => format!("{what}: {e}"),
+        _ => format!("{what}: {}", state_backends::azure::scrub(&e.to_string())),
     }
 }
 
@@ -44,10 +44,19 @@ impl Queue {
     /// # Errors
     /// A malformed URL, or a credential over plain http.
     pub fn new(url: &str, credential: Option<Arc<dyn TokenCredential>>) -> Result<Self, String> {
-        let parsed = Url::parse(url).map_err(|e| format!("queue URL is not a URL: {e}"))?;
+        let parsed = Url::parse(url).map_err(|e| {
+            format!(
+                "queue URL {:?} is not a URL: {e}",
+                state_backends::azure::scrub(url)
+            )
+        })?;
         let name = format!("{}{}", parsed.host_str().unwrap_or_default(), parsed.path());
-        let client =
-            QueueClient::new(parsed, credential, None).map_err(|e| format!("queue {name}: {e}"))?;
+        let client = QueueClient::new(parsed, credential, None).map_err(|e| {
+            format!(
+                "queue {name}: {}",
+                state_backends::azure::scrub(&e.to_string())
+            )
+        })?;
         Ok(Self { client, name })
     }
 
@@ -154,7 +163,11 @@ impl Queue {
 fn message(text: &str) -> Result<RequestContent<QueueMessage, XmlFormat>, String> {
     let mut message = QueueMessage::default();
     message.message_text = Some(text.to_owned());
-    message
-        .try_into()
-        .map_err(|e: azure_core::Error| format!("a message of {} bytes: {e}", text.len()))
+    message.try_into().map_err(|e: azure_core::Error| {
+        format!(
+            "a message of {} bytes: {}",
+            text.len(),
+            state_backends::azure::scrub(&e.to_string())
+        )
+    })
 }
