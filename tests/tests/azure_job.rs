@@ -223,7 +223,7 @@ async fn a_busy_workspace_leaves_the_message_for_later() {
             &ws("busy"),
             &LeaseRequest {
                 owner: "another-job".into(),
-                ttl: Duration::from_secs(3),
+                ttl: Duration::from_secs(20),
                 info: Value::Null,
             },
         )
@@ -239,13 +239,20 @@ async fn a_busy_workspace_leaves_the_message_for_later() {
     );
     assert!(store.versions(&ws("busy")).await.unwrap().is_empty());
     store.release_lease(&ws("busy"), &lease).await.unwrap();
-    // Visible again after the holder's lease would have ended (at least 5 s).
+    // Visible again when the holder's lease would have ended (about 20 s).
     let mut waited = 0;
     while w.jobs.peek().await.is_empty() {
-        assert!(waited < 60, "the message never came back");
+        assert!(waited < 120, "the message never came back");
         tokio::time::sleep(Duration::from_millis(500)).await;
         waited += 1;
     }
+    // A fresh copy: waiting for a busy workspace does not count towards the poison queue.
+    assert_eq!(
+        w.jobs.receive(1).await,
+        Some(1),
+        "received as a new message"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let out = w.run(&[]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(w.jobs.count().await, 0);
@@ -289,6 +296,14 @@ async fn a_running_jobs_message_stays_invisible_and_sigterm_makes_it_visible_aga
         ])
         .spawn()
         .unwrap();
+    // Once the job has received it…
+    let mut waited = 0;
+    while !w.jobs.peek().await.is_empty() {
+        assert!(waited < 60, "the job never received the message");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        waited += 1;
+    }
+    // … it stays invisible for 8 s, well past its 3 s.
     for _ in 0..16 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(
@@ -301,8 +316,9 @@ async fn a_running_jobs_message_stays_invisible_and_sigterm_makes_it_visible_aga
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
-    // Interrupted: visible again at once, the lease released, the result says so.
+    // Interrupted: queued again at once (a fresh copy), the lease released, the result says so.
     assert_eq!(w.jobs.peek().await.len(), 1, "the message is visible again");
+    assert_eq!(w.jobs.count().await, 1, "… once");
     let store = w.store();
     assert!(store.lease(&ws("slow")).await.unwrap().is_none());
     let result: Value = serde_json::from_slice(

@@ -177,7 +177,9 @@ async fn a_holder_overtaken_while_stalled_can_neither_renew_nor_release_its_way_
     store.release_lease(&ws, &b).await.unwrap();
     // runner-a wakes up: the workspace is free, its blob lease long broken.
     assert!(matches!(
-        store.renew_lease(&ws, &stalled, Duration::from_secs(60)).await,
+        store
+            .renew_lease(&ws, &stalled, Duration::from_secs(60))
+            .await,
         Err(StoreError::LeaseLost { .. })
     ));
     store.release_lease(&ws, &stalled).await.unwrap();

@@ -50,11 +50,13 @@ impl Target {
     pub fn check(&self, emulator: bool) -> Vec<(&'static str, String, &'static str)> {
         let mut problems = Vec::new();
         let url = self.container_url.trim();
+        // Quoted without its query: a SAS there must not reach a record or a log.
+        let shown = url.split('?').next().unwrap_or_default();
         let scheme_ok = url.starts_with("https://") || (emulator && url.starts_with("http://"));
         if !scheme_ok || url.trim_end_matches('/').matches('/').count() < 3 {
             problems.push((
                 "target.container_url",
-                format!("{url:?} is not a container URL"),
+                format!("{shown:?} is not a container URL"),
                 "give https://ACCOUNT.blob.core.windows.net/CONTAINER",
             ));
         }

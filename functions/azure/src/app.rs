@@ -36,8 +36,9 @@ struct Envelope {
 /// What a timer execution gets in `TERRACE_SWEEP_TARGETS`.
 pub type Targets = Vec<Target>;
 
-/// A queue message's largest text (64 KiB), less room for the record around it.
-const MAX_KEPT_TEXT: usize = 48 * 1024;
+/// The largest poison record sent: a queue message holds 64 KiB, and the client escapes the
+/// text for XML.
+const MAX_RECORD: usize = 48 * 1024;
 
 pub struct App {
     pub config: Config,
@@ -75,6 +76,29 @@ fn decode(text: &str) -> Result<Envelope, String> {
     }
 }
 
+/// The poison queue's record: the rejection, with the original text, cut until the record
+/// fits in a queue message.
+fn poison_record(record: &Value, text: &str) -> String {
+    let mut keep = text.len();
+    loop {
+        let mut poisoned = record.clone();
+        let mut end = keep;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        poisoned["message"] = json!(&text[..end]);
+        if end < text.len() {
+            poisoned["message_truncated"] = json!(true);
+        }
+        let serialized = poisoned.to_string();
+        if serialized.len() <= MAX_RECORD || end == 0 {
+            return serialized;
+        }
+        // Shrink in proportion (escaping may double a character), a little more each round.
+        keep = (end * (MAX_RECORD - 256) / serialized.len()).min(end - 1);
+    }
+}
+
 impl App {
     /// A queue of the job's own.
     ///
@@ -109,7 +133,7 @@ impl App {
             return;
         };
         let sent = match self.queue(url) {
-            Ok(q) => q.send(&record.to_string()).await,
+            Ok(q) => q.send(&record.to_string(), Duration::ZERO).await,
             Err(e) => Err(e),
         };
         if let Err(e) = sent {
@@ -157,13 +181,25 @@ impl App {
                 Ok(Outcome::Done)
             }
             Handled::Done(_) => {
-                // Interrupted (SIGTERM): visible again at once, for the next execution.
-                jobs.keep(&id, &receipt, Duration::ZERO).await?;
-                tracing::warn!(message_id = %id, "interrupted; the message is visible again");
+                // Interrupted (SIGTERM): a fresh copy, visible at once, for the next execution.
+                self.requeue(&jobs, &message, &receipt, Duration::ZERO)
+                    .await?;
+                tracing::warn!(message_id = %id, "interrupted; the message is queued again");
                 Ok(Outcome::Later)
             }
-            Handled::Again { why, delay } => {
-                let delay = delay.unwrap_or(self.config.retry_delay);
+            // Busy: a fresh copy, invisible until the holder's lease ends. Waiting is not a
+            // failed delivery, so it must not count towards the poison queue.
+            Handled::Again {
+                why,
+                delay: Some(delay),
+            } => {
+                self.requeue(&jobs, &message, &receipt, delay).await?;
+                tracing::info!(message_id = %id, why, delay_s = delay.as_secs(), "queued again for later");
+                Ok(Outcome::Later)
+            }
+            // Trouble that may pass: the same message, later; it counts as a delivery.
+            Handled::Again { why, delay: None } => {
+                let delay = self.config.retry_delay;
                 jobs.keep(&id, &receipt, delay).await?;
                 tracing::warn!(message_id = %id, why, delay_s = delay.as_secs(), "left for later");
                 Ok(Outcome::Later)
@@ -217,6 +253,19 @@ impl App {
         }
     }
 
+    /// Puts a fresh copy of the message on the queue, invisible for `delay`, then deletes the
+    /// one received (a copy left over if the deletion fails runs nothing: a job id runs once).
+    async fn requeue(
+        &self,
+        jobs: &Queue,
+        message: &Received,
+        receipt: &str,
+        delay: Duration,
+    ) -> Result<(), String> {
+        jobs.send(&message.text, delay).await?;
+        jobs.delete(&message.id, receipt).await
+    }
+
     /// Moves a message that can never run to the poison queue, with why, then deletes it.
     async fn poison(
         &self,
@@ -227,19 +276,9 @@ impl App {
         let mut record = trigger::rejection(&message.id, errors);
         record["dequeue_count"] = json!(message.dequeue_count);
         self.report(&record).await;
-        let mut poisoned = record.clone();
-        if message.text.len() <= MAX_KEPT_TEXT {
-            poisoned["message"] = json!(message.text);
-        } else {
-            let mut end = MAX_KEPT_TEXT;
-            while !message.text.is_char_boundary(end) {
-                end -= 1;
-            }
-            poisoned["message"] = json!(&message.text[..end]);
-            poisoned["message_truncated"] = json!(true);
-        }
+        let poisoned = poison_record(&record, &message.text);
         let poison = self.queue(&self.config.poison_queue_url)?;
-        poison.send(&poisoned.to_string()).await?;
+        poison.send(&poisoned, Duration::ZERO).await?;
         jobs.delete(&message.id, &message.pop_receipt).await?;
         tracing::warn!(message_id = %message.id, record = %record, "moved to the poison queue");
         Ok(Outcome::Poisoned)
@@ -271,10 +310,15 @@ impl App {
                 if done.is_cancelled() {
                     return;
                 }
-                match queue.keep(&id, &current, visibility).await {
-                    Ok(next) => *current = next,
-                    Err(e) => {
-                        tracing::warn!(queue = %name, error = %e, "could not keep the message invisible")
+                match tokio::time::timeout(visibility / 3, queue.keep(&id, &current, visibility))
+                    .await
+                {
+                    Ok(Ok(next)) => *current = next,
+                    Ok(Err(e)) => {
+                        tracing::error!(queue = %name, error = %e, "could not keep the message invisible")
+                    }
+                    Err(_) => {
+                        tracing::error!(queue = %name, "keeping the message invisible timed out")
                     }
                 }
             }
@@ -358,7 +402,7 @@ impl App {
         let mut unqueued = Vec::new();
         for (ws, job) in &plan.jobs {
             let message = json!({ "job": job.0, "target": target });
-            match jobs.send(&message.to_string()).await {
+            match jobs.send(&message.to_string(), Duration::ZERO).await {
                 Ok(()) => queued += 1,
                 Err(e) => unqueued.push((ws.to_string(), e)),
             }
@@ -370,6 +414,21 @@ impl App {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_poison_record_fits_in_a_queue_message_whatever_the_text() {
+        let record = json!({ "status": "rejected", "errors": [] });
+        let short = poison_record(&record, "not json");
+        assert!(short.contains("\"message\":\"not json\""), "{short}");
+        assert!(!short.contains("message_truncated"));
+        // Quotes double in JSON: 60 KiB of them is far more than 64 KiB once escaped.
+        let long = "\"".repeat(60 * 1024);
+        let cut = poison_record(&record, &long);
+        assert!(cut.len() <= MAX_RECORD, "{}", cut.len());
+        let back: Value = serde_json::from_str(&cut).unwrap();
+        assert_eq!(back["message_truncated"], true);
+        assert!(!back["message"].as_str().unwrap().is_empty());
+    }
 
     #[test]
     fn a_message_is_json_or_base64_json() {

@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use azure_core::credentials::TokenCredential;
 use azure_core::http::{RequestContent, Url, XmlFormat};
-use azure_storage_queue::QueueClient;
-use azure_storage_queue::models::{QueueClientReceiveMessagesOptions, QueueMessage};
+use azure_storage_queue::models::{
+    QueueClientReceiveMessagesOptions, QueueClientSendMessageOptions, QueueMessage,
+};
+use azure_storage_queue::{QueueClient, QueueClientOptions};
 
 /// One received message.
 #[derive(Clone, Debug)]
@@ -51,7 +53,21 @@ impl Queue {
             )
         })?;
         let name = format!("{}{}", parsed.host_str().unwrap_or_default(), parsed.path());
-        let client = QueueClient::new(parsed, credential, None).map_err(|e| {
+        // A few quick retries: a call that outlasts a message's visibility (the SDK's default
+        // retries for a minute) would let the message reappear while its job runs.
+        let retry = azure_core::http::ExponentialRetryOptions {
+            max_retries: 3,
+            max_total_elapsed: azure_core::time::Duration::seconds(10),
+            ..Default::default()
+        };
+        let options = QueueClientOptions {
+            client_options: azure_core::http::ClientOptions {
+                retry: azure_core::http::RetryOptions::exponential(retry),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let client = QueueClient::new(parsed, credential, Some(options)).map_err(|e| {
             format!(
                 "queue {name}: {}",
                 state_backends::azure::scrub(&e.to_string())
@@ -129,26 +145,39 @@ impl Queue {
 
     /// # Errors
     /// Why not, as a sentence.
+    /// Deletes the message; one already gone is not an error.
+    ///
+    /// # Errors
+    /// Why not, as a sentence (a stale pop receipt: the message was received again).
     pub async fn delete(&self, id: &str, pop_receipt: &str) -> Result<(), String> {
-        self.client
-            .delete_message(id, pop_receipt, None)
-            .await
-            .map(|_| ())
-            .map_err(|e| brief(&format!("deleting message {id}"), &e))
+        match self.client.delete_message(id, pop_receipt, None).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.http_status().map(u16::from) == Some(404) => Ok(()),
+            Err(e) => Err(brief(&format!("deleting message {id}"), &e)),
+        }
     }
 
-    /// Sends `text`; a queue that does not exist is created first (the poison queue, say).
+    /// Sends `text`, invisible for `delay`; a queue that does not exist is created first (the
+    /// poison queue, say).
     ///
     /// # Errors
     /// Why not, as a sentence.
-    pub async fn send(&self, text: &str) -> Result<(), String> {
+    pub async fn send(&self, text: &str, delay: std::time::Duration) -> Result<(), String> {
         let what = format!("sending to {}", self.name);
-        match self.client.send_message(message(text)?, None).await {
+        let options = || QueueClientSendMessageOptions {
+            visibility_timeout: (!delay.is_zero()).then(|| seconds(delay)),
+            ..Default::default()
+        };
+        match self
+            .client
+            .send_message(message(text)?, Some(options()))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if e.http_status().map(u16::from) == Some(404) => {
                 self.ensure().await?;
                 self.client
-                    .send_message(message(text)?, None)
+                    .send_message(message(text)?, Some(options()))
                     .await
                     .map(|_| ())
                     .map_err(|e| brief(&what, &e))
