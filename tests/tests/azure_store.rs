@@ -20,7 +20,7 @@ async fn azure_at_the_containers_root_passes_the_conformance_suite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backup_sweep_over_100_workspaces_copies_only_the_4_that_changed() {
     let store = azure::store(&azure::container().await, "states");
-    tests::sweep::copies_only_what_changed(store, "Azure").await;
+    tests::sweep::copies_only_what_changed(store, "Azure", 100, 25, None).await;
 }
 
 /// The blob lease on a workspace's `lease.json`, as Azure reports it.

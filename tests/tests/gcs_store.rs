@@ -19,5 +19,5 @@ async fn gcs_at_the_buckets_root_passes_the_conformance_suite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backup_sweep_over_100_workspaces_copies_only_the_4_that_changed() {
     let store = gcs::store(&gcs::bucket().await, "states").await;
-    tests::sweep::copies_only_what_changed(store, "GCS").await;
+    tests::sweep::copies_only_what_changed(store, "GCS", 100, 25, None).await;
 }
