@@ -8,6 +8,7 @@ pub mod classify;
 pub mod drift;
 pub mod job;
 pub mod logs;
+pub mod process;
 pub mod recover;
 pub mod redact;
 pub mod result;

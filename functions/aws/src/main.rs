@@ -28,14 +28,7 @@ async fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("credentials") {
         return credentials::print().await;
     }
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    shared::process::init_json_logs();
     let config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -198,16 +191,8 @@ async fn task(app: &App) -> ExitCode {
         return ExitCode::from(65);
     };
     let cancel = CancellationToken::new();
-    let on_signal = cancel.clone();
-    tokio::spawn(async move {
-        // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout.
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            term.recv().await;
-            on_signal.cancel();
-        }
-    });
+    // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout.
+    shared::process::cancel_on_sigterm(&cancel, "cancelling the job");
     match app.run(&envelope, job, None, cancel).await {
         Handled::Done(result) => {
             if let Some(reference) = &reference {

@@ -24,14 +24,7 @@ use crate::app::{App, Targets};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    shared::process::init_json_logs();
     let config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -51,16 +44,7 @@ async fn main() -> ExitCode {
         }
     };
     let shutdown = CancellationToken::new();
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            term.recv().await;
-            tracing::warn!("SIGTERM: interrupting the job");
-            on_signal.cancel();
-        }
-    });
+    shared::process::cancel_on_sigterm(&shutdown, "interrupting the job");
     let app = App {
         config,
         own,

@@ -30,14 +30,7 @@ use crate::app::App;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    shared::process::init_json_logs();
     let serving = std::env::args().nth(1).as_deref() != Some("task");
     let config = match config::Config::from_env(serving) {
         Ok(c) => c,
@@ -61,16 +54,7 @@ async fn main() -> ExitCode {
         config,
         shutdown: shutdown.clone(),
     });
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            term.recv().await;
-            tracing::info!("SIGTERM: no new requests; interrupting running jobs");
-            on_signal.cancel();
-        }
-    });
+    shared::process::cancel_on_sigterm(&shutdown, "no new requests; interrupting running jobs");
     if !serving {
         return task(&app).await;
     }
