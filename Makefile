@@ -2,7 +2,7 @@
 # what they need first (`make tools`).
 .PHONY: tools demo test fmt lint ci bench bench-overhead bench-state-server clean
 
-tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config, moto
+tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
 
 demo: tools ## apply the demo template through the local runner
