@@ -89,10 +89,43 @@ async fn handle_record(app: &App, message: SqsMessage, deadline: OffsetDateTime)
             true
         }
         Handled::Again { why, delay } => {
+            // Busy: a fresh copy, delayed until the holder's lease ends, and this one is done.
+            // Waiting is not a failed delivery: returned, it would count towards the queue's
+            // maxReceiveCount and dead-letter a job that only waited behind a long apply.
+            if let Some(delay) = delay
+                && requeue(app, &body, delay).await
+            {
+                tracing::info!(message_id = %id, why, delay_s = delay.as_secs(), "job message queued again for later");
+                return true;
+            }
             tracing::warn!(message_id = %id, why, "job message returned for later");
             if let (Some(delay), Some(receipt)) = (delay, &message.receipt_handle) {
                 set_visibility(app, receipt, delay).await;
             }
+            false
+        }
+    }
+}
+
+/// Sends `body` to the jobs queue again, delayed by `delay` (SQS allows 15 minutes at most);
+/// false when it cannot (no queue configured, a FIFO queue, an error).
+async fn requeue(app: &App, body: &str, delay: Duration) -> bool {
+    let Some(url) = &app.config.jobs_queue_url else {
+        return false;
+    };
+    let seconds = i32::try_from(delay.as_secs().min(900)).unwrap_or(900);
+    match app
+        .sqs
+        .send_message()
+        .queue_url(url)
+        .message_body(body)
+        .delay_seconds(seconds)
+        .send()
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %state_backends::s3::brief(&e), "could not queue the message again; returning it instead");
             false
         }
     }
