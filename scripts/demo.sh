@@ -12,7 +12,7 @@ mkdir -p "$demo/cloud"
 
 export TERRACE_STORE="$demo/store"
 export TERRACE_TEMPLATES="$repo_root/templates"
-export TERRACE_TERRAFORM="$repo_root/.cache/tools/terraform/terraform"
+export TERRACE_TERRAFORM="$(scripts/install-terraform.sh)"
 export TERRACE_TF_CLI_CONFIG="$repo_root/.cache/terraformrc"
 # The test cloud's "credentials": the folder it keeps resources in, passed to terraform only.
 export TESTCLOUD_ROOT="$demo/cloud"

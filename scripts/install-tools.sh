@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the tests need, idempotently, into .cache/ (git-ignored):
-# protoc (to build the testcloud provider), the real terraform binary with its test-harness
-# wrapper, the testcloud provider in a filesystem mirror, a terraform CLI config using it, and
+# protoc (to build the testcloud provider), a check that the machine's terraform is a supported
+# client (scripts/install-terraform.sh), the testcloud provider in a filesystem mirror, a terraform CLI config using it, and
 # the cloud emulators (moto, fake-gcs-server, Azurite).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,7 +15,7 @@ if ! command -v protoc >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq protobuf-compiler >&2
 fi
 
-scripts/install-terraform.sh >/dev/null
+tf="$(scripts/install-terraform.sh)"
 mirror="$(scripts/install-testcloud-provider.sh)"
 cat > .cache/terraformrc <<HCL
 provider_installation {
@@ -27,4 +27,4 @@ HCL
 scripts/install-moto.sh >/dev/null
 scripts/install-fake-gcs.sh >/dev/null
 scripts/install-azurite.sh >/dev/null
-echo "tools ready: .cache/tools/terraform/terraform, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs, azurite in .cache/azurite" >&2
+echo "tools ready: terraform $tf, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs, azurite in .cache/azurite" >&2

@@ -1,6 +1,9 @@
 //! What went wrong, from terraform's exit and its diagnostics: a category the caller can branch
 //! on, the step, the resource where terraform names one, a one-line message and a hint.
-//! Unit-tested on real terraform output (`tests/fixtures/errors`).
+//! Reads the structured diagnostics of terraform's machine-readable UI where the step has them
+//! (plan, apply: summary, detail, the resource's address), its `Error:` lines otherwise (init,
+//! import). Unit-tested on real terraform output (`tests/fixtures/errors`, recorded by
+//! `scripts/record-fixtures.sh`).
 
 use crate::result::{Category, JobError};
 use crate::terraform::{Interrupted, Outcome};
@@ -15,12 +18,17 @@ const GENERIC: [&str; 2] = ["Error: execution halted", "Error: operation cancele
 pub fn classify(step: &str, outcome: &Outcome) -> JobError {
     // Terraform adds its own "execution halted" to an interrupted run's diagnostics, before or
     // after the provider's: the provider's says more.
-    let first = outcome
+    let index = outcome
         .errors
         .iter()
-        .find(|e| !GENERIC.iter().any(|g| e.starts_with(g)))
-        .or(outcome.errors.first())
-        .cloned();
+        .position(|e| !GENERIC.iter().any(|g| e.starts_with(g)))
+        .or((!outcome.errors.is_empty()).then_some(0));
+    let first = index.map(|i| outcome.errors[i].clone());
+    // `errors` starts with the UI's error diagnostics, in order: the chosen one's own address.
+    let address = index
+        .and_then(|i| outcome.events.errors().nth(i))
+        .and_then(crate::ui::Diagnostic::resource_address)
+        .or_else(|| first.as_deref().and_then(resource_address));
     let message = match (outcome.interrupted, first) {
         (Some(Interrupted::Killed), Some(first)) => {
             format!("{KILLED}; its last error: {first}")
@@ -130,7 +138,7 @@ pub fn classify(step: &str, outcome: &Outcome) -> JobError {
     JobError {
         category,
         step: step.into(),
-        address: resource_address(&message),
+        address,
         message,
         hint: hint.into(),
         retryable,
@@ -159,13 +167,15 @@ mod tests {
     use super::*;
     use crate::terraform;
 
-    /// Real terraform output (Terraform v0.15.0-rc2 with the testcloud provider's injected
-    /// faults), as captured in `tests/fixtures/errors`.
+    /// Real terraform output (Terraform v1.11.4 with the testcloud provider's injected faults),
+    /// as recorded in `tests/fixtures/errors` by `scripts/record-fixtures.sh`.
     fn classify_fixture(step: &str, text: &str) -> JobError {
+        let (errors, events) = terraform::read_output(text);
         let outcome = Outcome {
             exit_code: Some(1),
             stdout: Vec::new(),
-            errors: terraform::ErrorLines::from_text(text),
+            errors,
+            events,
             interrupted: None,
             duration: Duration::ZERO,
         };
@@ -183,42 +193,42 @@ mod tests {
         let cases = [
             (
                 "apply",
-                fixture!("apply-transient.stderr"),
+                fixture!("apply-transient.jsonl"),
                 Category::Transient,
                 true,
                 "RequestLimitExceeded",
             ),
             (
                 "apply",
-                fixture!("apply-quota.stderr"),
+                fixture!("apply-quota.jsonl"),
                 Category::Quota,
                 false,
                 "vCPU limit 32",
             ),
             (
                 "apply",
-                fixture!("apply-auth.stderr"),
+                fixture!("apply-auth.jsonl"),
                 Category::Auth,
                 false,
                 "AccessDenied",
             ),
             (
                 "apply",
-                fixture!("apply-already-exists.stderr"),
+                fixture!("apply-already-exists.jsonl"),
                 Category::ProviderConflict,
                 false,
                 "already exists",
             ),
             (
                 "apply",
-                fixture!("apply-false-failure.stderr"),
+                fixture!("apply-false-failure.jsonl"),
                 Category::Transient,
                 true,
                 "InternalError",
             ),
             (
                 "plan",
-                fixture!("plan-undeclared-variable.stderr"),
+                fixture!("plan-undeclared-variable.jsonl"),
                 Category::Validation,
                 false,
                 "undeclared input variable",
@@ -250,15 +260,21 @@ mod tests {
             assert_eq!(e.step, step);
             assert!(!e.hint.is_empty());
             if step == "apply" {
-                assert_eq!(e.address.as_deref(), Some("testcloud_network.net"), "{e:?}");
+                // Named by terraform's diagnostic, not parsed from text.
+                let resource = if words == "already exists" || words == "InternalError" {
+                    "testcloud_network.main"
+                } else {
+                    "testcloud_cluster.main"
+                };
+                assert_eq!(e.address.as_deref(), Some(resource), "{e:?}");
             }
         }
     }
 
     #[test]
     fn the_message_carries_the_location_line_after_the_error() {
-        let e = classify_fixture("apply", fixture!("apply-quota.stderr"));
-        assert!(e.message.contains("on main.tf line 7"), "{}", e.message);
+        let e = classify_fixture("apply", fixture!("apply-quota.jsonl"));
+        assert!(e.message.contains("on main.tf line 19"), "{}", e.message);
     }
 
     #[test]
@@ -270,6 +286,7 @@ mod tests {
                 "Error: execution halted".into(),
                 "Error: create cancelled — on main.tf line 19, in resource \"t\" \"x\":".into(),
             ],
+            events: Default::default(),
             interrupted: Some(Interrupted::Gracefully),
             duration: Duration::ZERO,
         };

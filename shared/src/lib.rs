@@ -5,6 +5,7 @@
 
 pub mod backup;
 pub mod classify;
+pub mod client;
 pub mod drift;
 pub mod job;
 pub mod logs;
@@ -19,4 +20,5 @@ pub mod state_server;
 pub mod template;
 pub mod terraform;
 pub mod trigger;
+pub mod ui;
 pub mod validate;

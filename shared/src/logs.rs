@@ -36,7 +36,12 @@ pub struct LogLine {
     /// The step the line belongs to (`init`, `plan`, …), empty outside a step.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub step: String,
+    /// The line as a person reads it (rendered from `event` where there is one).
     pub text: String,
+    /// The structured message behind the line: one of terraform's machine-readable UI
+    /// (`-json`), redacted like the text, for a platform to show progress without parsing text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<serde_json::Value>,
 }
 
 /// A destination of log lines.
@@ -59,12 +64,23 @@ pub struct Logger {
 impl Logger {
     /// Redacts `text` and sends it. Waits when the sinks are behind.
     pub async fn line(&self, stream: Stream, step: &str, text: &str) {
+        self.send(stream, step, text, None).await;
+    }
+
+    /// Redacts a line rendered from a structured `event`, and the event, and sends both.
+    pub async fn event(&self, stream: Stream, step: &str, text: &str, event: &serde_json::Value) {
+        let event = self.redactor.redact_json(event);
+        self.send(stream, step, text, Some(event)).await;
+    }
+
+    async fn send(&self, stream: Stream, step: &str, text: &str, event: Option<serde_json::Value>) {
         let line = LogLine {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             ts: OffsetDateTime::now_utc(),
             stream,
             step: step.to_owned(),
             text: self.redactor.redact(text),
+            event,
         };
         // The pump only stops after every logger is dropped; a closed channel is a shutdown.
         let _ = self.tx.send(line).await;

@@ -190,11 +190,159 @@ impl Changes {
     }
 }
 
+/// A resource that changed outside terraform (a drift check's `plan -refresh-only`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DriftedResource {
+    pub address: String,
+    /// Terraform's action for the state to catch up: `update` (changed), `delete` (gone).
+    pub action: String,
+    /// The attributes that differ, innermost paths (`tags.env`, `rules[0].port`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attributes: Vec<AttributeChange>,
+}
+
+/// One attribute's value as terraform last saw it and as it is now. A value terraform marks
+/// sensitive is masked; template-sensitive values are masked with the whole result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttributeChange {
+    pub path: String,
+    pub before: serde_json::Value,
+    pub after: serde_json::Value,
+}
+
+impl DriftedResource {
+    /// Reads `resource_drift` from `show -json` of a plan.
+    ///
+    /// # Errors
+    /// When the JSON is not a plan.
+    pub fn from_plan_json(plan: &[u8]) -> Result<Vec<Self>, String> {
+        let plan: serde_json::Value =
+            serde_json::from_slice(plan).map_err(|e| format!("plan JSON does not parse: {e}"))?;
+        let Some(items) = plan.get("resource_drift").and_then(|v| v.as_array()) else {
+            return Ok(Vec::new());
+        };
+        Ok(items
+            .iter()
+            .map(|item| {
+                let change = &item["change"];
+                let action = change["actions"]
+                    .as_array()
+                    .and_then(|a| a.first())
+                    .and_then(|a| a.as_str())
+                    .unwrap_or("update")
+                    .to_owned();
+                let mut attributes = Vec::new();
+                let sensitive = (&change["before_sensitive"], &change["after_sensitive"]);
+                diff(
+                    String::new(),
+                    &change["before"],
+                    &change["after"],
+                    sensitive,
+                    &mut attributes,
+                );
+                DriftedResource {
+                    address: item["address"].as_str().unwrap_or_default().to_owned(),
+                    action,
+                    attributes,
+                }
+            })
+            .collect())
+    }
+
+    /// One line for the log: `testcloud_cluster.main changed outside terraform: instance_type
+    /// "small" → "large"`, redacted.
+    pub fn describe(&self, redactor: &crate::redact::Redactor) -> String {
+        let what = if self.action == "delete" {
+            "was deleted outside terraform".to_owned()
+        } else {
+            let attributes: Vec<String> = self
+                .attributes
+                .iter()
+                .map(|a| {
+                    let before = redactor.redact_json(&a.before);
+                    let after = redactor.redact_json(&a.after);
+                    format!("{} {before} → {after}", a.path)
+                })
+                .collect();
+            format!("changed outside terraform: {}", attributes.join(", "))
+        };
+        format!("{} {what}", self.address)
+    }
+}
+
+/// The paths where `before` and `after` differ, leaves only; values under a path marked in
+/// either sensitivity tree are masked.
+fn diff(
+    path: String,
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    sensitive: (&serde_json::Value, &serde_json::Value),
+    out: &mut Vec<AttributeChange>,
+) {
+    use serde_json::Value;
+    if before == after {
+        return;
+    }
+    if sensitive.0 == &Value::Bool(true) || sensitive.1 == &Value::Bool(true) {
+        let masked = Value::String(MASK.to_owned());
+        out.push(AttributeChange {
+            path,
+            before: masked.clone(),
+            after: masked,
+        });
+        return;
+    }
+    let child = |key: &str| format!("{path}{}{key}", if path.is_empty() { "" } else { "." });
+    match (before, after) {
+        (Value::Object(b), Value::Object(a)) => {
+            let keys: std::collections::BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+            for key in keys {
+                let null = Value::Null;
+                diff(
+                    child(key),
+                    b.get(key.as_str()).unwrap_or(&null),
+                    a.get(key.as_str()).unwrap_or(&null),
+                    (&sensitive.0[key.as_str()], &sensitive.1[key.as_str()]),
+                    out,
+                );
+            }
+        }
+        (Value::Array(b), Value::Array(a)) if b.len() == a.len() => {
+            for (i, (bv, av)) in b.iter().zip(a).enumerate() {
+                diff(
+                    format!("{path}[{i}]"),
+                    bv,
+                    av,
+                    (&sensitive.0[i], &sensitive.1[i]),
+                    out,
+                );
+            }
+        }
+        _ => out.push(AttributeChange {
+            path,
+            before: before.clone(),
+            after: after.clone(),
+        }),
+    }
+}
+
 /// One output value.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Output {
     pub value: serde_json::Value,
     pub sensitive: bool,
+}
+
+impl Output {
+    /// An output as a result shows it: a sensitive one's value masked.
+    pub fn masked(value: Option<serde_json::Value>, sensitive: bool) -> Self {
+        let value = if sensitive {
+            serde_json::Value::String(MASK.to_owned())
+        } else {
+            value.unwrap_or(serde_json::Value::Null)
+        };
+        Self { value, sensitive }
+    }
 }
 
 /// Reads `terraform output -json`, masking sensitive values.
@@ -208,12 +356,7 @@ pub fn outputs_from_json(raw: &[u8]) -> Result<BTreeMap<String, Output>, String>
         .into_iter()
         .map(|(name, v)| {
             let sensitive = v["sensitive"].as_bool().unwrap_or(false);
-            let value = if sensitive {
-                serde_json::Value::String(MASK.to_owned())
-            } else {
-                v["value"].clone()
-            };
-            (name, Output { value, sensitive })
+            (name, Output::masked(v.get("value").cloned(), sensitive))
         })
         .collect())
 }
@@ -227,6 +370,9 @@ pub struct JobResult {
     pub operation: Operation,
     pub template: String,
     pub status: Status,
+    /// The terraform client that ran the job (absent when it never reached terraform).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terraform: Option<crate::client::Client>,
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
@@ -235,9 +381,13 @@ pub struct JobResult {
     pub steps: Vec<StepTiming>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changes: Option<Changes>,
-    /// For drift checks: whether the infrastructure differs from the configuration.
+    /// For drift checks: whether the infrastructure changed outside terraform or differs from
+    /// the configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<bool>,
+    /// For drift checks: what changed outside terraform, attribute by attribute.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drifted: Vec<DriftedResource>,
     #[serde(default)]
     pub outputs: BTreeMap<String, Output>,
     /// Numbers of the state versions this run wrote.
@@ -275,6 +425,46 @@ mod tests {
         let addresses: Vec<&str> = c.resources.iter().map(|r| r.address.as_str()).collect();
         assert_eq!(addresses, ["a.x", "a.y", "a.w"]);
         assert!(Changes::from_plan_json(b"{}").unwrap().is_empty());
+    }
+
+    #[test]
+    fn drift_lists_the_changed_attributes_from_a_real_refresh_only_plan() {
+        let raw = include_bytes!("../tests/fixtures/ui/show-refresh-only-drift.json");
+        let drifted = DriftedResource::from_plan_json(raw).unwrap();
+        assert_eq!(drifted.len(), 1);
+        assert_eq!(drifted[0].address, "testcloud_cluster.main");
+        assert_eq!(drifted[0].action, "update");
+        assert_eq!(
+            drifted[0].attributes,
+            [AttributeChange {
+                path: "instance_type".into(),
+                before: "small".into(),
+                after: "large".into(),
+            }]
+        );
+        let line = drifted[0].describe(&crate::redact::Redactor::default());
+        assert_eq!(
+            line,
+            r#"testcloud_cluster.main changed outside terraform: instance_type "small" → "large""#
+        );
+    }
+
+    #[test]
+    fn drifted_attributes_marked_sensitive_are_masked_at_any_depth() {
+        let plan = br#"{"resource_drift":[{"address":"a.b","change":{"actions":["update"],
+            "before":{"tags":{"env":"dev","token":"old-s3cret"},"ports":[1,2],"same":1},
+            "after":{"tags":{"env":"prod","token":"new-s3cret"},"ports":[1,3],"same":1},
+            "before_sensitive":{"tags":{"token":true}},"after_sensitive":{}}}]}"#;
+        let drifted = DriftedResource::from_plan_json(plan).unwrap();
+        let paths: Vec<&str> = drifted[0].attributes.iter().map(|a| a.path.as_str()).collect();
+        assert_eq!(paths, ["ports[1]", "tags.env", "tags.token"]);
+        assert_eq!(drifted[0].attributes[2].before, MASK);
+        assert_eq!(drifted[0].attributes[2].after, MASK);
+        let text = serde_json::to_string(&drifted).unwrap();
+        assert!(!text.contains("s3cret"), "{text}");
+        let deleted = br#"{"resource_drift":[{"address":"a.c","change":{"actions":["delete"],"before":{"x":1},"after":null}}]}"#;
+        let gone = DriftedResource::from_plan_json(deleted).unwrap();
+        assert_eq!(gone[0].describe(&crate::redact::Redactor::default()), "a.c was deleted outside terraform");
     }
 
     #[test]

@@ -24,12 +24,13 @@ use crate::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
 use crate::recover::{self, Recovery};
 use crate::redact::Redactor;
 use crate::result::{
-    Attempt, Category, Changes, Cleanup, JobError, JobResult, Status, StepTiming, UnsavedState,
-    outputs_from_json,
+    Attempt, Category, Changes, Cleanup, DriftedResource, JobError, JobResult, Status, StepTiming,
+    UnsavedState, outputs_from_json,
 };
 use crate::rollback;
 use crate::state_server::{self, StateServer};
-use crate::terraform::{self, Command, Outcome, TerraformConfig};
+use crate::client::Client;
+use crate::terraform::{self, Command, Outcome, PlanMode, TerraformConfig};
 use crate::validate::ValidatedJob;
 
 /// The artifact names of a run.
@@ -87,6 +88,8 @@ pub enum RunOutcome {
 pub struct Runner {
     store: Arc<dyn StateStore>,
     config: Arc<RunnerConfig>,
+    /// The terraform client, read once (`version -json`) and checked against the floor.
+    client: Arc<tokio::sync::OnceCell<Result<Client, crate::client::ClientError>>>,
 }
 
 /// Why a job stopped before its end.
@@ -104,7 +107,19 @@ impl Runner {
         Self {
             store,
             config: Arc::new(config),
+            client: Arc::default(),
         }
+    }
+
+    /// The terraform client this runner drives, read on first use.
+    ///
+    /// # Errors
+    /// A binary that cannot run, or a version Terrace does not support.
+    pub async fn client(&self) -> Result<&Client, &crate::client::ClientError> {
+        self.client
+            .get_or_init(|| crate::client::probe(&self.config.terraform))
+            .await
+            .as_ref()
     }
 
     pub fn store(&self) -> &Arc<dyn StateStore> {
@@ -167,9 +182,11 @@ impl Runner {
             started_at,
             finished_at: prev.expired_at,
             duration_ms: 0,
+            terraform: None,
             steps: Vec::new(),
             changes: None,
             drift: None,
+            drifted: Vec::new(),
             outputs: Default::default(),
             state_versions: Vec::new(),
             attempts: Vec::new(),
@@ -220,6 +237,14 @@ impl Runner {
     ) -> anyhow::Result<RunOutcome> {
         let j = &job.job;
         let ws = WorkspaceId::new(&j.tenant, &j.workspace)?;
+        // Terraform's version is read while the store is: it is needed only once leased.
+        let probe = tokio::spawn({
+            let runner = self.clone();
+            async move {
+                let _ = runner.client().await;
+            }
+        });
+        let _probe = tokio_util::task::AbortOnDropHandle::new(probe);
         if let Some(previous) = self.previous_result(&ws, &j.id).await? {
             return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
         }
@@ -366,9 +391,11 @@ impl Runner {
             started_at,
             finished_at: OffsetDateTime::now_utc(),
             duration_ms: started.elapsed().as_millis() as u64,
+            terraform: report.client,
             steps: report.steps,
             changes: report.changes,
             drift: report.drift,
+            drifted: report.drifted,
             outputs: report.outputs,
             state_versions: report.versions,
             attempts: report.attempts,
@@ -484,6 +511,22 @@ impl Runner {
                     "{} {} in {} (lease fence {})",
                     j.operation, j.template, ws, lease.fence
                 ),
+            )
+            .await;
+        // Refused before anything touches the workspace's state.
+        let client = self.client().await.map_err(|e| JobError {
+            category: Category::Internal,
+            step: "prepare".into(),
+            address: None,
+            message: e.to_string(),
+            hint: e.hint().into(),
+            retryable: true,
+        })?;
+        report.client = Some(client.clone());
+        logger
+            .runner(
+                "prepare",
+                &format!("{} {}", client.flavour.name(), client.version),
             )
             .await;
         let server = StateServer::start(state_server::Config {
@@ -671,13 +714,12 @@ impl Runner {
         report: &mut Report,
     ) -> Result<(), JobError> {
         let plan = Command::Plan {
-            destroy: true,
+            mode: PlanMode::Destroy,
             detailed_exitcode: false,
             targets: targets.iter().cloned().collect(),
         };
-        s.run(&plan, report).await?.ok()?;
-        let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
-        let changes = Changes::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))?;
+        let planned = s.run(&plan, report).await?.ok()?;
+        let changes = s.changes(planned, report).await?;
         let beyond: Vec<&str> = changes
             .resources
             .iter()
@@ -831,20 +873,16 @@ impl Runner {
             .and_then(Ran::ok)
             .map_err(failed)?;
         let plan = Command::Plan {
-            destroy: false,
+            mode: PlanMode::Normal,
             detailed_exitcode: false,
             targets: Vec::new(),
         };
-        r.run(&plan, report)
+        let planned = r
+            .run(&plan, report)
             .await
             .and_then(Ran::ok)
             .map_err(failed)?;
-        let shown = r
-            .run(&Command::ShowPlan, report)
-            .await
-            .and_then(Ran::ok)
-            .map_err(failed)?;
-        let changes = Changes::from_plan_json(&shown.stdout).map_err(|e| e.to_string())?;
+        let changes = r.changes(planned, report).await.map_err(failed)?;
         r.run(&Command::Apply, report)
             .await
             .and_then(Ran::ok)
@@ -860,12 +898,14 @@ impl Runner {
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Result<(), String> {
-        let plan = report
-            .plan_json
-            .as_deref()
-            .ok_or("there is no plan to find the resource in")?;
+        // The saved plan of the attempt that failed is still in the workdir.
+        let shown = s
+            .run(&Command::ShowPlan, report)
+            .await
+            .and_then(Ran::ok)
+            .map_err(|e| format!("there is no plan to find the resource in: {}", e.message))?;
         let in_state = self.addresses(s.ws).await?;
-        let import = recover::import_for(error, plan, &in_state)?;
+        let import = recover::import_for(error, &shown.stdout, &in_state)?;
         s.logger
             .runner(
                 "import",
@@ -986,28 +1026,68 @@ impl Runner {
         pushed
     }
 
-    /// One attempt: plan, show, and for apply and destroy, apply the plan and read the outputs.
+    /// A drift check's first plan: `plan -refresh-only`, what changed in the infrastructure
+    /// since terraform last saw it, attribute by attribute (from `show -json` of that plan,
+    /// values terraform or the template mark sensitive masked).
+    async fn check_drift(&self, s: &Steps<'_>, report: &mut Report) -> Result<(), JobError> {
+        let refresh = Command::Plan {
+            mode: PlanMode::RefreshOnly,
+            detailed_exitcode: true,
+            targets: Vec::new(),
+        };
+        let refreshed = s.run(&refresh, report).await?;
+        let exit_code = refreshed.exit_code;
+        if !matches!(exit_code, Some(0 | 2)) || refreshed.interrupted.is_some() {
+            refreshed.ok()?;
+        }
+        // Exit 2: the infrastructure differs from the state (with -detailed-exitcode).
+        report.drift = Some(exit_code == Some(2));
+        if exit_code == Some(2) {
+            let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
+            let drifted =
+                DriftedResource::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))?;
+            for resource in &drifted {
+                s.logger
+                    .runner("drift", &resource.describe(s.logger.redactor()))
+                    .await;
+            }
+            report.drifted = drifted;
+        }
+        Ok(())
+    }
+
+    /// One attempt: plan, and for apply and destroy, apply the plan; changes and outputs come
+    /// from terraform's messages.
     async fn attempt(
         &self,
         op: Operation,
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Result<(), JobError> {
+        if op == Operation::DriftCheck {
+            self.check_drift(s, report).await?;
+        }
         let plan = Command::Plan {
-            destroy: op == Operation::Destroy,
+            mode: if op == Operation::Destroy {
+                PlanMode::Destroy
+            } else {
+                PlanMode::Normal
+            },
             detailed_exitcode: op == Operation::DriftCheck,
             targets: Vec::new(),
         };
         let planned = s.run(&plan, report).await?;
-        match (op, planned.exit_code) {
-            (Operation::DriftCheck, Some(2)) => report.drift = Some(true),
-            (Operation::DriftCheck, Some(0)) => report.drift = Some(false),
-            _ => {
-                planned.ok()?;
+        let planned = match (op, planned.exit_code) {
+            // Exit 2: the plan has changes (with -detailed-exitcode).
+            (Operation::DriftCheck, Some(0 | 2)) if planned.interrupted.is_none() => {
+                if planned.exit_code == Some(2) {
+                    report.drift = Some(true);
+                }
+                planned.outcome
             }
-        }
-        let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
-        let changes = Changes::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))?;
+            _ => planned.ok()?,
+        };
+        let changes = s.changes(planned, report).await?;
         s.logger
             .runner(
                 "show",
@@ -1018,17 +1098,17 @@ impl Runner {
             )
             .await;
         report.changes = Some(changes);
-        report.plan_json = Some(shown.stdout);
         if !op.mutates() {
             return Ok(());
         }
         let applied = s.run(&Command::Apply, report).await?;
         let saved_by_runner = self.keep_unsaved_state(s, report).await;
-        if saved_by_runner && applied.errors.iter().all(|e| is_state_save_error(e)) {
+        let applied = if saved_by_runner && applied.errors.iter().all(|e| is_state_save_error(e)) {
             // Terraform finished the apply but could not save; the runner saved its state.
             s.logger
                 .runner("apply", "the apply itself succeeded; its state is saved")
                 .await;
+            applied.outcome
         } else {
             applied.ok().map_err(|mut e| {
                 if let Some(unsaved) = report.unsaved_state.as_ref().filter(|_| !saved_by_runner) {
@@ -1038,10 +1118,17 @@ impl Runner {
                     );
                 }
                 e
-            })?;
-        }
-        let output = s.run(&Command::Output, report).await?.ok()?;
-        let outputs = outputs_from_json(&output.stdout).map_err(|e| internal("output", e))?;
+            })?
+        };
+        // The apply's `outputs` message has them; `output -json` when it printed none (a state
+        // the runner saved for it).
+        let outputs = match applied.events.outputs {
+            Some(outputs) => outputs,
+            None => {
+                let output = s.run(&Command::Output, report).await?.ok()?;
+                outputs_from_json(&output.stdout).map_err(|e| internal("output", e))?
+            }
+        };
         report.outputs = outputs
             .into_iter()
             .map(|(k, mut v)| {
@@ -1081,8 +1168,10 @@ struct Report {
     versions: Vec<u64>,
     attempts: Vec<Attempt>,
     cleanup: Option<Cleanup>,
-    /// `terraform show -json` of the latest plan.
-    plan_json: Option<Vec<u8>>,
+    /// Drift checks: what changed outside terraform, attribute by attribute.
+    drifted: Vec<DriftedResource>,
+    /// The terraform client that ran the job.
+    client: Option<Client>,
     recovered: Vec<Recovery>,
     unsaved_state: Option<UnsavedState>,
     /// Something in the workdir could not be saved elsewhere: do not delete it.
@@ -1124,6 +1213,16 @@ impl Ran {
 }
 
 impl Steps<'_> {
+    /// A successful plan's changes: from its own messages, else from `show -json` of the
+    /// saved plan.
+    async fn changes(&self, planned: Outcome, report: &mut Report) -> Result<Changes, JobError> {
+        if let Some(changes) = planned.events.changes() {
+            return Ok(changes);
+        }
+        let shown = self.run(&Command::ShowPlan, report).await?.ok()?;
+        Changes::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))
+    }
+
     async fn run(&self, command: &Command, report: &mut Report) -> Result<Ran, JobError> {
         let step = command.step();
         if self.stop.is_cancelled() {

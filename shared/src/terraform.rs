@@ -1,5 +1,9 @@
 //! Running the terraform (or OpenTofu) binary: one [`Command`] at a time, in the job's workdir,
 //! with a scrubbed environment, in its own process group, its output streamed line by line.
+//! Every command puts its options before its positional arguments (Terraform 1.x stops reading
+//! options at the first positional). `plan` and `apply` speak the machine-readable UI (`-json`):
+//! their messages are rendered into the log and gathered in [`Outcome::events`] (see
+//! [`crate::ui`]).
 //!
 //! # Cancellation
 //! When the job's token fires, terraform gets SIGINT (it then stops cleanly, persists its state
@@ -16,6 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio_util::sync::CancellationToken;
 
 use crate::logs::{Logger, Stream};
+use crate::ui::Events;
 
 /// The saved plan's file name in the workdir.
 pub const PLAN_FILE: &str = "terrace.tfplan";
@@ -85,6 +90,18 @@ fn may_pass(name: &str) -> bool {
 /// The variables of the runner's environment terraform always inherits (not credentials).
 const BASE_ENV: [&str; 6] = ["PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSL_CERT_FILE"];
 
+/// What a plan plans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanMode {
+    /// Make the infrastructure match the configuration.
+    Normal,
+    /// Destroy everything in the state (`-destroy`).
+    Destroy,
+    /// Only bring the state up to date with the infrastructure (`-refresh-only`): what changed
+    /// outside terraform.
+    RefreshOnly,
+}
+
 /// A terraform subcommand, with the flags Terrace always uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -92,7 +109,7 @@ pub enum Command {
         backend_config: PathBuf,
     },
     Plan {
-        destroy: bool,
+        mode: PlanMode,
         detailed_exitcode: bool,
         /// Resource addresses to limit the plan to (`-target`); empty for all.
         targets: Vec<String>,
@@ -120,44 +137,58 @@ impl Command {
         }
     }
 
+    /// The subcommand, its options, then its positional arguments.
     fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> = match self {
-            Command::Init { backend_config } => vec![
-                "init".into(),
-                format!("-backend-config={}", backend_config.display()),
-                "-reconfigure".into(),
-            ],
-            Command::Plan {
-                destroy,
-                detailed_exitcode,
-                targets,
-            } => {
-                let mut a = vec!["plan".into(), format!("-out={PLAN_FILE}")];
-                a.extend(targets.iter().map(|t| format!("-target={t}")));
-                if *destroy {
-                    a.push("-destroy".into());
-                }
-                if *detailed_exitcode {
-                    a.push("-detailed-exitcode".into());
-                }
-                a
-            }
-            Command::ShowPlan => vec!["show".into(), "-json".into(), PLAN_FILE.into()],
-            Command::Apply => vec!["apply".into(), PLAN_FILE.into()],
-            Command::Output => vec!["output".into(), "-json".into()],
-            Command::Import { .. } => vec!["import".into()],
+        let subcommand = match self {
+            Command::Init { .. } => "init",
+            Command::Plan { .. } => "plan",
+            Command::ShowPlan => "show",
+            Command::Apply => "apply",
+            Command::Output => "output",
+            Command::Import { .. } => "import",
         };
-        if matches!(
-            self,
-            Command::Init { .. } | Command::Plan { .. } | Command::Apply | Command::Import { .. }
-        ) {
+        let mut args = vec![subcommand.to_owned()];
+        if self.json_ui() || matches!(self, Command::ShowPlan | Command::Output) {
+            args.push("-json".into());
+        }
+        if !matches!(self, Command::ShowPlan | Command::Output) {
             args.push("-input=false".into());
         }
         args.push("-no-color".into());
-        if let Command::Import { address, id } = self {
-            args.extend([address.clone(), id.clone()]);
-        }
+        let positional = match self {
+            Command::Init { backend_config } => {
+                args.push(format!("-backend-config={}", backend_config.display()));
+                args.push("-reconfigure".into());
+                vec![]
+            }
+            Command::Plan {
+                mode,
+                detailed_exitcode,
+                targets,
+            } => {
+                args.push(format!("-out={PLAN_FILE}"));
+                args.extend(targets.iter().map(|t| format!("-target={t}")));
+                match mode {
+                    PlanMode::Normal => {}
+                    PlanMode::Destroy => args.push("-destroy".into()),
+                    PlanMode::RefreshOnly => args.push("-refresh-only".into()),
+                }
+                if *detailed_exitcode {
+                    args.push("-detailed-exitcode".into());
+                }
+                vec![]
+            }
+            Command::ShowPlan | Command::Apply => vec![PLAN_FILE.to_owned()],
+            Command::Output => vec![],
+            Command::Import { address, id } => vec![address.clone(), id.clone()],
+        };
+        args.extend(positional);
         args
+    }
+
+    /// Whether the command prints terraform's machine-readable UI on stdout.
+    pub fn json_ui(&self) -> bool {
+        matches!(self, Command::Plan { .. } | Command::Apply)
     }
 
     /// Whether stdout is data for the runner (JSON) rather than log lines.
@@ -182,8 +213,11 @@ pub struct Outcome {
     pub exit_code: Option<i32>,
     /// stdout, for commands whose output is data.
     pub stdout: Vec<u8>,
-    /// The lines of stderr that start with `Error:` (and the line after), for error reports.
+    /// Terraform's errors, one line each: the error diagnostics of a `-json` command, and the
+    /// `Error:` lines of plain output (with the line after).
     pub errors: Vec<String>,
+    /// What a `-json` command's messages said (empty for the others).
+    pub events: Events,
     pub interrupted: Option<Interrupted>,
     pub duration: Duration,
 }
@@ -239,9 +273,15 @@ pub async fn run(
 
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
-    let capture = command.captures_stdout();
-    let out_task = tokio::spawn(pump(stdout, logger.clone(), Stream::Stdout, step, capture));
-    let err_task = tokio::spawn(pump(stderr, logger.clone(), Stream::Stderr, step, false));
+    let stdout_mode = if command.captures_stdout() {
+        Read::Capture
+    } else if command.json_ui() {
+        Read::Ui
+    } else {
+        Read::Log
+    };
+    let out_task = tokio::spawn(pump(stdout, logger.clone(), Stream::Stdout, step, stdout_mode));
+    let err_task = tokio::spawn(pump(stderr, logger.clone(), Stream::Stderr, step, Read::Log));
 
     let mut interrupted = None;
     let status = tokio::select! {
@@ -268,21 +308,29 @@ pub async fn run(
     };
     // Plugins share the process group; none may outlive terraform holding the pipes open.
     signal(pgid, Signal::SIGKILL);
-    let drain = |task: tokio::task::JoinHandle<(Vec<u8>, Vec<String>)>| async move {
+    let drain = |task: tokio::task::JoinHandle<Pumped>| async move {
         match tokio::time::timeout(DRAIN_TIMEOUT, task).await {
             Ok(Ok(drained)) => drained,
-            _ => Default::default(),
+            _ => Pumped::default(),
         }
     };
-    // Diagnostics belong on stderr, but some builds print errors on stdout too.
-    let (stdout, out_errors) = drain(out_task).await;
-    let (_, mut errors) = drain(err_task).await;
-    errors.extend(out_errors);
+    let out = drain(out_task).await;
+    let err = drain(err_task).await;
+    // The UI's error diagnostics first, then plain `Error:` lines from either stream.
+    let redactor = logger.redactor();
+    let mut errors: Vec<String> = out
+        .events
+        .errors()
+        .map(|d| redactor.redact(&d.render()))
+        .collect();
+    errors.extend(err.errors);
+    errors.extend(out.errors);
     let exit_code = status.ok().and_then(|s| s.code());
     Ok(Outcome {
         exit_code,
-        stdout,
+        stdout: out.captured,
         errors,
+        events: out.events,
         interrupted,
         duration: started.elapsed(),
     })
@@ -319,15 +367,22 @@ impl ErrorLines {
         }
     }
 
-    /// The diagnostics in a whole text, for fixtures.
-    pub fn from_text(text: &str) -> Vec<String> {
-        let mut lines = Self::default();
-        let redactor = crate::redact::Redactor::default();
-        for line in text.lines() {
+}
+
+/// The errors and UI messages of a whole recorded output, gathered as [`run`] gathers them (for
+/// fixtures of real terraform output).
+pub fn read_output(text: &str) -> (Vec<String>, Events) {
+    let mut lines = ErrorLines::default();
+    let mut events = Events::default();
+    let redactor = crate::redact::Redactor::default();
+    for line in text.lines() {
+        if events.take(line).is_none() {
             lines.push(line, &redactor);
         }
-        lines.errors
     }
+    let mut errors: Vec<String> = events.errors().map(|d| d.render()).collect();
+    errors.extend(lines.errors);
+    (errors, events)
 }
 
 /// Makes the kernel SIGKILL terraform when the runner dies (`PR_SET_PDEATHSIG`), so a runner
@@ -354,17 +409,35 @@ fn die_with_runner(cmd: &mut tokio::process::Command) {
     }
 }
 
-/// Reads lines until EOF; logs them, or captures them when `capture`. Returns (captured bytes,
-/// diagnostics).
+/// How a pump treats the lines it reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Log each line as text.
+    Log,
+    /// Messages of the machine-readable UI: rendered, gathered, logged with the event.
+    Ui,
+    /// Keep the bytes (data for the runner, such as `show -json`), log nothing.
+    Capture,
+}
+
+/// What a pump read from one stream.
+#[derive(Default)]
+struct Pumped {
+    captured: Vec<u8>,
+    errors: Vec<String>,
+    events: Events,
+}
+
+/// Reads lines until EOF and logs, gathers or captures them per `mode`.
 async fn pump(
     reader: impl AsyncRead + Unpin,
     logger: Logger,
     stream: Stream,
     step: &'static str,
-    capture: bool,
-) -> (Vec<u8>, Vec<String>) {
+    mode: Read,
+) -> Pumped {
     let mut reader = BufReader::new(reader);
-    let mut captured = Vec::new();
+    let mut pumped = Pumped::default();
     let mut errors = ErrorLines::default();
     let mut buf = Vec::new();
     loop {
@@ -373,20 +446,27 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        if capture {
-            captured.extend_from_slice(&buf);
+        if mode == Read::Capture {
+            pumped.captured.extend_from_slice(&buf);
             continue;
         }
         let text = String::from_utf8_lossy(&buf);
         let text = text.trim_end_matches(['\n', '\r']);
+        if mode == Read::Ui
+            && let Some((rendered, event)) = pumped.events.take(text)
+        {
+            logger.event(stream, step, &rendered, &event).await;
+            continue;
+        }
         errors.push(text, logger.redactor());
         logger.line(stream, step, text).await;
     }
-    (captured, errors.errors)
+    pumped.errors = errors.errors;
+    pumped
 }
 
 /// The whole environment terraform sees.
-fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(String, String)> {
+pub(crate) fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(String, String)> {
     let passed = config
         .pass_env
         .iter()
@@ -434,7 +514,7 @@ mod tests {
     #[test]
     fn subcommands_always_disable_input_and_color() {
         let plan = Command::Plan {
-            destroy: true,
+            mode: PlanMode::Destroy,
             detailed_exitcode: true,
             targets: vec!["testcloud_network.n[\"a\"]".into()],
         };
@@ -442,19 +522,73 @@ mod tests {
             plan.args(),
             [
                 "plan",
+                "-json",
+                "-input=false",
+                "-no-color",
                 "-out=terrace.tfplan",
                 "-target=testcloud_network.n[\"a\"]",
                 "-destroy",
                 "-detailed-exitcode",
-                "-input=false",
-                "-no-color"
             ]
         );
-        assert_eq!(
-            Command::ShowPlan.args(),
-            ["show", "-json", "terrace.tfplan", "-no-color"]
-        );
+        assert!(plan.json_ui());
         assert!(Command::Output.captures_stdout());
+    }
+
+    #[test]
+    fn options_come_before_positional_arguments() {
+        // Terraform 1.x reads options only up to the first positional argument:
+        // `apply PLAN -input=false` fails with "Too many command line arguments".
+        let cases = [
+            (
+                Command::Apply,
+                vec!["apply", "-json", "-input=false", "-no-color", "terrace.tfplan"],
+            ),
+            (
+                Command::ShowPlan,
+                vec!["show", "-json", "-no-color", "terrace.tfplan"],
+            ),
+            (
+                Command::Import {
+                    address: "testcloud_network.n[\"a\"]".into(),
+                    id: "net-1".into(),
+                },
+                vec![
+                    "import",
+                    "-input=false",
+                    "-no-color",
+                    "testcloud_network.n[\"a\"]",
+                    "net-1",
+                ],
+            ),
+            (
+                Command::Plan {
+                    mode: PlanMode::RefreshOnly,
+                    detailed_exitcode: true,
+                    targets: vec![],
+                },
+                vec![
+                    "plan",
+                    "-json",
+                    "-input=false",
+                    "-no-color",
+                    "-out=terrace.tfplan",
+                    "-refresh-only",
+                    "-detailed-exitcode",
+                ],
+            ),
+        ];
+        for (command, expected) in cases {
+            let args = command.args();
+            assert_eq!(args, expected);
+            let first_positional = args[1..].iter().position(|a| !a.starts_with('-'));
+            if let Some(p) = first_positional {
+                assert!(
+                    args[1 + p..].iter().all(|a| !a.starts_with('-')),
+                    "an option after a positional: {args:?}"
+                );
+            }
+        }
     }
 
     #[test]

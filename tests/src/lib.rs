@@ -1,6 +1,6 @@
 //! The harness of Terrace's integration tests: a sandbox per test (store, test cloud folder,
-//! templates, queue), the real `terrace` binary, the real terraform binary and the testcloud
-//! provider installed by `scripts/install-terraform.sh` and `scripts/install-testcloud-provider.sh`.
+//! templates, queue), the real `terrace` binary, the machine's terraform (called directly) and the
+//! testcloud provider installed by `scripts/install-testcloud-provider.sh`.
 //!
 //! Nothing is skipped: a missing terraform, provider or binary fails the test with the command
 //! that installs it.
@@ -30,18 +30,26 @@ pub fn repo_root() -> PathBuf {
         .to_owned()
 }
 
-/// The terraform to test with: `TERRACE_TERRAFORM`, else the one the install script puts in
-/// `.cache/tools`.
+/// The terraform to test with, called directly: `TERRACE_TERRAFORM`, else `terraform` on `PATH`,
+/// else `tofu` on `PATH` (what `scripts/install-terraform.sh` checks is a supported client).
 pub fn terraform() -> PathBuf {
-    let path = std::env::var_os("TERRACE_TERRAFORM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".cache/tools/terraform/terraform"));
-    assert!(
-        path.exists(),
-        "terraform not found at {}: run scripts/install-terraform.sh (or `make tools`)",
-        path.display()
-    );
-    path
+    if let Some(path) = std::env::var_os("TERRACE_TERRAFORM") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.exists(),
+            "TERRACE_TERRAFORM={} does not exist: point it at Terraform >= 1.5 or OpenTofu >= 1.6",
+            path.display()
+        );
+        return path;
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    ["terraform", "tofu"]
+        .iter()
+        .flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+        .expect(
+            "no terraform on PATH: install Terraform >= 1.5 or OpenTofu >= 1.6 (scripts/install-terraform.sh checks it), or set TERRACE_TERRAFORM",
+        )
 }
 
 /// The filesystem mirror holding the testcloud provider.
