@@ -1036,13 +1036,16 @@ impl Runner {
             targets: Vec::new(),
         };
         let refreshed = s.run(&refresh, report).await?;
-        let exit_code = refreshed.exit_code;
-        if !matches!(exit_code, Some(0 | 2)) || refreshed.interrupted.is_some() {
+        if !matches!(refreshed.exit_code, Some(0 | 2)) || refreshed.interrupted.is_some() {
             refreshed.ok()?;
+            return Ok(());
         }
-        // Exit 2: the infrastructure differs from the state (with -detailed-exitcode).
-        report.drift = Some(exit_code == Some(2));
-        if exit_code == Some(2) {
+        // Drift is what terraform names in `resource_drift` messages. Exit 2 alone is not: a
+        // refresh-only plan also exits 2 when the state would only be rewritten (an apply's
+        // refreshed state after a restore, say) with no resource changed.
+        let drifted = !refreshed.events.drifted.is_empty();
+        report.drift = Some(drifted);
+        if drifted {
             let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
             let drifted =
                 DriftedResource::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))?;

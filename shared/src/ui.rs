@@ -207,15 +207,25 @@ impl Events {
                 m.message
             }
             "outputs" => {
-                if let Some(outputs) = m.outputs {
-                    self.outputs = Some(
-                        outputs
-                            .into_iter()
-                            .map(|(name, o)| (name, Output::masked(o.value, o.sensitive)))
-                            .collect(),
-                    );
+                let Some(outputs) = m.outputs else {
+                    return m.message;
+                };
+                let outputs: BTreeMap<String, Output> = outputs
+                    .into_iter()
+                    .map(|(name, o)| (name, Output::masked(o.value, o.sensitive)))
+                    .collect();
+                // A plan's outputs have no values yet; an apply's are shown as terraform does.
+                let shown: Vec<String> = outputs
+                    .iter()
+                    .filter(|(_, o)| !o.value.is_null())
+                    .map(|(name, o)| format!("{name} = {}", o.value))
+                    .collect();
+                self.outputs = Some(outputs);
+                if shown.is_empty() {
+                    m.message
+                } else {
+                    format!("{}: {}", m.message, shown.join(", "))
                 }
-                m.message
             }
             "apply_complete" | "apply_errored" => {
                 if m.kind == "apply_complete"
@@ -315,6 +325,7 @@ mod tests {
             "{lines:#?}"
         );
         assert!(lines.iter().any(|l| l.starts_with("testcloud_cluster.main: Creation complete after") && l.ends_with("(2 of 2 done)")), "{lines:#?}");
+        assert!(lines.iter().any(|l| l.starts_with("Outputs: 4: admin_url = \"(sensitive value)\", cluster_id = \"cls-")), "{lines:#?}");
         let outputs = events.outputs.unwrap();
         assert!(outputs["cluster_id"].value.as_str().unwrap().starts_with("cls-"));
         assert_eq!(outputs["admin_url"].value, crate::redact::MASK);

@@ -1,7 +1,7 @@
 //! The local runner end to end: the real `terrace` binary, the real terraform binary, the
 //! testcloud provider, and the `fs` store.
 
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -26,11 +26,26 @@ async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
         .artifact_json("acme/demo", "apply-1", "result.json")
         .await;
     assert_eq!(result["status"], "succeeded");
-    assert_eq!(
-        step_names(&result),
-        ["init", "plan", "show", "apply", "output"]
-    );
+    // The saved plan is applied; changes and outputs come from terraform's -json messages.
+    assert_eq!(step_names(&result), ["init", "plan", "apply"]);
     assert_eq!(result["changes"]["add"], 2);
+    // The client that ran it, read from `version -json` of the machine's terraform.
+    let version = Command::new(tests::terraform())
+        .args(["version", "-json"])
+        .env("CHECKPOINT_DISABLE", "1")
+        .output()
+        .unwrap();
+    let version: Value = serde_json::from_slice(&version.stdout).unwrap();
+    assert_eq!(result["terraform"]["version"], version["terraform_version"]);
+    assert_eq!(result["terraform"]["flavour"], "terraform");
+    assert!(
+        run.stdout().contains(&format!(
+            "terraform:  Terraform {}",
+            version["terraform_version"].as_str().unwrap()
+        )),
+        "{}",
+        run.stdout()
+    );
     let cluster_id = result["outputs"]["cluster_id"]["value"]
         .as_str()
         .unwrap()
@@ -356,11 +371,26 @@ async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
     );
     assert_eq!(current["lineage"], first_state["lineage"]);
 
-    // A drift check refreshes from the real infrastructure: the cloud matches the template.
+    // The restored state is older than the infrastructure: a drift check's refresh-only plan
+    // says what differs, attribute by attribute; the template matches the cloud.
+    let stale = sb
+        .run_demo("d2", "restore", "drift-check", "rest", 4, 2)
+        .await;
+    assert_eq!(stale["drift"], true);
+    assert_eq!(
+        stale["drifted"],
+        serde_json::json!([{"address": "testcloud_cluster.main", "action": "update",
+            "attributes": [{"path": "node_count", "before": 1, "after": 4}]}])
+    );
+    assert_eq!(stale["changes"]["resources"], serde_json::json!([]));
+    assert_eq!(step_names(&stale), ["init", "plan", "show", "plan"]);
+    // An apply brings the state up to date; then nothing has drifted.
+    sb.run_demo("r3", "restore", "apply", "rest", 4, 0).await;
     let clean = sb
-        .run_demo("d2", "restore", "drift-check", "rest", 4, 0)
+        .run_demo("d3", "restore", "drift-check", "rest", 4, 0)
         .await;
     assert_eq!(clean["drift"], false);
+    assert!(clean.get("drifted").is_none(), "{clean}");
 
     // Now the cloud changes out of band.
     let (path, content) = sb
@@ -371,13 +401,39 @@ async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
     let mut cluster: Value = serde_json::from_str(&content).unwrap();
     cluster["node_count"] = 7.into();
     std::fs::write(sb.cloud.join(path), serde_json::to_vec(&cluster).unwrap()).unwrap();
+    let job = sb.job(
+        "d4.yaml",
+        &demo_job("d4", "restore", "drift-check", "rest", 4),
+    );
+    let run = sb.run(&["run", job.to_str().unwrap()]);
+    run.expect_code(2);
+    assert!(
+        run.stdout()
+            .contains("  testcloud_cluster.main changed outside terraform: node_count 4 → 7"),
+        "{}",
+        run.stdout()
+    );
     let drifted = sb
-        .run_demo("d3", "restore", "drift-check", "rest", 4, 2)
+        .artifact_json("acme/restore", "d4", "result.json")
         .await;
     assert_eq!(drifted["drift"], true);
     assert_eq!(
+        drifted["drifted"][0]["attributes"],
+        serde_json::json!([{"path": "node_count", "before": 4, "after": 7}])
+    );
+    // The configuration (4 nodes) now differs from the cloud (7): the plan would update it.
+    assert_eq!(
         drifted["changes"]["resources"][0]["address"],
         "testcloud_cluster.main"
+    );
+    assert_eq!(
+        drifted["changes"]["resources"][0]["actions"],
+        serde_json::json!(["update"])
+    );
+    assert_eq!(
+        sb.versions("acme/restore").await.len(),
+        after.len() + 1,
+        "drift checks write no state (the one new version is r3's apply)"
     );
 
     // The hourly backup copies the changed workspace once; a second sweep finds nothing new.
@@ -417,8 +473,9 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
         !run.stdout().contains(token) && !run.stderr().contains(token),
         "the console shows the secret"
     );
+    // The apply's outputs are shown, masked, and the structured events are masked too.
     assert!(
-        run.stderr().contains("leaky-(sensitive value)"),
+        run.stderr().contains("connection = \"token=(sensitive value)\""),
         "{}",
         run.stderr()
     );
@@ -429,6 +486,23 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
         .unwrap();
     assert!(logs.len() > 20, "the log is stored");
     assert!(logs.iter().any(|l| l.text.contains("(sensitive value)")));
+    // The durable log keeps terraform's structured messages, masked like the text.
+    let outputs = logs
+        .iter()
+        .filter_map(|l| l.event.as_ref())
+        .filter(|e| e["type"] == "outputs")
+        .last()
+        .expect("the apply's outputs message is in the stored log");
+    assert_eq!(
+        outputs["outputs"]["connection"]["value"],
+        "token=(sensitive value)"
+    );
+    assert!(
+        logs.iter()
+            .filter_map(|l| l.event.as_ref())
+            .any(|e| e["type"] == "apply_complete"),
+        "apply progress is kept as events"
+    );
     for (path, data) in sb.store_files() {
         let rel = path
             .strip_prefix(&sb.store)
@@ -523,7 +597,7 @@ async fn plan_changes_nothing_and_destroy_removes_everything_it_manages() {
     let sb = Sandbox::new();
     let result = sb.run_demo("plan-1", "life", "plan", "life", 2, 0).await;
     assert_eq!(result["changes"]["add"], 2, "{result}");
-    assert_eq!(step_names(&result), ["init", "plan", "show"]);
+    assert_eq!(step_names(&result), ["init", "plan"]);
     assert!(sb.cloud_files().is_empty(), "a plan created resources");
     assert!(
         sb.versions("acme/life").await.is_empty(),

@@ -360,15 +360,20 @@ fn print_summary(r: &JobResult) {
             c.add, c.change, c.destroy
         );
     }
+    if let Some(t) = &r.terraform {
+        println!("terraform:  {} {}", t.flavour.name(), t.version);
+    }
     if let Some(drift) = r.drift {
-        println!(
-            "drift:      {}",
-            if drift {
-                "yes: the infrastructure differs from the template"
-            } else {
-                "none"
-            }
-        );
+        let what = match (drift, r.drifted.is_empty()) {
+            (false, _) => "none",
+            (true, false) => "yes: changed outside terraform since its last run",
+            (true, true) => "yes: the infrastructure differs from the template",
+        };
+        println!("drift:      {what}");
+        let redactor = shared::redact::Redactor::default();
+        for resource in &r.drifted {
+            println!("  {}", resource.describe(&redactor));
+        }
     }
     if !r.state_versions.is_empty() {
         let v: Vec<String> = r.state_versions.iter().map(u64::to_string).collect();
