@@ -10,7 +10,7 @@ demo: tools ## apply the demo template through the local runner
 
 test: tools ## the whole test suite, with real terraform and the cloud emulators
 	cargo build -p local -p aws -p gcp -p azure
-	scripts/with-emulators.sh cargo test --workspace
+	scripts/with-emulators.sh cargo test --workspace --no-fail-fast
 
 fmt:
 	cargo fmt --all

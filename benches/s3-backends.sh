@@ -20,7 +20,7 @@ if [[ -z "${TERRACE_TEST_MOTO:-}" ]]; then
 fi
 
 bin="$repo_root/target/$PROFILE/terrace-aws"
-tf="$repo_root/.cache/tools/terraform/terraform"
+tf="$(scripts/install-terraform.sh)"
 py="$repo_root/.cache/moto/bin/python"
 log="$TERRACE_TEST_MOTO_LOG"
 work="$(mktemp -d)"

@@ -50,6 +50,12 @@ pub fn classify(step: &str, outcome: &Outcome) -> JobError {
             "terraform could not save its state; the runner keeps terraform's own copy (errored.tfstate) in the run's folder and pushes it when the lease still allows",
             false,
         )
+    } else if has(&["saved plan is stale"]) {
+        (
+            Category::StateConflict,
+            "the workspace's state changed after the plan was made, so it was not applied and nothing was written; run the job again to plan again from the current state",
+            true,
+        )
     } else if has(&[
         "already exists",
         "alreadyexists",

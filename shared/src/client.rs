@@ -74,7 +74,10 @@ impl Version {
     pub fn parse(text: &str) -> Option<Self> {
         let text = text.trim().trim_start_matches('v');
         let (numbers, pre) = match text.split_once(['-', '+']) {
-            Some((numbers, rest)) => (numbers, text[numbers.len()..].starts_with('-') && !rest.is_empty()),
+            Some((numbers, rest)) => (
+                numbers,
+                text[numbers.len()..].starts_with('-') && !rest.is_empty(),
+            ),
             None => (text, false),
         };
         let mut parts = numbers.split('.').map(str::parse::<u64>);
@@ -264,8 +267,14 @@ mod tests {
         );
         let bare = r#"{"terraform_version": "1.8.3", "platform": "linux_arm64", "provider_selections": {}}"#;
         let tofu = parse_as("/opt/bin/tofu", bare).unwrap();
-        assert_eq!((tofu.flavour, tofu.version.as_str()), (Flavour::OpenTofu, "1.8.3"));
-        assert_eq!(parse_as("terraform", bare).unwrap().flavour, Flavour::Terraform);
+        assert_eq!(
+            (tofu.flavour, tofu.version.as_str()),
+            (Flavour::OpenTofu, "1.8.3")
+        );
+        assert_eq!(
+            parse_as("terraform", bare).unwrap().flavour,
+            Flavour::Terraform
+        );
     }
 
     #[test]
@@ -280,7 +289,12 @@ mod tests {
         assert!(parse_as("terraform", r#"{"terraform_version": "1.5.0"}"#).is_ok());
         // OpenTofu's floor is its own: 1.5.x was never an OpenTofu release.
         let tofu = parse_as("tofu", r#"{"terraform_version": "1.6.0-alpha1"}"#).unwrap_err();
-        assert!(tofu.to_string().starts_with("OpenTofu 1.6.0-alpha1 is not supported: Terrace needs OpenTofu 1.6.0 or later"), "{tofu}");
+        assert!(
+            tofu.to_string().starts_with(
+                "OpenTofu 1.6.0-alpha1 is not supported: Terrace needs OpenTofu 1.6.0 or later"
+            ),
+            "{tofu}"
+        );
         assert!(parse_as("tofu", r#"{"terraform_version": "1.10.2"}"#).is_ok());
     }
 

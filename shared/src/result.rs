@@ -456,7 +456,11 @@ mod tests {
             "after":{"tags":{"env":"prod","token":"new-s3cret"},"ports":[1,3],"same":1},
             "before_sensitive":{"tags":{"token":true}},"after_sensitive":{}}}]}"#;
         let drifted = DriftedResource::from_plan_json(plan).unwrap();
-        let paths: Vec<&str> = drifted[0].attributes.iter().map(|a| a.path.as_str()).collect();
+        let paths: Vec<&str> = drifted[0]
+            .attributes
+            .iter()
+            .map(|a| a.path.as_str())
+            .collect();
         assert_eq!(paths, ["ports[1]", "tags.env", "tags.token"]);
         assert_eq!(drifted[0].attributes[2].before, MASK);
         assert_eq!(drifted[0].attributes[2].after, MASK);
@@ -464,7 +468,10 @@ mod tests {
         assert!(!text.contains("s3cret"), "{text}");
         let deleted = br#"{"resource_drift":[{"address":"a.c","change":{"actions":["delete"],"before":{"x":1},"after":null}}]}"#;
         let gone = DriftedResource::from_plan_json(deleted).unwrap();
-        assert_eq!(gone[0].describe(&crate::redact::Redactor::default()), "a.c was deleted outside terraform");
+        assert_eq!(
+            gone[0].describe(&crate::redact::Redactor::default()),
+            "a.c was deleted outside terraform"
+        );
     }
 
     #[test]

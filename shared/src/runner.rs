@@ -19,6 +19,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::classify;
+use crate::client::Client;
 use crate::job::{OnFailure, Operation, RetryPolicy};
 use crate::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
 use crate::recover::{self, Recovery};
@@ -29,7 +30,6 @@ use crate::result::{
 };
 use crate::rollback;
 use crate::state_server::{self, StateServer};
-use crate::client::Client;
 use crate::terraform::{self, Command, Outcome, PlanMode, TerraformConfig};
 use crate::validate::ValidatedJob;
 

@@ -280,8 +280,20 @@ pub async fn run(
     } else {
         Read::Log
     };
-    let out_task = tokio::spawn(pump(stdout, logger.clone(), Stream::Stdout, step, stdout_mode));
-    let err_task = tokio::spawn(pump(stderr, logger.clone(), Stream::Stderr, step, Read::Log));
+    let out_task = tokio::spawn(pump(
+        stdout,
+        logger.clone(),
+        Stream::Stdout,
+        step,
+        stdout_mode,
+    ));
+    let err_task = tokio::spawn(pump(
+        stderr,
+        logger.clone(),
+        Stream::Stderr,
+        step,
+        Read::Log,
+    ));
 
     let mut interrupted = None;
     let status = tokio::select! {
@@ -366,7 +378,6 @@ impl ErrorLines {
             self.take_next = false;
         }
     }
-
 }
 
 /// The errors and UI messages of a whole recorded output, gathered as [`run`] gathers them (for
@@ -542,7 +553,13 @@ mod tests {
         let cases = [
             (
                 Command::Apply,
-                vec!["apply", "-json", "-input=false", "-no-color", "terrace.tfplan"],
+                vec![
+                    "apply",
+                    "-json",
+                    "-input=false",
+                    "-no-color",
+                    "terrace.tfplan",
+                ],
             ),
             (
                 Command::ShowPlan,

@@ -114,7 +114,10 @@ impl Diagnostic {
             text.push_str(&fold(&self.detail));
         }
         if let Some(range) = &self.range {
-            text.push_str(&format!(" — on {} line {}", range.filename, range.start.line));
+            text.push_str(&format!(
+                " — on {} line {}",
+                range.filename, range.start.line
+            ));
             if let Some(context) = self.snippet.as_ref().and_then(|s| s.context.as_deref()) {
                 text.push_str(&format!(", in {context}"));
             }
@@ -309,8 +312,15 @@ mod tests {
         let (events, lines) = events_of(fixture!("plan-create.jsonl"));
         let changes = events.changes().unwrap();
         assert_eq!((changes.add, changes.change, changes.destroy), (2, 0, 0));
-        let addresses: Vec<&str> = changes.resources.iter().map(|r| r.address.as_str()).collect();
-        assert_eq!(addresses, ["testcloud_network.main", "testcloud_cluster.main"]);
+        let addresses: Vec<&str> = changes
+            .resources
+            .iter()
+            .map(|r| r.address.as_str())
+            .collect();
+        assert_eq!(
+            addresses,
+            ["testcloud_network.main", "testcloud_cluster.main"]
+        );
         assert!(lines.contains(&"Plan: 2 to add, 0 to change, 0 to destroy.".to_owned()));
         assert!(events.diagnostics.is_empty());
     }
@@ -324,10 +334,26 @@ mod tests {
             ),
             "{lines:#?}"
         );
-        assert!(lines.iter().any(|l| l.starts_with("testcloud_cluster.main: Creation complete after") && l.ends_with("(2 of 2 done)")), "{lines:#?}");
-        assert!(lines.iter().any(|l| l.starts_with("Outputs: 4: admin_url = \"(sensitive value)\", cluster_id = \"cls-")), "{lines:#?}");
+        assert!(
+            lines.iter().any(
+                |l| l.starts_with("testcloud_cluster.main: Creation complete after")
+                    && l.ends_with("(2 of 2 done)")
+            ),
+            "{lines:#?}"
+        );
+        assert!(
+            lines.iter().any(|l| l
+                .starts_with("Outputs: 4: admin_url = \"(sensitive value)\", cluster_id = \"cls-")),
+            "{lines:#?}"
+        );
         let outputs = events.outputs.unwrap();
-        assert!(outputs["cluster_id"].value.as_str().unwrap().starts_with("cls-"));
+        assert!(
+            outputs["cluster_id"]
+                .value
+                .as_str()
+                .unwrap()
+                .starts_with("cls-")
+        );
         assert_eq!(outputs["admin_url"].value, crate::redact::MASK);
         assert!(outputs["admin_url"].sensitive);
     }
@@ -337,13 +363,26 @@ mod tests {
         let (events, lines) = events_of(fixture!("apply-quota.jsonl"));
         let errors: Vec<&Diagnostic> = events.errors().collect();
         assert_eq!(errors.len(), 1);
-        assert_eq!(errors[0].summary, "QuotaExceeded: vCPU limit 32 reached in us-east-1");
-        assert_eq!(errors[0].resource_address().as_deref(), Some("testcloud_cluster.main"));
+        assert_eq!(
+            errors[0].summary,
+            "QuotaExceeded: vCPU limit 32 reached in us-east-1"
+        );
+        assert_eq!(
+            errors[0].resource_address().as_deref(),
+            Some("testcloud_cluster.main")
+        );
         let rendered = errors[0].render();
         assert!(rendered.starts_with("Error: QuotaExceeded"), "{rendered}");
-        assert!(rendered.contains("on main.tf line 19, in resource \"testcloud_cluster\" \"main\""), "{rendered}");
+        assert!(
+            rendered.contains("on main.tf line 19, in resource \"testcloud_cluster\" \"main\""),
+            "{rendered}"
+        );
         assert!(lines.contains(&rendered));
-        assert!(lines.iter().any(|l| l.contains("Modifications errored after 0s")));
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("Modifications errored after 0s"))
+        );
     }
 
     #[test]
@@ -358,9 +397,17 @@ mod tests {
     #[test]
     fn lines_that_are_not_messages_are_left_alone() {
         let mut events = Events::default();
-        assert!(events.take("Terraform has been successfully initialized!").is_none());
+        assert!(
+            events
+                .take("Terraform has been successfully initialized!")
+                .is_none()
+        );
         assert!(events.take("{not json").is_none());
-        assert!(events.take(r#"{"@message":"x","type":"something_new"}"#).is_some());
+        assert!(
+            events
+                .take(r#"{"@message":"x","type":"something_new"}"#)
+                .is_some()
+        );
     }
 
     #[test]
@@ -371,7 +418,10 @@ mod tests {
                 "snippet":{"context":"resource \"testcloud_network\" \"net\""}}"#,
         )
         .unwrap();
-        assert_eq!(d.resource_address().as_deref(), Some("testcloud_network.net"));
+        assert_eq!(
+            d.resource_address().as_deref(),
+            Some("testcloud_network.net")
+        );
         assert_eq!(
             d.render(),
             "Error: boom — a b — on main.tf line 7, in resource \"testcloud_network\" \"net\""

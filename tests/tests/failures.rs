@@ -236,7 +236,9 @@ async fn a_false_failure_is_retried_then_imported_and_no_duplicate_exists() {
         "{result}"
     );
     assert_eq!(
-        attempts[1]["error"]["address"], "testcloud_network.n",
+        // The instance, as terraform's diagnostic names it.
+        attempts[1]["error"]["address"],
+        "testcloud_network.n[\"c\"]",
         "{result}"
     );
     let id = cloud_id(&sb, "c");

@@ -413,9 +413,7 @@ async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
         "{}",
         run.stdout()
     );
-    let drifted = sb
-        .artifact_json("acme/restore", "d4", "result.json")
-        .await;
+    let drifted = sb.artifact_json("acme/restore", "d4", "result.json").await;
     assert_eq!(drifted["drift"], true);
     assert_eq!(
         drifted["drifted"][0]["attributes"],
@@ -475,7 +473,8 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
     );
     // The apply's outputs are shown, masked, and the structured events are masked too.
     assert!(
-        run.stderr().contains("connection = \"token=(sensitive value)\""),
+        run.stderr()
+            .contains("connection = \"token=(sensitive value)\""),
         "{}",
         run.stderr()
     );
@@ -490,8 +489,7 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
     let outputs = logs
         .iter()
         .filter_map(|l| l.event.as_ref())
-        .filter(|e| e["type"] == "outputs")
-        .last()
+        .rfind(|e| e["type"] == "outputs")
         .expect("the apply's outputs message is in the stored log");
     assert_eq!(
         outputs["outputs"]["connection"]["value"],
@@ -737,4 +735,50 @@ async fn drift_queues_a_check_per_applied_workspace_that_serve_runs() {
     assert_eq!(result["operation"], "drift-check");
     assert_eq!(result["workspace"], "nets");
     assert_eq!(result["drift"], false, "{result}");
+}
+
+#[tokio::test]
+async fn a_terraform_older_than_the_floor_is_refused_before_the_state_is_touched() {
+    let mut sb = Sandbox::new();
+    // A client that says it is the 2021 pre-release this project once ran; it would fail the
+    // test if anything but `version -json` reached it.
+    let old = sb.dir.path().join("old-terraform");
+    std::fs::write(
+        &old,
+        "#!/bin/sh\nif [ \"$1 $2\" = \"version -json\" ]; then\n  echo '{\"terraform_version\": \"0.15.0-rc2\", \"platform\": \"linux_amd64\"}'\n  exit 0\nfi\necho \"called with $*\" >&2\nexit 99\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+    sb.env
+        .push(("TERRACE_TERRAFORM".into(), old.display().to_string()));
+    let job = sb.job("old.yaml", &demo_job("old-1", "old", "apply", "old", 1));
+    let run = sb.run(&["run", job.to_str().unwrap()]);
+    run.expect_code(1);
+    assert!(
+        run.stdout().contains(
+            "Terraform 0.15.0-rc2 is not supported: Terrace needs Terraform 1.5.0 or later"
+        ),
+        "{}",
+        run.stdout()
+    );
+    let result = sb.artifact_json("acme/old", "old-1", "result.json").await;
+    assert_eq!(result["status"], "failed");
+    assert_eq!(result["error"]["step"], "prepare");
+    assert!(
+        result["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("TERRACE_TERRAFORM"),
+        "{result}"
+    );
+    assert!(step_names(&result).is_empty(), "terraform ran: {result}");
+    assert!(
+        sb.versions("acme/old").await.is_empty(),
+        "state was written"
+    );
+    assert!(sb.cloud_files().is_empty());
+    use state_backends::StateStore;
+    let ws: state_backends::WorkspaceId = "acme/old".parse().unwrap();
+    assert!(sb.fs_store().lease(&ws).await.unwrap().is_none());
 }

@@ -1,0 +1,252 @@
+//! Saved plans with the machine's terraform, through the runner's own commands and state
+//! server: the apply carries out exactly the plan that was shown, and a plan made stale by
+//! another write is refused with nothing written.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use shared::classify::classify;
+use shared::logs;
+use shared::redact::Redactor;
+use shared::result::Category;
+use shared::state_server::{Config, StateServer};
+use shared::terraform::{self, Command, Outcome, PlanMode, TerraformConfig};
+use state_backends::fs::FsStore;
+use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+use tokio_util::sync::CancellationToken;
+
+const MAIN: &str = r#"
+terraform {
+  backend "http" {}
+}
+variable "names" {
+  type = list(string)
+}
+resource "terraform_data" "item" {
+  for_each = toset(var.names)
+  input    = each.key
+}
+"#;
+
+struct Bench {
+    _dir: tempfile::TempDir,
+    work: std::path::PathBuf,
+    store: Arc<dyn StateStore>,
+    ws: WorkspaceId,
+    server: StateServer,
+    config: TerraformConfig,
+    logger: logs::Logger,
+    _pump: logs::Pump,
+}
+
+impl Bench {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn StateStore> = Arc::new(FsStore::new(dir.path().join("store")));
+        let ws = WorkspaceId::new("acme", "saved").unwrap();
+        let lease = store
+            .acquire_lease(
+                &ws,
+                &LeaseRequest {
+                    owner: "job-saved".into(),
+                    ttl: Duration::from_secs(300),
+                    info: serde_json::Value::Null,
+                },
+            )
+            .await
+            .unwrap();
+        let server = StateServer::start(Config {
+            store: store.clone(),
+            ws: ws.clone(),
+            fence: lease.fence(),
+            password: shared::state_server::random_secret(),
+            logger: None,
+        })
+        .await
+        .unwrap();
+        let ep = server.endpoint().clone();
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(work.join(".home")).unwrap();
+        std::fs::write(work.join("main.tf"), MAIN).unwrap();
+        std::fs::write(
+            work.join("backend.hcl"),
+            format!(
+                "address = {a:?}\nlock_address = {a:?}\nunlock_address = {a:?}\nlock_method = \"LOCK\"\n\
+                 unlock_method = \"UNLOCK\"\nusername = {u:?}\npassword = {p:?}\n",
+                a = ep.address,
+                u = ep.username,
+                p = ep.password
+            ),
+        )
+        .unwrap();
+        let (logger, pump) = logs::start(Redactor::default(), Vec::new());
+        let config = TerraformConfig {
+            binary: tests::terraform(),
+            ..TerraformConfig::default()
+        };
+        let bench = Self {
+            _dir: dir,
+            work,
+            store,
+            ws,
+            server,
+            config,
+            logger,
+            _pump: pump,
+        };
+        let backend_config = bench.work.join("backend.hcl");
+        let init = bench.run(&Command::Init { backend_config }).await;
+        assert!(init.success(), "init: {:?}", init.errors);
+        bench
+    }
+
+    fn names(&self, names: &[&str]) {
+        std::fs::write(
+            self.work.join("terraform.tfvars.json"),
+            serde_json::json!({ "names": names }).to_string(),
+        )
+        .unwrap();
+    }
+
+    async fn run(&self, command: &Command) -> Outcome {
+        terraform::run(
+            &self.config,
+            &self.work,
+            command,
+            &self.logger,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn plan(&self, mode: PlanMode) -> Outcome {
+        let plan = self
+            .run(&Command::Plan {
+                mode,
+                detailed_exitcode: false,
+                targets: Vec::new(),
+            })
+            .await;
+        assert!(plan.success(), "plan: {:?}", plan.errors);
+        plan
+    }
+
+    async fn versions(&self) -> usize {
+        self.store.versions(&self.ws).await.unwrap().len()
+    }
+
+    fn addresses(outcome: &Outcome) -> Vec<String> {
+        let mut addresses: Vec<String> = outcome
+            .events
+            .changes()
+            .unwrap()
+            .resources
+            .into_iter()
+            .map(|r| r.address)
+            .collect();
+        addresses.sort();
+        addresses
+    }
+}
+
+fn in_state(state: &[u8]) -> Vec<String> {
+    state_backends::tfstate::resource_addresses(state)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+// terraform runs as a child while the state server answers on the runtime's other thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_plan_is_applied_exactly_and_a_destroy_plan_destroys_what_it_showed() {
+    let b = Bench::new().await;
+    b.names(&["a", "b", "c"]);
+    let plan = b.plan(PlanMode::Normal).await;
+    assert_eq!(
+        Bench::addresses(&plan),
+        [
+            "terraform_data.item[\"a\"]",
+            "terraform_data.item[\"b\"]",
+            "terraform_data.item[\"c\"]"
+        ]
+    );
+    // The configuration changes after the plan was shown: the saved plan is what is applied.
+    b.names(&["a", "b", "c", "d", "e"]);
+    let applied = b.run(&Command::Apply).await;
+    assert!(applied.success(), "apply: {:?}", applied.errors);
+    let summary = applied.events.summary.unwrap();
+    assert_eq!((summary.add, summary.change, summary.remove), (3, 0, 0));
+    let current = b.store.current(&b.ws).await.unwrap().unwrap();
+    assert_eq!(
+        in_state(&current.data),
+        [
+            "terraform_data.item[\"a\"]",
+            "terraform_data.item[\"b\"]",
+            "terraform_data.item[\"c\"]"
+        ]
+    );
+
+    // A destroy plan limited to one resource destroys exactly that one.
+    let destroy = b
+        .run(&Command::Plan {
+            mode: PlanMode::Destroy,
+            detailed_exitcode: false,
+            targets: vec!["terraform_data.item[\"b\"]".into()],
+        })
+        .await;
+    assert!(destroy.success(), "{:?}", destroy.errors);
+    assert_eq!(Bench::addresses(&destroy), ["terraform_data.item[\"b\"]"]);
+    let applied = b.run(&Command::Apply).await;
+    assert!(applied.success(), "{:?}", applied.errors);
+    assert_eq!(applied.events.summary.unwrap().remove, 1);
+    let current = b.store.current(&b.ws).await.unwrap().unwrap();
+    assert_eq!(
+        in_state(&current.data),
+        ["terraform_data.item[\"a\"]", "terraform_data.item[\"c\"]"]
+    );
+
+    // A plan with no changes: its apply changes nothing and writes no version.
+    b.names(&["a", "c"]);
+    let before = b.versions().await;
+    let plan = b.plan(PlanMode::Normal).await;
+    assert!(plan.events.changes().unwrap().is_empty());
+    let applied = b.run(&Command::Apply).await;
+    assert!(applied.success(), "{:?}", applied.errors);
+    assert_eq!(b.versions().await, before, "an empty apply wrote a version");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_made_stale_by_another_write_is_refused_and_nothing_is_written() {
+    let b = Bench::new().await;
+    b.names(&["a"]);
+    b.plan(PlanMode::Normal).await;
+    let first = b.run(&Command::Apply).await;
+    assert!(first.success(), "{:?}", first.errors);
+
+    b.names(&["a", "b"]);
+    b.plan(PlanMode::Normal).await;
+    // Another write lands between the plan and its apply (the state rolled forward).
+    let current = b.store.current(&b.ws).await.unwrap().unwrap();
+    let mut state: serde_json::Value = serde_json::from_slice(&current.data).unwrap();
+    state["serial"] = (state["serial"].as_u64().unwrap() + 1).into();
+    b.server
+        .push(Bytes::from(serde_json::to_vec(&state).unwrap()))
+        .await
+        .unwrap();
+    let versions = b.versions().await;
+
+    let applied = b.run(&Command::Apply).await;
+    assert!(!applied.success(), "a stale plan was applied");
+    let error = classify("apply", &applied);
+    assert!(error.message.contains("Saved plan is stale"), "{error:?}");
+    assert_eq!(error.category, Category::StateConflict, "{error:?}");
+    assert!(error.retryable, "{error:?}");
+    assert!(error.hint.contains("plan again"), "{error:?}");
+    assert_eq!(b.versions().await, versions, "the stale apply wrote state");
+    let now = b.store.current(&b.ws).await.unwrap().unwrap();
+    assert_eq!(in_state(&now.data), ["terraform_data.item[\"a\"]"]);
+    assert!(Path::new(&b.work).join("terrace.tfplan").exists());
+}
