@@ -88,8 +88,9 @@ pub enum RunOutcome {
 pub struct Runner {
     store: Arc<dyn StateStore>,
     config: Arc<RunnerConfig>,
-    /// The terraform client, read once (`version -json`) and checked against the floor.
-    client: Arc<tokio::sync::OnceCell<Result<Client, crate::client::ClientError>>>,
+    /// The terraform client, read once it is first read successfully (`version -json`) and
+    /// checked against the floor; a failed read is tried again by the next job.
+    client: Arc<tokio::sync::OnceCell<Client>>,
 }
 
 /// Why a job stopped before its end.
@@ -115,11 +116,10 @@ impl Runner {
     ///
     /// # Errors
     /// A binary that cannot run, or a version Terrace does not support.
-    pub async fn client(&self) -> Result<&Client, &crate::client::ClientError> {
+    pub async fn client(&self) -> Result<&Client, crate::client::ClientError> {
         self.client
-            .get_or_init(|| crate::client::probe(&self.config.terraform))
+            .get_or_try_init(|| crate::client::probe(&self.config.terraform))
             .await
-            .as_ref()
     }
 
     pub fn store(&self) -> &Arc<dyn StateStore> {

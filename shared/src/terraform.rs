@@ -137,17 +137,9 @@ impl Command {
         }
     }
 
-    /// The subcommand, its options, then its positional arguments.
+    /// The subcommand (named like its step), its options, then its positional arguments.
     fn args(&self) -> Vec<String> {
-        let subcommand = match self {
-            Command::Init { .. } => "init",
-            Command::Plan { .. } => "plan",
-            Command::ShowPlan => "show",
-            Command::Apply => "apply",
-            Command::Output => "output",
-            Command::Import { .. } => "import",
-        };
-        let mut args = vec![subcommand.to_owned()];
+        let mut args = vec![self.step().to_owned()];
         if self.json_ui() || matches!(self, Command::ShowPlan | Command::Output) {
             args.push("-json".into());
         }

@@ -213,14 +213,15 @@ impl Events {
                 let Some(outputs) = m.outputs else {
                     return m.message;
                 };
+                // A plan's outputs have no values yet; an apply's are shown as terraform does.
+                let applied = outputs.values().any(|o| o.value.is_some());
                 let outputs: BTreeMap<String, Output> = outputs
                     .into_iter()
                     .map(|(name, o)| (name, Output::masked(o.value, o.sensitive)))
                     .collect();
-                // A plan's outputs have no values yet; an apply's are shown as terraform does.
                 let shown: Vec<String> = outputs
                     .iter()
-                    .filter(|(_, o)| !o.value.is_null())
+                    .filter(|_| applied)
                     .map(|(name, o)| format!("{name} = {}", o.value))
                     .collect();
                 self.outputs = Some(outputs);
@@ -322,6 +323,8 @@ mod tests {
             ["testcloud_network.main", "testcloud_cluster.main"]
         );
         assert!(lines.contains(&"Plan: 2 to add, 0 to change, 0 to destroy.".to_owned()));
+        // A plan's outputs have no values: only their number is shown.
+        assert_eq!(lines.last().unwrap(), "Outputs: 4");
         assert!(events.diagnostics.is_empty());
     }
 

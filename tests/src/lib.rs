@@ -52,6 +52,45 @@ pub fn terraform() -> PathBuf {
         )
 }
 
+/// A state server for `ws` under a fresh lease held by `owner`, as a job's runner starts one.
+pub async fn leased_state_server(
+    store: std::sync::Arc<dyn StateStore>,
+    ws: &WorkspaceId,
+    owner: &str,
+) -> shared::state_server::StateServer {
+    let lease = store
+        .acquire_lease(
+            ws,
+            &state_backends::LeaseRequest {
+                owner: owner.into(),
+                ttl: std::time::Duration::from_secs(300),
+                info: serde_json::Value::Null,
+            },
+        )
+        .await
+        .expect("a free workspace's lease");
+    shared::state_server::StateServer::start(shared::state_server::Config {
+        store,
+        ws: ws.clone(),
+        fence: lease.fence(),
+        password: shared::state_server::random_secret(),
+        logger: None,
+    })
+    .await
+    .expect("the state server starts")
+}
+
+/// The `-backend-config` file of terraform's `http` backend for a state server.
+pub fn http_backend_config(ep: &shared::state_server::Endpoint) -> String {
+    format!(
+        "address = {a:?}\nlock_address = {a:?}\nunlock_address = {a:?}\nlock_method = \"LOCK\"\n\
+         unlock_method = \"UNLOCK\"\nusername = {u:?}\npassword = {p:?}\n",
+        a = ep.address,
+        u = ep.username,
+        p = ep.password
+    )
+}
+
 /// The filesystem mirror holding the testcloud provider.
 pub fn plugin_mirror() -> PathBuf {
     let mirror = repo_root().join(".cache/plugins");

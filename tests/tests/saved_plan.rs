@@ -4,17 +4,16 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use shared::classify::classify;
 use shared::logs;
 use shared::redact::Redactor;
 use shared::result::Category;
-use shared::state_server::{Config, StateServer};
+use shared::state_server::StateServer;
 use shared::terraform::{self, Command, Outcome, PlanMode, TerraformConfig};
 use state_backends::fs::FsStore;
-use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
 const MAIN: &str = r#"
@@ -46,39 +45,13 @@ impl Bench {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn StateStore> = Arc::new(FsStore::new(dir.path().join("store")));
         let ws = WorkspaceId::new("acme", "saved").unwrap();
-        let lease = store
-            .acquire_lease(
-                &ws,
-                &LeaseRequest {
-                    owner: "job-saved".into(),
-                    ttl: Duration::from_secs(300),
-                    info: serde_json::Value::Null,
-                },
-            )
-            .await
-            .unwrap();
-        let server = StateServer::start(Config {
-            store: store.clone(),
-            ws: ws.clone(),
-            fence: lease.fence(),
-            password: shared::state_server::random_secret(),
-            logger: None,
-        })
-        .await
-        .unwrap();
-        let ep = server.endpoint().clone();
+        let server = tests::leased_state_server(store.clone(), &ws, "job-saved").await;
         let work = dir.path().join("work");
         std::fs::create_dir_all(work.join(".home")).unwrap();
         std::fs::write(work.join("main.tf"), MAIN).unwrap();
         std::fs::write(
             work.join("backend.hcl"),
-            format!(
-                "address = {a:?}\nlock_address = {a:?}\nunlock_address = {a:?}\nlock_method = \"LOCK\"\n\
-                 unlock_method = \"UNLOCK\"\nusername = {u:?}\npassword = {p:?}\n",
-                a = ep.address,
-                u = ep.username,
-                p = ep.password
-            ),
+            tests::http_backend_config(server.endpoint()),
         )
         .unwrap();
         let (logger, pump) = logs::start(Redactor::default(), Vec::new());

@@ -4,12 +4,11 @@
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
-use shared::state_server::{Config, StateServer};
+
 use state_backends::fs::FsStore;
-use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+use state_backends::{StateStore, WorkspaceId};
 
 fn terraform(dir: &Path, args: &[&str]) -> std::process::Output {
     Command::new(tests::terraform())
@@ -38,26 +37,7 @@ async fn writes_with_an_older_serial_or_another_lineage_are_refused_and_history_
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn StateStore> = Arc::new(FsStore::new(dir.path().join("store")));
     let ws = WorkspaceId::new("acme", "guarded").unwrap();
-    let lease = store
-        .acquire_lease(
-            &ws,
-            &LeaseRequest {
-                owner: "job-guard".into(),
-                ttl: Duration::from_secs(120),
-                info: Value::Null,
-            },
-        )
-        .await
-        .unwrap();
-    let server = StateServer::start(Config {
-        store: store.clone(),
-        ws: ws.clone(),
-        fence: lease.fence(),
-        password: shared::state_server::random_secret(),
-        logger: None,
-    })
-    .await
-    .unwrap();
+    let server = tests::leased_state_server(store.clone(), &ws, "job-guard").await;
     let ep = server.endpoint().clone();
 
     let work = dir.path().join("work");
@@ -67,17 +47,7 @@ async fn writes_with_an_older_serial_or_another_lineage_are_refused_and_history_
         "terraform {\n  backend \"http\" {}\n}\n",
     )
     .unwrap();
-    std::fs::write(
-        work.join("backend.hcl"),
-        format!(
-            "address = {a:?}\nlock_address = {a:?}\nunlock_address = {a:?}\nlock_method = \"LOCK\"\n\
-             unlock_method = \"UNLOCK\"\nusername = {u:?}\npassword = {p:?}\n",
-            a = ep.address,
-            u = ep.username,
-            p = ep.password
-        ),
-    )
-    .unwrap();
+    std::fs::write(work.join("backend.hcl"), tests::http_backend_config(&ep)).unwrap();
     let init = terraform(
         &work,
         &[
