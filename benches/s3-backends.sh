@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# terraform's own `s3` backend (with `dynamodb_table` locking) versus terraform through
-# Terrace's state server on the S3 + DynamoDB store, against the same moto, same run,
-# interleaved, N runs each (default 5). Both run the demo template from an empty workspace with
-# the same steps: init, plan -out, show -json, apply of the plan, output -json. The Terrace side
-# is a whole job (`terrace-aws task`): two AssumeRole calls, the lease, validation of every state
-# write, a new version per write, the log and the result in the bucket. Prints the medians, the
-# ratio (target <= 1.0) and the number of AWS calls per run, from moto's request log.
+# terraform's own `s3` backend, locked by an S3 lock file (`use_lockfile = true`, Terraform
+# >= 1.10) and by a DynamoDB table (`dynamodb_table`), versus terraform through Terrace's state
+# server on the S3 + DynamoDB store: the same moto, the same run, interleaved, N runs each
+# (default 5). Every side applies the demo template to an empty workspace the way a reviewed
+# plan is applied: init, plan -out, apply of the plan (Terrace reads the changes and outputs
+# from the -json messages of the same two commands). The Terrace side is a whole job
+# (`terrace-aws task`): two AssumeRole calls, the lease, validation of every state write, a new
+# version per write, the log and the result in the bucket. Prints the medians, the ratios
+# (target: <= 0.9 of use_lockfile) and the AWS calls per run, from moto's request log.
 # PROFILE=release (default debug) builds terrace-aws optimised (about 15 minutes on 2 cores).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,36 +48,40 @@ vars='{"cluster_name":"bench","region":"eu-west-1","node_count":3,"instance_type
 now_ms() { date +%s%3N; }
 requests() { wc -l < "$log"; }
 
+# native LOCK N: LOCK is "lockfile" or "dynamodb".
 native() {
-    local d="$work/native-$1"
-    mkdir -p "$d" "$work/cloud-native-$1"
+    local lock="$1" d="$work/native-$1-$2"
+    mkdir -p "$d" "$work/cloud-native-$1-$2"
     cp templates/demo/1.0.0/*.tf "$d/"
     echo "$vars" > "$d/terraform.tfvars.json"
+    local locking='use_lockfile = true'
+    [[ "$lock" == dynamodb ]] && locking="dynamodb_table = \"$table\""
     cat > "$d/backend_override.tf" <<HCL
 terraform {
   backend "s3" {
     bucket                      = "$bucket"
-    key                         = "native/ws-$1/terraform.tfstate"
+    key                         = "native-$lock/ws-$2/terraform.tfstate"
     region                      = "us-east-1"
-    dynamodb_table              = "$table"
-    endpoint                    = "$TERRACE_TEST_MOTO"
-    dynamodb_endpoint           = "$TERRACE_TEST_MOTO"
-    sts_endpoint                = "$TERRACE_TEST_MOTO"
-    force_path_style            = true
+    $locking
+    endpoints = {
+      s3       = "$TERRACE_TEST_MOTO"
+      dynamodb = "$TERRACE_TEST_MOTO"
+      sts      = "$TERRACE_TEST_MOTO"
+    }
+    use_path_style              = true
     skip_credentials_validation = true
     skip_metadata_api_check     = true
     skip_region_validation      = true
+    skip_requesting_account_id  = true
   }
 }
 HCL
     (
         cd "$d"
-        export TESTCLOUD_ROOT="$work/cloud-native-$1"
+        export TESTCLOUD_ROOT="$work/cloud-native-$1-$2"
         "$tf" init -input=false -no-color >/dev/null
         "$tf" plan -input=false -no-color -out=p.tfplan >/dev/null
-        "$tf" show -json -no-color p.tfplan >/dev/null
         "$tf" apply -input=false -no-color p.tfplan >/dev/null
-        "$tf" output -json -no-color >/dev/null
     ) 2>>"$work/native.err"
 }
 
@@ -96,25 +102,35 @@ JSON
         "$bin" task >/dev/null 2>>"$work/terrace.err"
 }
 
-: > "$work/native.ms"; : > "$work/terrace.ms"; : > "$work/native.calls"; : > "$work/terrace.calls"
-native warmup; terrace warmup
+sides=(lockfile dynamodb terrace)
+for side in "${sides[@]}"; do : > "$work/$side.ms"; : > "$work/$side.calls"; done
+run_side() {
+    case "$1" in
+        terrace) terrace "$2" ;;
+        *) native "$1" "$2" ;;
+    esac
+}
+for side in "${sides[@]}"; do run_side "$side" warmup; done
 for i in $(seq 1 "$N"); do
-    c0=$(requests); t0=$(now_ms); native "$i"; t1=$(now_ms); c1=$(requests)
-    echo $((t1 - t0)) >> "$work/native.ms"; echo $((c1 - c0)) >> "$work/native.calls"
-    c0=$(requests); t0=$(now_ms); terrace "$i"; t1=$(now_ms); c1=$(requests)
-    echo $((t1 - t0)) >> "$work/terrace.ms"; echo $((c1 - c0)) >> "$work/terrace.calls"
+    for side in "${sides[@]}"; do
+        c0=$(requests); t0=$(now_ms); run_side "$side" "$i"; t1=$(now_ms); c1=$(requests)
+        echo $((t1 - t0)) >> "$work/$side.ms"; echo $((c1 - c0)) >> "$work/$side.calls"
+    done
 done
 
-python3 - "$work" "$N" "$PROFILE" <<'PY'
+python3 - "$work" "$N" "$PROFILE" "$("$tf" version -json | python3 -c 'import json,sys; print(json.load(sys.stdin)["terraform_version"])')" <<'PY'
 import statistics, sys
-w, n, profile = sys.argv[1], sys.argv[2], sys.argv[3]
+w, n, profile, version = sys.argv[1:5]
 read = lambda f: [int(x) for x in open(f"{w}/{f}")]
-nat, ter = read("native.ms"), read("terrace.ms")
-nc, tc = read("native.calls"), read("terrace.calls")
-mn, mt = statistics.median(nat), statistics.median(ter)
-print(f"runs: {n} each, interleaved; terrace-aws {profile} build")
-print(f"native s3 backend + DynamoDB lock: median {mn:.0f} ms  {nat}")
-print(f"terrace (state server, S3 + DynamoDB store, whole job): median {mt:.0f} ms  {ter}")
-print(f"ratio terrace/native: {mt / mn:.2f} (target <= 1.0)")
-print(f"AWS calls per run (moto's request log): native median {statistics.median(nc):.0f}, terrace median {statistics.median(tc):.0f}")
+ms = {s: read(f"{s}.ms") for s in ("lockfile", "dynamodb", "terrace")}
+calls = {s: read(f"{s}.calls") for s in ms}
+med = {s: statistics.median(v) for s, v in ms.items()}
+print(f"runs: {n} each, interleaved; terraform {version}; terrace-aws {profile} build")
+print(f"native s3 backend, use_lockfile:   median {med['lockfile']:.0f} ms  {ms['lockfile']}")
+print(f"native s3 backend, DynamoDB lock:  median {med['dynamodb']:.0f} ms  {ms['dynamodb']}")
+print(f"terrace (whole job, S3 + DynamoDB store): median {med['terrace']:.0f} ms  {ms['terrace']}")
+print(f"ratio terrace/use_lockfile: {med['terrace'] / med['lockfile']:.2f} (target <= 0.9); "
+      f"terrace/DynamoDB lock: {med['terrace'] / med['dynamodb']:.2f}")
+print("AWS calls per run (moto's request log), median: " + ", ".join(
+    f"{s} {statistics.median(c):.0f}" for s, c in calls.items()))
 PY
