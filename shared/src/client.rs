@@ -6,7 +6,7 @@
 //! `provider_selections`); OpenTofu is told apart by its binary's name (`tofu`) or by providers
 //! from its registry.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -203,6 +203,12 @@ pub fn parse(binary: &Path, output: &[u8]) -> Result<Client, ClientError> {
 /// # Errors
 /// See [`ClientError`].
 pub async fn probe(config: &TerraformConfig) -> Result<Client, ClientError> {
+    let output = version_output(config).await?;
+    parse(&config.binary, &output)
+}
+
+/// What `version -json` prints.
+async fn version_output(config: &TerraformConfig) -> Result<Vec<u8>, ClientError> {
     let binary = config.binary.display().to_string();
     let unavailable = |reason: String| ClientError::Unavailable {
         binary: binary.clone(),
@@ -230,7 +236,110 @@ pub async fn probe(config: &TerraformConfig) -> Result<Client, ClientError> {
             stderr.lines().next().unwrap_or_default()
         )));
     }
-    parse(&config.binary, &output.stdout)
+    Ok(output.stdout)
+}
+
+/// [`probe`], remembered between processes in `cache` (a folder) for as long as the binary's
+/// file is the same one: same path, device, inode, size, and change and modification times. A
+/// one-job process (`terrace run`) then does not pay for a `version -json` per job. The saved
+/// answer is terraform's own output, checked against the floors again on every read.
+///
+/// # Errors
+/// See [`ClientError`]; a cache that cannot be read or written is only a cache miss.
+pub async fn probe_cached(
+    config: &TerraformConfig,
+    cache: Option<&Path>,
+) -> Result<Client, ClientError> {
+    let entry = cache.and_then(|dir| CacheEntry::for_binary(dir, &config.binary));
+    if let Some(output) = entry.as_ref().and_then(CacheEntry::read) {
+        return parse(&config.binary, &output);
+    }
+    let output = version_output(config).await?;
+    let client = parse(&config.binary, &output);
+    if let Some(entry) = entry
+        && !matches!(client, Err(ClientError::Unreadable { .. }))
+    {
+        entry.write(&output);
+    }
+    client
+}
+
+/// Where one binary's `version -json` answer is kept, and what makes it still valid.
+struct CacheEntry {
+    path: PathBuf,
+    /// The binary's identity; the entry is used only when it is the same.
+    identity: String,
+}
+
+impl CacheEntry {
+    fn for_binary(dir: &Path, binary: &Path) -> Option<Self> {
+        use std::hash::{Hash, Hasher};
+        use std::os::unix::fs::MetadataExt;
+        let resolved = resolve(binary)?;
+        let real = std::fs::canonicalize(&resolved).ok()?;
+        let meta = std::fs::metadata(&real).ok()?;
+        let identity = format!(
+            "{}\n{}\n{}:{}:{}:{}.{}:{}.{}",
+            binary.display(),
+            real.display(),
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec()
+        );
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        identity.hash(&mut hasher);
+        Some(Self {
+            path: dir.join(format!("client-{:016x}.json", hasher.finish())),
+            identity,
+        })
+    }
+
+    fn read(&self) -> Option<Vec<u8>> {
+        let saved: CachedVersion = serde_json::from_slice(&std::fs::read(&self.path).ok()?).ok()?;
+        (saved.identity == self.identity).then(|| saved.output.into_bytes())
+    }
+
+    /// Best effort: written whole (a temporary file renamed into place) or not at all.
+    fn write(&self, output: &[u8]) {
+        let Ok(output) = std::str::from_utf8(output) else {
+            return;
+        };
+        let saved = CachedVersion {
+            identity: self.identity.clone(),
+            output: output.to_owned(),
+        };
+        let written = (|| {
+            let dir = self.path.parent().expect("an entry is in its folder");
+            std::fs::create_dir_all(dir)?;
+            let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+            std::io::Write::write_all(&mut tmp, &serde_json::to_vec(&saved)?)?;
+            tmp.persist(&self.path)?;
+            std::io::Result::Ok(())
+        })();
+        if let Err(e) = written {
+            tracing::debug!(path = %self.path.display(), error = %e, "could not remember terraform's version");
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct CachedVersion {
+    identity: String,
+    output: String,
+}
+
+/// The file `binary` names: itself when it has a folder, else the first match on `PATH`.
+fn resolve(binary: &Path) -> Option<PathBuf> {
+    if binary.components().count() > 1 {
+        return Some(binary.to_owned());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file())
 }
 
 #[cfg(test)]
@@ -318,5 +427,65 @@ mod tests {
         assert!(!v("1.4.99").at_least(&TERRAFORM_FLOOR));
         assert_eq!(Version::parse("1.2.3.4"), None);
         assert_eq!(Version::parse(""), None);
+    }
+
+    /// A fake client that prints `version` and counts its runs in `<dir>/runs`.
+    fn fake_client(dir: &Path, version: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("terraform");
+        let script = format!(
+            "#!/bin/sh\necho x >> '{}'\necho '{{\"terraform_version\":\"{version}\",\"platform\":\"linux_amd64\",\"provider_selections\":{{}}}}'\n",
+            dir.join("runs").display()
+        );
+        let tmp = dir.join("terraform.tmp");
+        std::fs::write(&tmp, script).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &bin).unwrap();
+        bin
+    }
+
+    fn runs(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("runs"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_cached_version_is_used_while_the_binary_is_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let config = TerraformConfig {
+            binary: fake_client(dir.path(), "1.11.4"),
+            ..TerraformConfig::default()
+        };
+        let first = probe_cached(&config, Some(&cache)).await.unwrap();
+        assert_eq!(first.version, "1.11.4");
+        assert_eq!(runs(dir.path()), 1);
+        let again = probe_cached(&config, Some(&cache)).await.unwrap();
+        assert_eq!(again, first);
+        assert_eq!(runs(dir.path()), 1, "the cached answer was not used");
+
+        // Another binary at the same path (an upgrade, a downgrade) is read again.
+        std::thread::sleep(Duration::from_millis(20));
+        fake_client(dir.path(), "0.15.0-rc2");
+        let err = probe_cached(&config, Some(&cache)).await.unwrap_err();
+        assert!(matches!(err, ClientError::Unsupported { .. }), "{err}");
+        assert_eq!(runs(dir.path()), 2);
+        // A refused version is refused from the cache too, without running it.
+        let err = probe_cached(&config, Some(&cache)).await.unwrap_err();
+        assert!(matches!(err, ClientError::Unsupported { .. }), "{err}");
+        assert_eq!(runs(dir.path()), 2);
+
+        // A damaged cache is a miss, not an error.
+        for entry in std::fs::read_dir(&cache).unwrap() {
+            std::fs::write(entry.unwrap().path(), b"{not json").unwrap();
+        }
+        fake_client(dir.path(), "1.11.4");
+        let client = probe_cached(&config, Some(&cache)).await.unwrap();
+        assert_eq!(client.version, "1.11.4");
+        assert_eq!(runs(dir.path()), 3);
+        // Without a cache folder every read runs the binary.
+        probe_cached(&config, None).await.unwrap();
+        assert_eq!(runs(dir.path()), 4);
     }
 }

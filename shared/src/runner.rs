@@ -56,6 +56,9 @@ pub struct RunnerConfig {
     /// ends `interrupted`, not `cancelled`, so its message delivered again runs it again.
     /// Callers pass a child of it as the job's cancel token.
     pub shutdown: Option<CancellationToken>,
+    /// A folder where terraform's `version -json` answer is remembered between processes
+    /// (see [`crate::client::probe_cached`]); `None` reads it once per runner.
+    pub client_cache: Option<PathBuf>,
 }
 
 impl Default for RunnerConfig {
@@ -68,6 +71,7 @@ impl Default for RunnerConfig {
             console: true,
             templates: None,
             shutdown: None,
+            client_cache: None,
         }
     }
 }
@@ -91,6 +95,26 @@ pub struct Runner {
     /// The terraform client, read once it is first read successfully (`version -json`) and
     /// checked against the floor; a failed read is tried again by the next job.
     client: Arc<tokio::sync::OnceCell<Client>>,
+}
+
+/// The managed resources in a state read from the store.
+fn addresses(
+    current: Result<Option<state_backends::CurrentState>, StoreError>,
+) -> Result<BTreeSet<String>, String> {
+    match current {
+        Ok(Some(current)) => state_backends::tfstate::resource_addresses(&current.data),
+        Ok(None) => Ok(BTreeSet::new()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// What [`Runner::acquire`] came to.
+enum Acquired {
+    Lease(Lease),
+    /// Held by another job (given up waiting).
+    Busy(Box<Lease>),
+    /// The job had finished already.
+    Done(Box<JobResult>),
 }
 
 /// Why a job stopped before its end.
@@ -118,7 +142,12 @@ impl Runner {
     /// A binary that cannot run, or a version Terrace does not support.
     pub async fn client(&self) -> Result<&Client, crate::client::ClientError> {
         self.client
-            .get_or_try_init(|| crate::client::probe(&self.config.terraform))
+            .get_or_try_init(|| {
+                crate::client::probe_cached(
+                    &self.config.terraform,
+                    self.config.client_cache.as_deref(),
+                )
+            })
             .await
     }
 
@@ -245,12 +274,12 @@ impl Runner {
             }
         });
         let _probe = tokio_util::task::AbortOnDropHandle::new(probe);
-        if let Some(previous) = self.previous_result(&ws, &j.id).await? {
-            return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
-        }
+        // A job delivered again is found done under the lease (see `run_leased`), or, when the
+        // workspace is busy, before waiting for it.
         let lease = match self.acquire(&ws, job, &cancel).await? {
-            Ok(lease) => lease,
-            Err(holder) => return Ok(RunOutcome::Busy { holder }),
+            Acquired::Lease(lease) => lease,
+            Acquired::Busy(holder) => return Ok(RunOutcome::Busy { holder }),
+            Acquired::Done(previous) => return Ok(RunOutcome::AlreadyDone(previous)),
         };
         // Everything under the lease runs in its own task, so that whatever happens there
         // (an error, a panic), the lease is released here.
@@ -448,13 +477,14 @@ impl Runner {
         )?)))
     }
 
-    /// Takes the workspace's lease, waiting up to `lease_wait` for a busy one.
+    /// Takes the workspace's lease, waiting up to `lease_wait` for a busy one, unless the job
+    /// turns out to have finished already.
     async fn acquire(
         &self,
         ws: &WorkspaceId,
         job: &ValidatedJob,
         cancel: &CancellationToken,
-    ) -> Result<Result<Lease, Box<Lease>>, StoreError> {
+    ) -> anyhow::Result<Acquired> {
         let request = LeaseRequest {
             owner: job.job.id.clone(),
             ttl: self.config.lease_ttl,
@@ -469,10 +499,16 @@ impl Runner {
         let mut announced = false;
         loop {
             match self.store.acquire_lease(ws, &request).await {
-                Ok(lease) => return Ok(Ok(lease)),
+                Ok(lease) => return Ok(Acquired::Lease(lease)),
                 Err(StoreError::LeaseHeld { holder, .. }) => {
+                    if !announced {
+                        // Its result, rather than a wait, for a finished job delivered again.
+                        if let Some(previous) = self.previous_result(ws, &job.job.id).await? {
+                            return Ok(Acquired::Done(Box::new(previous)));
+                        }
+                    }
                     if Instant::now() >= give_up || cancel.is_cancelled() {
-                        return Ok(Err(holder));
+                        return Ok(Acquired::Busy(holder));
                     }
                     if !announced {
                         tracing::info!(
@@ -486,7 +522,7 @@ impl Runner {
                         () = cancel.cancelled() => {}
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -551,7 +587,7 @@ impl Runner {
             logger,
             stop,
         };
-        let before = self.addresses(ws).await;
+        let before = addresses(server.current().await);
         let result = self.steps(j.operation, j.retry, &steps, report).await;
         if result.is_ok() && j.operation == Operation::Apply {
             // What a later `on_failure: rollback` returns to.
@@ -590,11 +626,7 @@ impl Runner {
 
     /// The managed resources in the workspace's current state.
     async fn addresses(&self, ws: &WorkspaceId) -> Result<BTreeSet<String>, String> {
-        match self.store.current(ws).await {
-            Ok(Some(current)) => state_backends::tfstate::resource_addresses(&current.data),
-            Ok(None) => Ok(BTreeSet::new()),
-            Err(e) => Err(e.to_string()),
-        }
+        addresses(self.store.current(ws).await)
     }
 
     /// After a failed apply: finds what the run created (state after minus state before) and,

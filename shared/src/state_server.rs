@@ -151,6 +151,15 @@ impl StateServer {
         })
     }
 
+    /// The workspace's current state, read through the server's view of it: the read
+    /// terraform's first GET is then served from.
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn current(&self) -> Result<Option<CurrentState>, StoreError> {
+        self.shared.current().await
+    }
+
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }

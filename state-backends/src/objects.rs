@@ -335,12 +335,16 @@ impl<B: Bucket> ObjectStore<B> {
         data: Bytes,
         metadata: HashMap<String, String>,
     ) -> Result<u64> {
-        let (number, deleted) = self.head_version(ws).await?;
+        // Two reads, side by side: the conditional write below is what orders writers.
+        let (head, record) = tokio::join!(self.head_version(ws), async {
+            match fence {
+                Some(_) => self.lease_record(ws).await,
+                None => Ok(LeaseRecord::default()),
+            }
+        });
+        let (number, deleted) = head?;
+        let record = record?;
         let current = (!deleted).then(|| VersionToken(number.to_string()));
-        let record = match fence {
-            Some(_) => self.lease_record(ws).await?,
-            None => LeaseRecord::default(),
-        };
         check_put(ws, &record, current.as_ref(), mode, fence)?;
         let next = self.successor(ws, number)?;
         if !self
@@ -551,18 +555,20 @@ impl<B: Bucket + Clone + 'static> StateStore for ObjectStore<B> {
         meta.remove(META_NUMBER);
         let number = self.commit(ws, &mode, fence, state.data, meta).await?;
         info.number = number;
-        if let Err(e) = self.mark_changed(ws, number).await {
+        // The version is committed. Then, side by side: its change mark, and the convenience
+        // copy with the number a reader starts from (it may lag on a crash).
+        let (version_key, copy_key) = (
+            self.version_key(ws, number),
+            self.key(ws, "terraform.tfstate"),
+        );
+        let (marked, copied) = tokio::join!(
+            self.mark_changed(ws, number),
+            self.bucket
+                .copy(&version_key, &copy_key, Some(info_metadata(&info)))
+        );
+        if let Err(e) = marked {
             tracing::warn!(workspace = %ws, error = %e, "state version committed, but its change mark failed");
         }
-        // The convenience copy, with the number a reader starts from. It may lag on a crash.
-        let copied = self
-            .bucket
-            .copy(
-                &self.version_key(ws, number),
-                &self.key(ws, "terraform.tfstate"),
-                Some(info_metadata(&info)),
-            )
-            .await;
         if let Err(e) = copied {
             tracing::warn!(workspace = %ws, error = %e, "state version committed, but its terraform.tfstate copy failed");
         }

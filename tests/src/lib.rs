@@ -213,6 +213,7 @@ impl Sandbox {
                 "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS",
             )
             .env("TERRACE_GRACE", "5")
+            .env("TERRACE_CACHE_DIR", self.dir.path().join("cache"))
             .env("TESTCLOUD_ROOT", &self.cloud)
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd

@@ -213,17 +213,8 @@ impl App {
                 };
             }
         };
-        // Lives until the job ends: terraform's credential_process asks it for the session.
-        let credentials = match credentials::for_terraform(
-            &self.aws,
-            target,
-            &id,
-            job.job.timeout,
-            self.config.refresh_credentials_before,
-        )
-        .await
-        {
-            Ok(c) => c,
+        let store = match self.store_with(&customer, target) {
+            Ok(s) => s,
             Err(e) => {
                 return Handled::Again {
                     why: e.to_string(),
@@ -231,8 +222,26 @@ impl App {
                 };
             }
         };
-        let store = match self.store_with(&customer, target) {
-            Ok(s) => s,
+        // terraform's session and the store's are two AssumeRole calls, made side by side: the
+        // store's by a read of the workspace's lease (one more call, off the job's path).
+        let ws = state_backends::WorkspaceId::new(&job.job.tenant, &job.job.workspace);
+        let (credentials, _) = tokio::join!(
+            // Lives until the job ends: terraform's credential_process asks it for the session.
+            credentials::for_terraform(
+                &self.aws,
+                target,
+                &id,
+                job.job.timeout,
+                self.config.refresh_credentials_before,
+            ),
+            async {
+                if let Ok(ws) = &ws {
+                    let _ = store.lease(ws).await;
+                }
+            }
+        );
+        let credentials = match credentials {
+            Ok(c) => c,
             Err(e) => {
                 return Handled::Again {
                     why: e.to_string(),

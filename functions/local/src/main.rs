@@ -87,6 +87,10 @@ struct Global {
     #[arg(long, env = "TERRACE_GRACE", default_value_t = 30, global = true,
           value_parser = clap::value_parser!(u64).range(0..=3600))]
     grace: u64,
+    /// A folder for what is worth keeping between runs (terraform's version); default
+    /// `$XDG_CACHE_HOME/terrace` or `~/.cache/terrace`.
+    #[arg(long, env = "TERRACE_CACHE_DIR", global = true)]
+    cache_dir: Option<PathBuf>,
     /// Print only the summary, not the live log.
     #[arg(long, short, global = true)]
     quiet: bool,
@@ -271,8 +275,18 @@ fn runner_config(g: &Global) -> RunnerConfig {
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
         console: !g.quiet,
         templates: Some(g.templates.clone()),
+        client_cache: g.cache_dir.clone().or_else(default_cache_dir),
         ..RunnerConfig::default()
     }
+}
+
+/// `$XDG_CACHE_HOME/terrace`, else `$HOME/.cache/terrace`; none without either.
+fn default_cache_dir() -> Option<PathBuf> {
+    let nonempty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    nonempty("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| nonempty("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .map(|dir| dir.join("terrace"))
 }
 
 /// Reads and validates a job file; the outer error is for an unreadable file.
