@@ -332,14 +332,23 @@ struct CachedVersion {
     output: String,
 }
 
-/// The file `binary` names: itself when it has a folder, else the first match on `PATH`.
+/// The file `binary` names: itself when it has a folder, else the first executable file of
+/// that name on `PATH`, as the process is started.
 fn resolve(binary: &Path) -> Option<PathBuf> {
+    resolve_in(binary, &std::env::var_os("PATH")?)
+}
+
+fn resolve_in(binary: &Path, path: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
     if binary.components().count() > 1 {
         return Some(binary.to_owned());
     }
-    std::env::split_paths(&std::env::var_os("PATH")?)
+    std::env::split_paths(path)
         .map(|dir| dir.join(binary))
-        .find(|candidate| candidate.is_file())
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 #[cfg(test)]
@@ -487,5 +496,33 @@ mod tests {
         // Without a cache folder every read runs the binary.
         probe_cached(&config, None).await.unwrap();
         assert_eq!(runs(dir.path()), 4);
+    }
+
+    #[test]
+    fn a_bare_name_is_the_first_executable_of_that_name_on_the_path() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
+        for d in [&a, &b, &c] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(a.join("terraform"), "not executable").unwrap();
+        std::fs::write(b.join("terraform"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(b.join("terraform"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        let path = std::env::join_paths([&c, &a, &b]).unwrap();
+        assert_eq!(
+            resolve_in(Path::new("terraform"), &path),
+            Some(b.join("terraform"))
+        );
+        assert_eq!(resolve_in(Path::new("tofu"), &path), None);
+        assert_eq!(
+            resolve_in(Path::new("./terraform"), &path),
+            Some(PathBuf::from("./terraform"))
+        );
     }
 }
