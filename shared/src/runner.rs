@@ -330,15 +330,7 @@ impl Runner {
             "timeout": j.timeout.as_secs(), "on_failure": j.on_failure,
             "lease": { "fence": lease.fence, "acquired_at": state_backends::display_time(lease.acquired_at) },
         });
-        let stored = self
-            .store
-            .put_artifact(
-                ws,
-                &j.id,
-                JOB_FILE,
-                Bytes::from(serde_json::to_vec_pretty(&record)?),
-            )
-            .await;
+        let record = Bytes::from(serde_json::to_vec_pretty(&record)?);
 
         // Log chunks are named by the lease's fence too, so a re-run after a crash adds to the
         // log of the attempt it follows instead of overwriting it.
@@ -372,20 +364,18 @@ impl Runner {
         )));
 
         let mut report = Report::default();
-        let outcome = match stored {
-            Ok(()) => {
-                self.execute(job, ws, lease, &password, &logger, &stop, &mut report)
-                    .await
-            }
-            Err(e) => Err(JobError {
-                category: Category::Internal,
-                step: "prepare".into(),
-                address: None,
-                message: format!("cannot record the job in the store: {e}"),
-                hint: "check that the store is reachable and writable".into(),
-                retryable: e.is_retryable(),
-            }),
-        };
+        let outcome = self
+            .execute(
+                job,
+                record,
+                ws,
+                lease,
+                &password,
+                &logger,
+                &stop,
+                &mut report,
+            )
+            .await;
 
         // A job whose steps all succeeded succeeded, even if a stop came after the last one.
         let (status, error) = match outcome {
@@ -532,6 +522,7 @@ impl Runner {
     async fn execute(
         &self,
         job: &ValidatedJob,
+        record: Bytes,
         ws: &WorkspaceId,
         lease: &Lease,
         password: &str,
@@ -549,31 +540,52 @@ impl Runner {
                 ),
             )
             .await;
-        // Refused before anything touches the workspace's state.
-        let client = self.client().await.map_err(|e| JobError {
-            category: Category::Internal,
-            step: "prepare".into(),
-            address: None,
-            message: e.to_string(),
-            hint: e.hint().into(),
-            retryable: true,
-        })?;
-        report.client = Some(client.clone());
-        logger
-            .runner(
-                "prepare",
-                &format!("{} {}", client.flavour.name(), client.version),
-            )
-            .await;
-        let server = StateServer::start(state_server::Config {
-            store: self.store.clone(),
-            ws: ws.clone(),
-            fence: lease.fence(),
-            password: password.to_owned(),
-            logger: Some(logger.clone()),
-        })
-        .await
-        .map_err(|e| internal("prepare", format!("cannot start the state server: {e}")))?;
+        // The job's record is written while the client is checked, the state server started
+        // and the state read (the read that terraform's first GET is then served from).
+        let prepare = async {
+            // Refused before anything touches the workspace's state.
+            let client = self.client().await.map_err(|e| JobError {
+                category: Category::Internal,
+                step: "prepare".into(),
+                address: None,
+                message: e.to_string(),
+                hint: e.hint().into(),
+                retryable: true,
+            })?;
+            logger
+                .runner(
+                    "prepare",
+                    &format!("{} {}", client.flavour.name(), client.version),
+                )
+                .await;
+            let server = StateServer::start(state_server::Config {
+                store: self.store.clone(),
+                ws: ws.clone(),
+                fence: lease.fence(),
+                password: password.to_owned(),
+                logger: Some(logger.clone()),
+            })
+            .await
+            .map_err(|e| internal("prepare", format!("cannot start the state server: {e}")))?;
+            let before = addresses(server.current().await);
+            Ok::<_, JobError>((client.clone(), server, before))
+        };
+        let (recorded, prepared) = tokio::join!(
+            self.store.put_artifact(ws, &j.id, JOB_FILE, record),
+            prepare
+        );
+        if let Err(e) = recorded {
+            return Err(JobError {
+                category: Category::Internal,
+                step: "prepare".into(),
+                address: None,
+                message: format!("cannot record the job in the store: {e}"),
+                hint: "check that the store is reachable and writable".into(),
+                retryable: e.is_retryable(),
+            });
+        }
+        let (client, server, before) = prepared?;
+        report.client = Some(client);
         let workdir = prepare_workdir(self.config.work_root.as_deref(), job, server.endpoint())
             .map_err(|e| internal("prepare", format!("cannot prepare the workdir: {e}")))?;
         let dir = workdir.path();
@@ -587,7 +599,6 @@ impl Runner {
             logger,
             stop,
         };
-        let before = addresses(server.current().await);
         let result = self.steps(j.operation, j.retry, &steps, report).await;
         if result.is_ok() && j.operation == Operation::Apply {
             // What a later `on_failure: rollback` returns to.

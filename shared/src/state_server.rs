@@ -242,12 +242,24 @@ async fn handle(
         )
             .into_response();
     }
+    let started = std::time::Instant::now();
+    let response = answer(&shared, &method, query.0.id.as_deref(), body).await;
+    tracing::debug!(
+        method = %method,
+        status = response.status().as_u16(),
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "state request"
+    );
+    response
+}
+
+async fn answer(shared: &Shared, method: &Method, lock_id: Option<&str>, body: Bytes) -> Response {
     let result = match method.as_str() {
-        "GET" => get(&shared).await,
-        "POST" => post(&shared, query.0.id.as_deref(), body).await,
-        "DELETE" => delete(&shared).await,
-        "LOCK" => lock(&shared, body).await,
-        "UNLOCK" => unlock(&shared, body).await,
+        "GET" => get(shared).await,
+        "POST" => post(shared, lock_id, body).await,
+        "DELETE" => delete(shared).await,
+        "LOCK" => lock(shared, body).await,
+        "UNLOCK" => unlock(shared, body).await,
         other => Err(Refusal::new(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("method {other} is not part of terraform's http backend"),

@@ -18,6 +18,8 @@ struct KillPoint {
     trigger: &'static str,
     /// The victim's cluster create is slow, so the kill comes while it is under way.
     slow_cluster: bool,
+    /// terraform is running at the kill (after a write it may already have exited).
+    terraform_running: bool,
 }
 
 const KILL_POINTS: [KillPoint; 4] = [
@@ -25,23 +27,27 @@ const KILL_POINTS: [KillPoint; 4] = [
         name: "init",
         trigger: "terraform init",
         slow_cluster: false,
+        terraform_running: true,
     },
     KillPoint {
         name: "destroying",
         trigger: "Destroying...",
         slow_cluster: true,
+        terraform_running: true,
     },
     // The new network exists in the cloud, but no state records it yet.
     KillPoint {
         name: "created-not-saved",
         trigger: "testcloud_network.main: Creation complete",
         slow_cluster: true,
+        terraform_running: true,
     },
     // Right after a state version was accepted, before the result.
     KillPoint {
         name: "after-a-write",
         trigger: "state version",
         slow_cluster: false,
+        terraform_running: false,
     },
 ];
 
@@ -50,7 +56,8 @@ fn version_bytes(sb: &Sandbox, ws: &str, number: u64) -> Vec<u8> {
 }
 
 /// Runs `job` with `terrace run` and SIGKILLs it and its terraform when `trigger` is logged.
-fn kill_at(sb: &Sandbox, job: &std::path::Path, trigger: &str) {
+fn kill_at(sb: &Sandbox, job: &std::path::Path, point: &KillPoint) {
+    let trigger = point.trigger;
     let mut child = sb
         .terrace()
         .args(["run", job.to_str().unwrap()])
@@ -72,16 +79,27 @@ fn kill_at(sb: &Sandbox, job: &std::path::Path, trigger: &str) {
         "`{trigger}` never came:\n{}",
         seen.join("\n")
     );
-    // terraform (the test wrapper and the real binary under it), not its providers.
-    let groups: Vec<u32> = children_of(child.id());
-    let terraform: Vec<u32> = descendants(child.id())
-        .into_iter()
-        .filter(|&pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| !String::from_utf8_lossy(&c).contains("terraform-provider-"))
-        })
-        .collect();
-    assert!(!terraform.is_empty());
+    // terraform, not its providers. The runner logs a step's line just before it starts the
+    // step's terraform, so that may take a moment to appear.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let (groups, terraform) = loop {
+        let groups: Vec<u32> = children_of(child.id());
+        let terraform: Vec<u32> = descendants(child.id())
+            .into_iter()
+            .filter(|&pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| !String::from_utf8_lossy(&c).contains("terraform-provider-"))
+            })
+            .collect();
+        if !terraform.is_empty() || !point.terraform_running {
+            break (groups, terraform);
+        }
+        assert!(
+            Instant::now() < give_up,
+            "no terraform under the runner after `{trigger}`"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
     // Only the runner is killed: its terraform must die with it, not go on changing the cloud.
     child.kill().unwrap();
     child.wait().unwrap();
@@ -153,7 +171,7 @@ async fn a_runner_killed_at_any_point_loses_no_version_and_the_next_job_takes_ov
         sb.faults(faults);
         let victim_id = format!("v{i}");
         let victim = sb.job(&format!("v{i}.yaml"), &job(&victim_id, &new));
-        kill_at(&sb, &victim, point.trigger);
+        kill_at(&sb, &victim, &point);
         // Every version the store accepted, including any the victim wrote before it died.
         let accepted: Vec<(u64, Vec<u8>)> = sb
             .versions(&ws_name)
