@@ -171,7 +171,7 @@ async fn a_runner_killed_at_any_point_loses_no_version_and_the_next_job_takes_ov
         sb.faults(faults);
         let victim_id = format!("v{i}");
         let victim = sb.job(&format!("v{i}.yaml"), &job(&victim_id, &new));
-        kill_at(&sb, &victim, &point);
+        kill_at(&sb, &victim, point);
         // Every version the store accepted, including any the victim wrote before it died.
         let accepted: Vec<(u64, Vec<u8>)> = sb
             .versions(&ws_name)
