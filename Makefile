@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test fmt lint ci bench bench-overhead bench-state-server clean
+.PHONY: tools demo test fmt lint ci bench bench-overhead bench-http-backend bench-s3 bench-state-server clean
 
 tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -21,13 +21,16 @@ lint:
 
 ci: test lint
 
-bench: bench-state-server bench-overhead bench-s3 ## the benchmarks
+bench: bench-state-server bench-overhead bench-http-backend bench-s3 ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
 
 bench-overhead: tools
 	benches/overhead.sh
+
+bench-http-backend: tools ## what terraform's http backend costs terraform itself, with a trivial server
+	benches/http-backend.sh
 
 bench-s3: tools ## terraform's s3 backend vs Terrace's S3 + DynamoDB store, against moto
 	benches/s3-backends.sh
