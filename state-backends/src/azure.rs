@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
-use crate::objects::{Bucket, Condition, LeaseKeeper, Listed, Object, ObjectStore};
+use crate::objects::{Bucket, BucketStore, Condition, LeaseKeeper, Listed, Object};
 use crate::{Lease, LeaseRequest, Result, StoreError, WorkspaceId};
 
 const BACKEND: &str = "azure";
@@ -53,9 +53,9 @@ pub struct AzureConfig {
 }
 
 /// The Azure store.
-pub type AzureStore = ObjectStore<AzureBucket>;
+pub type AzureStore = BucketStore<AzureBucket>;
 
-impl ObjectStore<AzureBucket> {
+impl BucketStore<AzureBucket> {
     /// A store over the container, with `credential` (none: the URL carries a SAS).
     ///
     /// # Errors
@@ -65,7 +65,7 @@ impl ObjectStore<AzureBucket> {
         let leases = BlobLeases {
             bucket: bucket.clone(),
         };
-        Ok(ObjectStore::over(
+        Ok(BucketStore::over(
             bucket,
             &config.prefix,
             Some(Arc::new(leases)),

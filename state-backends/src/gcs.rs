@@ -21,7 +21,7 @@ use google_cloud_auth::credentials::{CacheableResource, Credentials};
 use google_cloud_storage::client::Storage;
 use serde::Deserialize;
 
-use crate::objects::{Bucket, Condition, Listed, Object, ObjectStore};
+use crate::objects::{Bucket, BucketStore, Condition, Listed, Object};
 use crate::{Result, StoreError};
 
 const BACKEND: &str = "gcs";
@@ -45,9 +45,9 @@ impl GcsConfig {
 }
 
 /// The GCS store.
-pub type GcsStore = ObjectStore<GcsBucket>;
+pub type GcsStore = BucketStore<GcsBucket>;
 
-impl ObjectStore<GcsBucket> {
+impl BucketStore<GcsBucket> {
     /// A store over a client the caller built (credentials, endpoint); `credentials` are the
     /// same the client uses, for the JSON API calls.
     pub fn new(storage: Storage, credentials: Credentials, config: GcsConfig) -> Self {

@@ -1,4 +1,6 @@
-//! An in-memory [`StateStore`] for unit tests of pure logic. Same rules as every backend.
+//! In-memory stores for unit tests of pure logic: a [`StateStore`] with the same rules as every
+//! backend, and a [`Bucket`] with the conditional writes of S3, GCS and Azure Blob, so the
+//! object-store protocol ([`crate::objects::BucketStore`]) runs without an emulator.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -9,6 +11,7 @@ use bytes::Bytes;
 use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
+use crate::objects::{Bucket, Condition, Listed, Object};
 use crate::{
     BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
     StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
@@ -279,6 +282,163 @@ impl StateStore for MemoryStore {
     }
 }
 
+/// A bucket that forgets everything when its last handle is dropped (clones are handles to the
+/// same objects). Tags are a counter, new on every write, like a generation; conditions are
+/// honoured on writes and on [`Bucket::clear_if`] alike. Every call first yields to the
+/// runtime, as a network call would, so concurrent callers interleave.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryBucket {
+    inner: std::sync::Arc<Mutex<BucketInner>>,
+}
+
+#[derive(Debug, Default)]
+struct BucketInner {
+    objects: BTreeMap<String, Object>,
+    writes: u64,
+}
+
+impl BucketInner {
+    fn tag(&mut self) -> String {
+        self.writes += 1;
+        self.writes.to_string()
+    }
+}
+
+impl MemoryBucket {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    async fn with<T>(&self, f: impl FnOnce(&mut BucketInner) -> T) -> T {
+        tokio::task::yield_now().await;
+        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+#[async_trait]
+impl Bucket for MemoryBucket {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Object>> {
+        Ok(self.with(|b| b.objects.get(key).cloned()).await)
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
+        Ok(self
+            .with(|b| b.objects.get(key).map(|o| o.metadata.clone()))
+            .await)
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<bool> {
+        Ok(self
+            .with(|b| {
+                let allowed = match (condition, b.objects.get(key)) {
+                    (Condition::None, _) | (Condition::Absent, None) => true,
+                    (Condition::Matches(tag), Some(o)) => o.tag == tag,
+                    (Condition::Absent, Some(_)) | (Condition::Matches(_), None) => false,
+                };
+                if allowed {
+                    let tag = b.tag();
+                    b.objects.insert(
+                        key.to_owned(),
+                        Object {
+                            data,
+                            tag,
+                            metadata,
+                        },
+                    );
+                }
+                allowed
+            })
+            .await)
+    }
+
+    async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        metadata: Option<HashMap<String, String>>,
+    ) -> Result<()> {
+        self.with(|b| {
+            let source = b
+                .objects
+                .get(from)
+                .cloned()
+                .ok_or_else(|| StoreError::Backend {
+                    backend: "memory",
+                    message: format!("COPY {from} → {to}: no such object"),
+                    retryable: false,
+                    source: None,
+                })?;
+            let tag = b.tag();
+            b.objects.insert(
+                to.to_owned(),
+                Object {
+                    data: source.data,
+                    tag,
+                    metadata: metadata.unwrap_or(source.metadata),
+                },
+            );
+            Ok(())
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.with(|b| b.objects.remove(key)).await;
+        Ok(())
+    }
+
+    async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
+        self.with(|b| {
+            if b.objects.get(key).is_some_and(|o| o.tag == tag) {
+                b.objects.remove(key);
+            }
+        })
+        .await;
+        Ok(())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        Ok(self
+            .with(|b| {
+                b.objects
+                    .range(prefix.to_owned()..)
+                    .take_while(|(k, _)| k.starts_with(prefix))
+                    .map(|(key, o)| Listed {
+                        key: key.clone(),
+                        tag: o.tag.clone(),
+                        size: o.data.len() as u64,
+                    })
+                    .collect()
+            })
+            .await)
+    }
+
+    async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self
+            .with(|b| {
+                let mut folders: Vec<String> = b
+                    .objects
+                    .range(prefix.to_owned()..)
+                    .take_while(|(k, _)| k.starts_with(prefix))
+                    .filter_map(|(k, _)| Some(k[prefix.len()..].split_once('/')?.0.to_owned()))
+                    .collect();
+                folders.dedup();
+                folders
+            })
+            .await)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,5 +446,58 @@ mod tests {
     #[tokio::test]
     async fn passes_the_conformance_suite() {
         crate::conformance::run_all(std::sync::Arc::new(MemoryStore::new())).await;
+    }
+
+    /// The object-store protocol (commit by create-only write, fencing by the lock object,
+    /// change marks, backups), with no emulator: under a prefix and at the bucket's root.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_bucket_protocol_passes_the_conformance_suite() {
+        use crate::objects::BucketStore;
+        for prefix in ["terrace", ""] {
+            let store = BucketStore::over(MemoryBucket::new(), prefix, None);
+            crate::conformance::run_all(std::sync::Arc::new(store)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_bucket_honours_its_conditions() {
+        let b = MemoryBucket::new();
+        let put = |data: &'static str, condition| {
+            b.put("k", Bytes::from(data), HashMap::new(), condition)
+        };
+        assert!(put("1", Condition::Absent).await.unwrap());
+        assert!(!put("2", Condition::Absent).await.unwrap(), "created twice");
+        let tag = b.get("k").await.unwrap().unwrap().tag;
+        assert!(!put("3", Condition::Matches("stale")).await.unwrap());
+        assert!(put("4", Condition::Matches(&tag)).await.unwrap());
+        assert_eq!(b.get("k").await.unwrap().unwrap().data, "4");
+        // A mark written again since it was listed stays.
+        b.clear_if("k", &tag).await.unwrap();
+        assert!(b.get("k").await.unwrap().is_some());
+        let now = b.get("k").await.unwrap().unwrap().tag;
+        b.clear_if("k", &now).await.unwrap();
+        assert!(b.get("k").await.unwrap().is_none());
+        assert!(!put("5", Condition::Matches(&now)).await.unwrap());
+
+        for key in ["p/a/1", "p/a/2", "p/b/x/1", "p/c", "q/d/1"] {
+            b.put(
+                key,
+                Bytes::from_static(b"x"),
+                HashMap::new(),
+                Condition::None,
+            )
+            .await
+            .unwrap();
+        }
+        assert_eq!(b.folders("p/").await.unwrap(), ["a", "b"]);
+        let listed: Vec<String> = b
+            .list("p/a/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| l.key)
+            .collect();
+        assert_eq!(listed, ["p/a/1", "p/a/2"]);
+        assert!(b.copy("p/none", "p/copy", None).await.is_err());
     }
 }

@@ -125,13 +125,13 @@ pub trait LeaseKeeper: Send + Sync + Debug {
 
 /// The store over a [`Bucket`]; the lease in a lock object unless a [`LeaseKeeper`] is given.
 #[derive(Clone, Debug)]
-pub struct ObjectStore<B> {
+pub struct BucketStore<B> {
     bucket: B,
     prefix: String,
     leases: Option<Arc<dyn LeaseKeeper>>,
 }
 
-impl<B: Bucket> ObjectStore<B> {
+impl<B: Bucket> BucketStore<B> {
     /// A store under `prefix` (empty for the bucket's root).
     pub fn over(bucket: B, prefix: &str, leases: Option<Arc<dyn LeaseKeeper>>) -> Self {
         Self {
@@ -146,8 +146,8 @@ impl<B: Bucket> ObjectStore<B> {
     }
 
     /// The same store over a wrapped bucket (one that counts calls, say).
-    pub fn map_bucket<C: Bucket>(self, wrap: impl FnOnce(B) -> C) -> ObjectStore<C> {
-        ObjectStore {
+    pub fn map_bucket<C: Bucket>(self, wrap: impl FnOnce(B) -> C) -> BucketStore<C> {
+        BucketStore {
             bucket: wrap(self.bucket),
             prefix: self.prefix,
             leases: self.leases,
@@ -502,7 +502,7 @@ fn info_from_metadata(
 }
 
 #[async_trait]
-impl<B: Bucket + Clone + 'static> StateStore for ObjectStore<B> {
+impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     fn kind(&self) -> &'static str {
         self.bucket.backend()
     }

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use time::OffsetDateTime;
 
 use crate::lease::{LeaseRecord, plus};
-use crate::objects::{Bucket, Condition, LeaseKeeper, Listed, Object, ObjectStore};
+use crate::objects::{Bucket, BucketStore, Condition, LeaseKeeper, Listed, Object};
 use crate::{Lease, LeaseRequest, Result, StoreError, TakenOver, WorkspaceId};
 
 const BACKEND: &str = "s3";
@@ -47,9 +47,9 @@ pub struct S3Config {
 }
 
 /// The S3 (+ DynamoDB) store.
-pub type S3Store = ObjectStore<S3Bucket>;
+pub type S3Store = BucketStore<S3Bucket>;
 
-impl ObjectStore<S3Bucket> {
+impl BucketStore<S3Bucket> {
     /// A store over clients the caller configured (region, credentials, endpoint). The
     /// DynamoDB client is needed only in [`LeaseMode::DynamoDb`].
     ///

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use shared::backup::{Retention, sweep};
-use state_backends::objects::{Bucket, ObjectStore};
+use state_backends::objects::{Bucket, BucketStore};
 use state_backends::{NewState, PutMode, StateStore, WorkspaceId, tfstate::empty_state};
 
 use crate::counted::Counted;
@@ -16,7 +16,7 @@ use crate::counted::Counted;
 /// `requests`, when given, counts the SDK's requests too (what the cloud bills: retries and
 /// pages included), for the second sweep alone; it is printed and bounded alike.
 pub async fn copies_only_what_changed<B: Bucket + Clone + 'static>(
-    store: ObjectStore<B>,
+    store: BucketStore<B>,
     cloud: &str,
     total: usize,
     every: usize,
