@@ -27,4 +27,5 @@ HCL
 scripts/install-moto.sh >/dev/null
 scripts/install-fake-gcs.sh >/dev/null
 scripts/install-azurite.sh >/dev/null
-echo "tools ready: terraform $tf, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs, azurite in .cache/azurite" >&2
+scripts/install-pubsub-emulator.sh >/dev/null
+echo "tools ready: terraform $tf, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs, azurite in .cache/azurite, the Pub/Sub emulator" >&2

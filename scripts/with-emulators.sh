@@ -7,6 +7,8 @@
 #   TERRACE_TEST_AZURE_BLOB   http://127.0.0.1:PORT/terrace  (Azurite's Blob service)
 #   TERRACE_TEST_AZURE_QUEUE  http://127.0.0.1:PORT/terrace  (Azurite's Queue service)
 #   TERRACE_TEST_AZURE_ACCOUNT, TERRACE_TEST_AZURE_KEY  its account, with a key made at start
+#   TERRACE_TEST_PUBSUB    http://127.0.0.1:PORT  (gcloud's Pub/Sub emulator: topics, push
+#                          subscriptions with dead-letter policies)
 # Usage: scripts/with-emulators.sh COMMAND [ARGS...]
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -88,6 +90,14 @@ export TERRACE_TEST_AZURE_QUEUE="http://127.0.0.1:$queue_port/$azure_account"
 export TERRACE_TEST_AZURE_ACCOUNT="$azure_account"
 export TERRACE_TEST_AZURE_KEY="$azure_key"
 
-echo "emulators: moto on $TERRACE_TEST_MOTO, fake-gcs-server on $TERRACE_TEST_GCS, azurite on $TERRACE_TEST_AZURE_BLOB and $TERRACE_TEST_AZURE_QUEUE" >&2
+pubsub="$("$repo_root/scripts/install-pubsub-emulator.sh")"
+pubsub_port="$(free_port)"
+# Started directly (not through `gcloud beta emulators`), so stopping it stops its JVM.
+"$pubsub" --host=127.0.0.1 --port="$pubsub_port" >"$logs/pubsub-$pubsub_port.log" 2>&1 &
+pids+=("$!")
+wait_for pubsub "http://127.0.0.1:$pubsub_port/" "${pids[-1]}"
+export TERRACE_TEST_PUBSUB="http://127.0.0.1:$pubsub_port"
+
+echo "emulators: moto on $TERRACE_TEST_MOTO, fake-gcs-server on $TERRACE_TEST_GCS, azurite on $TERRACE_TEST_AZURE_BLOB and $TERRACE_TEST_AZURE_QUEUE, Pub/Sub on $TERRACE_TEST_PUBSUB" >&2
 
 "$@"

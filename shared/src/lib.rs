@@ -9,6 +9,7 @@ pub mod client;
 pub mod drift;
 pub mod job;
 pub mod logs;
+pub mod pipeline;
 pub mod process;
 pub mod recover;
 pub mod redact;

@@ -29,3 +29,44 @@ pub fn cancel_on_sigterm(token: &CancellationToken, what: &'static str) {
         }
     });
 }
+
+/// A handed-off task's exit code for its job's fate, with the record on stdout: 0 the job
+/// succeeded or went back on the queue to run later, 1 it failed, 65 the message was refused,
+/// 75 it could neither run nor go back on the queue (a retry of the task may).
+pub fn task_exit(name: &str, fate: crate::pipeline::Fate) -> std::process::ExitCode {
+    use crate::pipeline::Fate;
+    use std::process::ExitCode;
+    match fate {
+        Fate::Ran(record) => {
+            println!("{record}");
+            if record["status"] == "succeeded" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Fate::Rejected(record) => {
+            println!("{record}");
+            ExitCode::from(65)
+        }
+        Fate::HandedOff(record) => {
+            println!("{record}");
+            ExitCode::SUCCESS
+        }
+        Fate::Requeued { why, delay } => {
+            eprintln!(
+                "{name}: the job is back on the queue, to run in {} s: {why}",
+                delay.as_secs()
+            );
+            ExitCode::SUCCESS
+        }
+        Fate::Again { why, .. } => {
+            eprintln!("{name}: {why}");
+            ExitCode::from(75)
+        }
+        Fate::Interrupted(record) => {
+            println!("{record}");
+            ExitCode::from(75)
+        }
+    }
+}

@@ -49,6 +49,9 @@ pub struct Runtime {
     pub terraform: TerraformConfig,
     /// `TERRACE_LEASE_TTL` (60 s).
     pub lease_ttl: Duration,
+    /// `TERRACE_TASK_LEASE_WAIT` (240 s): how long a handed-off task waits for a busy
+    /// workspace before its job goes back on the queue.
+    pub task_lease_wait: Duration,
 }
 
 impl Runtime {
@@ -74,6 +77,7 @@ impl Runtime {
                 grace: seconds("TERRACE_GRACE", 30)?,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
+            task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
         })
     }
 

@@ -1,30 +1,14 @@
-//! What every cloud's function does with a job message, whatever delivered it: check the job,
-//! and turn the runner's outcome into what the trigger should do with the message (acknowledge
-//! it, or have it delivered again later).
+//! The pieces of a job message every trigger shares: its rejection record, the validation of
+//! its job, and the reference a handed-off task gets to the message staged for it (see
+//! [`crate::pipeline`] for the message's path).
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use state_backends::WorkspaceId;
 
 use crate::job::RawJob;
-use crate::runner::RunOutcome;
 use crate::validate::{ValidatedJob, validate};
-
-/// How one message ended, for the trigger to acknowledge or not.
-#[derive(Debug)]
-pub enum Handled {
-    /// Finished, already done, rejected for good, or handed off: acknowledge the message.
-    Done(Value),
-    /// Deliver it again later (busy workspace, transient trouble); `delay` when known.
-    Again {
-        why: String,
-        delay: Option<Duration>,
-    },
-    /// The job does not fit in the time left here.
-    TooLong { job_id: String, ws: WorkspaceId },
-}
 
 /// The record of a message that will never be a job.
 pub fn rejection(message_id: &str, errors: Vec<Value>) -> Value {
@@ -49,115 +33,120 @@ pub fn check_job(job: &Map<String, Value>, templates: &Path) -> Result<Validated
     })
 }
 
-/// What the runner's outcome means for the message; the flag says whether the result is new
-/// (to be reported), rather than a repeat of an earlier run's.
-pub fn handled(outcome: anyhow::Result<RunOutcome>) -> (Handled, bool) {
-    match outcome {
-        Ok(RunOutcome::Finished(result)) => (
-            Handled::Done(serde_json::to_value(&*result).unwrap_or(Value::Null)),
-            true,
-        ),
-        Ok(RunOutcome::AlreadyDone(result)) => (
-            Handled::Done(serde_json::to_value(&*result).unwrap_or(Value::Null)),
-            false,
-        ),
-        Ok(RunOutcome::Busy { holder }) => {
-            let wait = (holder.expires_at - time::OffsetDateTime::now_utc())
-                .whole_seconds()
-                .clamp(5, 900);
-            (
-                Handled::Again {
-                    why: format!(
-                        "workspace busy: job {} holds it until {}",
-                        holder.owner,
-                        state_backends::display_time(holder.expires_at)
-                    ),
-                    delay: Some(Duration::from_secs(wait.unsigned_abs())),
-                },
-                false,
-            )
-        }
-        Err(e) => (
-            Handled::Again {
-                why: format!("{e:#}"),
-                delay: None,
-            },
-            false,
-        ),
-    }
-}
-
 /// What a handed-off task (an ECS task, a Cloud Run Job) gets: where the job message is staged
-/// in the customer's store (`runs/<job>/request.json`), and the account (`target`) to read it
-/// with. The message itself, with the job's variables, never goes through the platform's API.
+/// in the customer's store (`runs/<job>/request.json`), the account (`target`) to read it with,
+/// and the SHA-256 of the staged bytes. The message itself, with the job's variables, never goes
+/// through the platform's API; the digest, which does, is what lets the task trust the staged
+/// copy (anyone who can write to the customer's bucket could otherwise change the job).
 #[derive(Debug, serde::Deserialize, serde::Serialize)]
 pub struct JobRef<T> {
     pub target: T,
     pub tenant: String,
     pub workspace: String,
     pub job_id: String,
+    /// Hex SHA-256 of the staged message; a reference without one is refused.
+    #[serde(default)]
+    pub sha256: String,
 }
 
 /// The staged job message's name in the run's folder.
 pub const REQUEST: &str = "request.json";
 
-impl<T> JobRef<T> {
-    pub fn new(target: T, ws: &WorkspaceId, job_id: &str) -> Self {
-        Self {
-            target,
-            tenant: ws.tenant().to_owned(),
-            workspace: ws.workspace().to_owned(),
-            job_id: job_id.to_owned(),
+/// Why a task cannot use its staged message.
+#[derive(Debug)]
+pub enum StagedError {
+    /// It cannot be read now (the store, the role): the task may be tried again.
+    Unavailable(String),
+    /// It is not the message that was staged, or cannot be checked: never run. The rejection
+    /// record to report.
+    Refused(Value),
+}
+
+impl std::fmt::Display for StagedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StagedError::Unavailable(why) => f.write_str(why),
+            StagedError::Refused(record) => write!(
+                f,
+                "refused: {}",
+                record["errors"][0]["problem"].as_str().unwrap_or_default()
+            ),
         }
     }
+}
 
-    /// Stages the message for the task.
+impl<T> JobRef<T> {
+    /// Stages `body` for a task and returns the reference to hand it.
     ///
     /// # Errors
     /// Why it cannot be written, as a sentence.
     pub async fn stage(
-        &self,
-        store: &dyn state_backends::StateStore,
+        target: T,
+        ws: &WorkspaceId,
+        job_id: &str,
         body: &[u8],
-    ) -> Result<(), String> {
-        let ws = self.ws()?;
+        store: &dyn state_backends::StateStore,
+    ) -> Result<Self, String> {
         store
-            .put_artifact(
-                &ws,
-                &self.job_id,
-                REQUEST,
-                bytes::Bytes::copy_from_slice(body),
-            )
+            .put_artifact(ws, job_id, REQUEST, bytes::Bytes::copy_from_slice(body))
             .await
-            .map_err(|e| format!("cannot stage the job for its task: {e}"))
+            .map_err(|e| format!("cannot stage the job for its task: {e}"))?;
+        Ok(Self {
+            target,
+            tenant: ws.tenant().to_owned(),
+            workspace: ws.workspace().to_owned(),
+            job_id: job_id.to_owned(),
+            sha256: state_backends::sha256_hex(body),
+        })
     }
 
-    /// The staged message.
+    /// The staged message, if it is byte for byte the one that was staged.
     ///
     /// # Errors
-    /// Why it cannot be read, as a sentence.
-    pub async fn staged(&self, store: &dyn state_backends::StateStore) -> Result<Vec<u8>, String> {
-        let ws = self.ws()?;
+    /// [`StagedError`].
+    pub async fn staged(
+        &self,
+        store: &dyn state_backends::StateStore,
+    ) -> Result<Vec<u8>, StagedError> {
+        let ws = self.ws().map_err(StagedError::Unavailable)?;
+        let field = format!("runs/{}/{REQUEST}", self.job_id);
+        let refuse = |problem: String| {
+            let mut record = rejection(
+                &format!("task-{}", self.job_id),
+                vec![self::problem(
+                    &field,
+                    problem,
+                    "send the job's message again to stage it afresh, and check who can write to the bucket",
+                )],
+            );
+            record["job_id"] = Value::from(self.job_id.clone());
+            StagedError::Refused(record)
+        };
+        if self.sha256.is_empty() {
+            return Err(refuse(
+                "the task's job reference carries no digest of the staged message, so the message cannot be trusted".into(),
+            ));
+        }
         let data = store
             .artifact(&ws, &self.job_id, REQUEST)
             .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("runs/{}/{REQUEST} is not in {ws}", self.job_id))?;
+            .map_err(|e| StagedError::Unavailable(e.to_string()))?
+            .ok_or_else(|| refuse(format!("{field} is not in {ws}")))?;
+        let found = state_backends::sha256_hex(&data);
+        if found != self.sha256 {
+            return Err(refuse(format!(
+                "{field} changed after it was staged (sha256 {found}, staged {})",
+                self.sha256
+            )));
+        }
         Ok(data.to_vec())
     }
 
-    /// Deletes the staged message once its job has a final result: it holds the job's
-    /// variables, sensitive ones included, which must not outlive the run in the customer's
-    /// bucket. A re-runnable end (interrupted, or not run) keeps it for the retry. A failure is
-    /// logged, not returned: the job's result stands.
-    pub async fn unstage(
-        &self,
-        store: &dyn state_backends::StateStore,
-        result: &serde_json::Value,
-    ) {
-        if !is_final(result) {
-            return;
-        }
+    /// Deletes the staged message: it holds the job's variables, sensitive ones included,
+    /// which must not outlive the run in the customer's bucket. Called once the job has a final
+    /// result or a fresh copy of it is back on the queue. A failure is logged, not returned: the
+    /// job's fate stands.
+    pub async fn unstage(&self, store: &dyn state_backends::StateStore) {
         let deleted = match self.ws() {
             Ok(ws) => store
                 .delete_artifact(&ws, &self.job_id, REQUEST)

@@ -174,7 +174,8 @@ impl Service {
     }
 }
 
-/// A Pub/Sub push envelope around `data`.
+/// A Pub/Sub push envelope around `data`, as Pub/Sub sends it (the id and time under two
+/// names each).
 pub fn push_envelope(message_id: &str, data: &Value) -> Value {
     use base64::Engine;
     json!({
@@ -182,7 +183,9 @@ pub fn push_envelope(message_id: &str, data: &Value) -> Value {
             "data": base64::engine::general_purpose::STANDARD.encode(data.to_string()),
             "attributes": {},
             "messageId": message_id,
+            "message_id": message_id,
             "publishTime": "2026-11-22T06:00:00Z",
+            "publish_time": "2026-11-22T06:00:00Z",
         },
         "subscription": "projects/platform/subscriptions/terrace-jobs",
     })

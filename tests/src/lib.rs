@@ -13,6 +13,7 @@ pub mod gcp;
 pub mod gcs;
 pub mod http;
 pub mod lambda;
+pub mod pubsub;
 pub mod sweep;
 
 use std::collections::BTreeMap;

@@ -151,10 +151,16 @@ impl World {
         (self.receive(bodies.len(), seconds).await, ids)
     }
 
-    /// Receives `n` messages from the jobs queue as an SQS event for Lambda.
+    /// Receives `n` messages from the jobs queue as an SQS event for Lambda (within 2 minutes).
     async fn receive(&self, n: usize, seconds: i32) -> Value {
         let mut records = Vec::new();
+        let give_up = std::time::Instant::now() + Duration::from_secs(120);
         while records.len() < n {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "{} of {n} messages on the jobs queue after 2 minutes",
+                records.len()
+            );
             let got = self
                 .sqs
                 .receive_message()
@@ -363,7 +369,7 @@ async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
         .unwrap();
     assert!(visible.messages().is_empty());
 
-    // The same job delivered again does not run again.
+    // The same job delivered again does not run again …
     let versions = store
         .versions(&"acme/lam-a".parse().unwrap())
         .await
@@ -383,10 +389,10 @@ async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
             .len(),
         versions
     );
-    assert!(
-        w.results().await.is_empty(),
-        "a duplicate sends no second result"
-    );
+    // … and reports its result again: a platform whose first report was lost still hears.
+    let repeated = w.results().await;
+    assert_eq!(repeated.len(), 1, "{repeated:?}");
+    assert_eq!(repeated[0], a, "the same result, not a new run's");
 
     // Once the lease is free, B runs.
     store.release_lease(&lam_b, &other).await.unwrap();
@@ -485,7 +491,13 @@ async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_t
     // The same check delivered again (a repeated sweep within the hour) does not run again.
     let response = api.invoke(check, Duration::from_secs(600)).await.unwrap();
     assert!(failures(&response).is_empty(), "{response}");
-    assert!(w.results().await.is_empty(), "a duplicate runs once");
+    // It runs once; the same result is reported again.
+    let repeated = w.results().await;
+    assert_eq!(repeated.len(), 1, "{repeated:?}");
+    assert_eq!(
+        &repeated[0], drift,
+        "the earlier check's result, not a new one"
+    );
     let store = w.store().await;
     let ws: WorkspaceId = "acme/drifty".parse().unwrap();
     assert_eq!(
@@ -756,4 +768,102 @@ async fn a_running_jobs_message_stays_invisible_until_the_job_is_done() {
     );
     let result = w.results().await;
     assert_eq!(result[0]["status"], "succeeded", "{result:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_refuses_a_changed_staged_job_and_puts_a_busy_one_back_on_the_queue_to_run_later() {
+    let w = World::new().await;
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/lam-task".parse().unwrap();
+    let body = w.envelope("t-1", "lam-task", "5m");
+    // Staged as the Lambda stages a job it hands off, with the reference it gives the task.
+    let stage = |bytes: Vec<u8>| {
+        let (store, ws) = (&store, &ws);
+        async move {
+            store
+                .put_artifact(ws, "t-1", "request.json", bytes.into())
+                .await
+                .unwrap();
+        }
+    };
+    stage(body.clone().into_bytes()).await;
+    let reference = json!({
+        "target": w.target(), "tenant": "acme", "workspace": "lam-task", "job_id": "t-1",
+        "sha256": state_backends::sha256_hex(body.as_bytes()),
+    })
+    .to_string();
+    let task = |wait: &str| {
+        w.command()
+            .arg("task")
+            .env("TERRACE_JOB_REF", &reference)
+            .env("TERRACE_TASK_LEASE_WAIT", wait)
+            .stdout(Stdio::null())
+            .stderr(log_output())
+            .status()
+            .unwrap()
+    };
+
+    // Someone who can write to the bucket changes the staged job: refused, reported, not run.
+    let mut changed: Value = serde_json::from_str(&body).unwrap();
+    changed["job"]["variables"]["node_count"] = json!(20);
+    stage(changed.to_string().into_bytes()).await;
+    let status = task("0");
+    assert_eq!(status.code(), Some(65), "{status:?}");
+    let refused = w.results().await;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["status"], "rejected");
+    assert_eq!(refused[0]["job_id"], "t-1");
+    let problem = refused[0]["errors"][0]["problem"].as_str().unwrap();
+    assert!(problem.contains("changed after it was staged"), "{problem}");
+    assert!(store.current(&ws).await.unwrap().is_none(), "nothing ran");
+    assert!(w.sb.cloud_names().is_empty(), "nothing was created");
+
+    // Staged as it was, but another job holds the workspace past the task's wait: the job goes
+    // back on the jobs queue, delayed until that lease should end, and its staged copy goes.
+    stage(body.clone().into_bytes()).await;
+    store
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "other-job".into(),
+                ttl: Duration::from_secs(6),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let status = task("1");
+    assert!(status.success(), "{status:?}");
+    assert!(w.results().await.is_empty(), "no result yet: it runs later");
+    assert!(
+        !store
+            .artifacts(&ws, "t-1")
+            .await
+            .unwrap()
+            .contains(&"request.json".to_owned()),
+        "the staged copy with the job's variables is gone"
+    );
+    // Not at once: the copy is delayed until the holder's lease ends (it is not renewed).
+    let early = w
+        .sqs
+        .receive_message()
+        .queue_url(&w.jobs)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap();
+    assert!(early.messages().is_empty(), "{early:?}");
+
+    // Then it comes back and runs like any job.
+    let event = w.receive(1, 60).await;
+    assert_eq!(event["Records"][0]["body"], body.as_str());
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let response = api.invoke(event, Duration::from_secs(600)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let ran = w.results().await;
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    assert_eq!(ran[0]["job_id"], "t-1");
+    assert_eq!(ran[0]["status"], "succeeded", "{ran:?}");
+    assert!(store.current(&ws).await.unwrap().is_some());
 }

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use state_backends::{LeaseRequest, StateStore, WorkspaceId};
 use tests::gcp::{AUDIENCE, PUSHER, Service, SigningKey, push_envelope, serve_jwks};
 use tests::http::{Answer, post_json};
+use tests::pubsub::{self, Relay};
 use tests::{Sandbox, gcs};
 
 struct World {
@@ -426,6 +427,7 @@ async fn a_job_longer_than_a_request_is_staged_for_a_cloud_run_job_whose_task_ru
     // The execution's entry point runs it from the reference alone.
     let reference = json!({
         "target": w.target(), "tenant": "acme", "workspace": "long", "job_id": "g-8",
+        "sha256": state_backends::sha256_hex(&staged),
     });
     // A task takes no requests: it needs none of the token settings.
     let out = Service::command(&w.sb, &w.jwks, &[])
@@ -518,4 +520,133 @@ async fn the_drift_sweep_plans_a_check_per_applied_workspace_and_reports_what_it
     )
     .await;
     assert_eq!(unauthorized.status, 401);
+}
+
+/// A service wired to the Pub/Sub emulator: jobs pushed from a topic through a relay that adds
+/// the token (dead-lettered after 5 unacknowledged deliveries), results published to a topic.
+struct Wired {
+    service: Service,
+    relay: Relay,
+    jobs: String,
+    results: String,
+    dead: String,
+}
+
+impl World {
+    async fn wired(&self) -> Wired {
+        let jobs = pubsub::topic("jobs").await;
+        let results_topic = pubsub::topic("results").await;
+        let dead_topic = pubsub::topic("dead").await;
+        let results = pubsub::pull_subscription(&results_topic).await;
+        let dead = pubsub::pull_subscription(&dead_topic).await;
+        let service = Service::start(
+            &self.sb,
+            &self.jwks,
+            &[
+                ("TERRACE_JOBS_TOPIC", &jobs),
+                ("TERRACE_RESULTS_TOPIC", &results_topic),
+                ("TERRACE_PUBSUB_ENDPOINT", &pubsub::endpoint()),
+                ("TERRACE_REQUEUE_WAIT", "1"),
+            ],
+        )
+        .await;
+        let relay = Relay::start(&service.url, self.key.bearer()).await;
+        pubsub::push_subscription(&jobs, &relay.url, &dead_topic, 5).await;
+        Wired {
+            service,
+            relay,
+            jobs,
+            results,
+            dead,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pubsub_a_job_waiting_behind_a_busy_workspace_runs_later_and_is_never_dead_lettered()
+ {
+    let w = World::new().await;
+    let p = w.wired().await;
+    let store = w.store().await;
+    let held = store
+        .acquire_lease(
+            &ws("queued"),
+            &LeaseRequest {
+                owner: "other-job".into(),
+                ttl: Duration::from_secs(600),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    pubsub::publish(&p.jobs, &w.message("g-20", "queued")).await;
+
+    // The job waits longer than 5 deliveries, the subscription's dead-letter limit.
+    let give_up = std::time::Instant::now() + Duration::from_secs(90);
+    while p.relay.pushed().len() < 8 {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{:?}",
+            p.relay.pushed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(store.versions(&ws("queued")).await.unwrap().is_empty());
+    store.release_lease(&ws("queued"), &held).await.unwrap();
+
+    let results = pubsub::pull_until(&p.results, Duration::from_secs(120), |r| {
+        r["job_id"] == "g-20"
+    })
+    .await;
+    let result = results
+        .iter()
+        .find(|r| r["job_id"] == "g-20")
+        .unwrap_or_else(|| panic!("no result: {results:?} after {:?}", p.relay.pushed()));
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert!(!store.versions(&ws("queued")).await.unwrap().is_empty());
+
+    // Each delivery while it waited was acknowledged and a fresh message published, so no
+    // message was delivered twice, and nothing reached the dead-letter topic.
+    let pushed = p.relay.pushed();
+    assert!(
+        pushed.iter().all(|d| d.job_id == "g-20" && d.status == 200),
+        "{pushed:?}"
+    );
+    let ids: std::collections::HashSet<&str> =
+        pushed.iter().map(|d| d.message_id.as_str()).collect();
+    assert_eq!(
+        ids.len(),
+        pushed.len(),
+        "a message delivered again: {pushed:?}"
+    );
+    assert_eq!(pubsub::pull(&p.dead).await, Vec::<Value>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pubsub_a_finished_job_published_again_reports_the_same_result_again() {
+    let w = World::new().await;
+    let p = w.wired().await;
+    let message = w.message("g-21", "twice");
+    pubsub::publish(&p.jobs, &message).await;
+    let first = pubsub::pull_until(&p.results, Duration::from_secs(120), |r| {
+        r["job_id"] == "g-21"
+    })
+    .await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0]["status"], "succeeded", "{first:?}");
+    let versions = w.store().await.versions(&ws("twice")).await.unwrap();
+
+    pubsub::publish(&p.jobs, &message).await;
+    let again = pubsub::pull_until(&p.results, Duration::from_secs(60), |r| {
+        r["job_id"] == "g-21"
+    })
+    .await;
+    assert_eq!(again, first, "the same result, from the first run");
+    assert_eq!(
+        w.store().await.versions(&ws("twice")).await.unwrap(),
+        versions,
+        "nothing ran again"
+    );
+    assert_eq!(p.relay.pushed().len(), 2, "{:?}", p.relay.pushed());
+    let _ = &p.service;
 }

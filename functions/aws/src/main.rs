@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::Target;
 use crate::app::App;
-use shared::trigger::Handled;
+use shared::pipeline::{self, Delivery};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -163,52 +163,35 @@ async fn drift_target(app: &App, target: &Target) -> Result<Value, String> {
     Ok(plan.report(&target.bucket, queued, unqueued))
 }
 
-/// `terrace-aws task`: one handed-off job.
+/// `terrace-aws task`: one handed-off job. Exit codes: 0 the job succeeded or went back on the
+/// queue to run later, 1 it failed, 65 the message was refused, 75 it could neither run nor go
+/// back on the queue (the staged message stays for a retry of the task).
 async fn task(app: &App) -> ExitCode {
-    let reference = std::env::var("TERRACE_JOB_REF").ok();
-    let body = match (&reference, std::env::var("TERRACE_JOB")) {
-        (Some(reference), _) => match app.staged(reference).await {
-            Ok(body) => body,
-            Err(e) => {
-                eprintln!("terrace-aws task: {e}");
-                return ExitCode::from(75);
-            }
-        },
-        (None, Ok(body)) => body,
-        (None, Err(_)) => {
+    let cancel = CancellationToken::new();
+    // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout.
+    shared::process::cancel_on_sigterm(&cancel, "cancelling the job");
+    let wait = app.config.runtime.task_lease_wait;
+    let fate = match (
+        std::env::var("TERRACE_JOB_REF"),
+        std::env::var("TERRACE_JOB"),
+    ) {
+        (Ok(reference), _) => pipeline::task(app, &reference, wait, cancel).await,
+        (Err(_), Ok(body)) => {
+            let delivery = Delivery {
+                message_id: "ecs-task",
+                body: body.as_bytes(),
+                time_left: None,
+                lease_wait: wait,
+                cancel,
+            };
+            pipeline::handle(app, delivery).await
+        }
+        (Err(_), Err(_)) => {
             eprintln!(
                 "terrace-aws task: set TERRACE_JOB_REF (what the Lambda hands off) or TERRACE_JOB (a job message)"
             );
             return ExitCode::from(64);
         }
     };
-    let Ok((envelope, job)) = app.parse("ecs-task", &body).await else {
-        // Rejected (and reported): it can never run, so it need not stay staged.
-        if let Some(reference) = &reference {
-            app.unstage(reference, &serde_json::json!({"status": "rejected"}))
-                .await;
-        }
-        return ExitCode::from(65);
-    };
-    let cancel = CancellationToken::new();
-    // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout.
-    shared::process::cancel_on_sigterm(&cancel, "cancelling the job");
-    match app.run(&envelope, job, None, cancel).await {
-        Handled::Done(result) => {
-            if let Some(reference) = &reference {
-                app.unstage(reference, &result).await;
-            }
-            println!("{result}");
-            if result["status"] == "succeeded" {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Handled::Again { why, .. } => {
-            eprintln!("terrace-aws task: {why}");
-            ExitCode::from(75)
-        }
-        Handled::TooLong { .. } => ExitCode::FAILURE,
-    }
+    shared::process::task_exit("terrace-aws task", fate)
 }

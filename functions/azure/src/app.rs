@@ -10,28 +10,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
-use base64::Engine;
-use serde::Deserialize;
 use serde_json::{Value, json};
-use shared::runner::Runner;
-use shared::trigger::{self, Handled};
-use state_backends::StateStore;
+use shared::pipeline::{self, Delivery, Fate, Trigger};
+use shared::runner::RunnerConfig;
+use shared::trigger;
+use shared::validate::ValidatedJob;
 use state_backends::azure::{AzureConfig, AzureStore};
+use state_backends::{StateStore, WorkspaceId};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Target};
 use crate::config::Config;
 use crate::queue::{Queue, Received};
-
-/// A job message: the job and the customer's side it runs against.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Envelope {
-    job: serde_json::Map<String, Value>,
-    target: Target,
-}
 
 /// What a timer execution gets in `TERRACE_SWEEP_TARGETS`.
 pub type Targets = Vec<Target>;
@@ -59,21 +52,6 @@ pub enum Outcome {
     Poisoned,
     /// Left for later.
     Later,
-}
-
-/// The message's text as a job envelope: JSON, or JSON in base64 (what many senders,
-/// Azure Functions among them, put on queues).
-fn decode(text: &str) -> Result<Envelope, String> {
-    match serde_json::from_str::<Envelope>(text) {
-        Ok(e) => Ok(e),
-        Err(json_error) => {
-            let decoded = base64::engine::general_purpose::STANDARD
-                .decode(text.trim())
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<Envelope>(&bytes).ok());
-            decoded.ok_or_else(|| format!("the message is not a job envelope: {json_error}"))
-        }
-    }
 }
 
 /// The poison queue's record: the rejection, with the original text, cut until the record
@@ -128,7 +106,7 @@ impl App {
     }
 
     /// Sends a result or a rejection to the results queue, when there is one.
-    async fn report(&self, record: &Value) {
+    async fn send_result(&self, record: &Value) {
         let Some(url) = &self.config.results_queue_url else {
             return;
         };
@@ -162,94 +140,57 @@ impl App {
                 ),
                 "see this job's earlier executions' logs; send it again once the cause is fixed",
             );
-            return self.poison(&jobs, &message, vec![problem]).await;
+            let record = trigger::rejection(&message.id, vec![problem]);
+            self.send_result(&record).await;
+            let receipt = message.pop_receipt.clone();
+            return self.poison(&jobs, &message, &receipt, record).await;
         }
-        let (envelope, job) = match self.check(&message.text) {
-            Ok(checked) => checked,
-            Err(errors) => return self.poison(&jobs, &message, errors).await,
-        };
         // The message stays invisible while the job runs; the keeper holds its pop receipt.
         let receipt = Arc::new(Mutex::new(message.pop_receipt.clone()));
         let keeper = self.keep_invisible(&jobs, &id, receipt.clone());
-        let handled = self.run(&envelope, job).await;
+        let room = self
+            .config
+            .replica_timeout
+            .saturating_sub(self.config.margin);
+        let delivery = Delivery {
+            message_id: &id,
+            body: message.text.as_bytes(),
+            time_left: Some(room),
+            lease_wait: Duration::ZERO,
+            cancel: self.shutdown.child_token(),
+        };
+        let fate = pipeline::handle(self, delivery).await;
         keeper.cancel();
         let receipt = receipt.lock().await.clone();
-        match handled {
-            Handled::Done(result) if trigger::is_final(&result) => {
+        match fate {
+            Fate::Ran(result) | Fate::HandedOff(result) => {
                 jobs.delete(&id, &receipt).await?;
                 tracing::info!(message_id = %id, status = %result["status"], "done");
                 Ok(Outcome::Done)
             }
-            Handled::Done(_) => {
+            Fate::Rejected(record) => self.poison(&jobs, &message, &receipt, record).await,
+            // Busy: a fresh copy is on the queue, invisible until the holder's lease ends.
+            // Waiting is not a failed delivery, so it must not count towards the poison queue.
+            Fate::Requeued { why, delay } => {
+                jobs.delete(&id, &receipt).await?;
+                tracing::info!(message_id = %id, why, delay_s = delay.as_secs(), "queued again for later");
+                Ok(Outcome::Later)
+            }
+            Fate::Interrupted(_) => {
                 // Interrupted (SIGTERM): a fresh copy, visible at once, for the next execution.
                 self.requeue(&jobs, &message, &receipt, Duration::ZERO)
                     .await?;
                 tracing::warn!(message_id = %id, "interrupted; the message is queued again");
                 Ok(Outcome::Later)
             }
-            // Busy: a fresh copy, invisible until the holder's lease ends. Waiting is not a
-            // failed delivery, so it must not count towards the poison queue.
-            Handled::Again {
-                why,
-                delay: Some(delay),
-            } => {
-                self.requeue(&jobs, &message, &receipt, delay).await?;
-                tracing::info!(message_id = %id, why, delay_s = delay.as_secs(), "queued again for later");
-                Ok(Outcome::Later)
-            }
-            // Trouble that may pass: the same message, later; it counts as a delivery.
-            Handled::Again { why, delay: None } => {
-                let delay = self.config.retry_delay;
+            // Trouble that may pass (or a busy workspace whose copy could not be sent): the
+            // same message, later; it counts as a delivery.
+            Fate::Again { why, delay } => {
+                let delay = delay.unwrap_or(self.config.retry_delay);
                 jobs.keep(&id, &receipt, delay).await?;
                 tracing::warn!(message_id = %id, why, delay_s = delay.as_secs(), "left for later");
                 Ok(Outcome::Later)
             }
-            Handled::TooLong { .. } => unreachable!("checked before the run"),
-        }
-    }
-
-    /// The envelope and its validated job, or every problem with them.
-    fn check(&self, text: &str) -> Result<(Envelope, shared::validate::ValidatedJob), Vec<Value>> {
-        let envelope = decode(text).map_err(|e| {
-            vec![trigger::problem(
-                "",
-                e,
-                "send {\"job\": {…}, \"target\": {\"container_url\", \"tenant_id\", \"client_id\", …}} as JSON (or base64 of it)",
-            )]
-        })?;
-        let mut errors: Vec<Value> = envelope
-            .target
-            .check(self.config.sas.is_some())
-            .into_iter()
-            .map(|(field, problem, fix)| trigger::problem(field, problem, fix))
-            .collect();
-        let job = match trigger::check_job(&envelope.job, &self.config.runtime.templates) {
-            Ok(job) => Some(job),
-            Err(more) => {
-                errors.extend(more);
-                None
-            }
-        };
-        let room = self
-            .config
-            .replica_timeout
-            .saturating_sub(self.config.margin);
-        if let Some(job) = &job
-            && job.job.timeout > room
-        {
-            errors.push(trigger::problem(
-                "timeout",
-                format!(
-                    "{} s is longer than this job's replica timeout allows ({} s)",
-                    job.job.timeout.as_secs(),
-                    room.as_secs()
-                ),
-                "shorten the job's timeout, or raise the Container Apps job's replicaTimeout and TERRACE_REPLICA_TIMEOUT with it",
-            ));
-        }
-        match job {
-            Some(job) if errors.is_empty() => Ok((envelope, job)),
-            _ => Err(errors),
         }
     }
 
@@ -266,20 +207,20 @@ impl App {
         jobs.delete(&message.id, receipt).await
     }
 
-    /// Moves a message that can never run to the poison queue, with why, then deletes it.
+    /// Moves a message that can never run to the poison queue, with its rejection record
+    /// (reported already), then deletes it.
     async fn poison(
         &self,
         jobs: &Queue,
         message: &Received,
-        errors: Vec<Value>,
+        receipt: &str,
+        mut record: Value,
     ) -> Result<Outcome, String> {
-        let mut record = trigger::rejection(&message.id, errors);
         record["dequeue_count"] = json!(message.dequeue_count);
-        self.report(&record).await;
         let poisoned = poison_record(&record, &message.text);
         let poison = self.queue(&self.config.poison_queue_url)?;
         poison.send(&poisoned, Duration::ZERO).await?;
-        jobs.delete(&message.id, &message.pop_receipt).await?;
+        jobs.delete(&message.id, receipt).await?;
         tracing::warn!(message_id = %message.id, record = %record, "moved to the poison queue");
         Ok(Outcome::Poisoned)
     }
@@ -324,40 +265,6 @@ impl App {
             }
         });
         stop
-    }
-
-    /// Runs a checked job against the customer's store.
-    async fn run(&self, envelope: &Envelope, job: shared::validate::ValidatedJob) -> Handled {
-        let target = &envelope.target;
-        let again = |why: String| Handled::Again { why, delay: None };
-        let store = match self.store_for(target) {
-            Ok(s) => s,
-            Err(e) => return again(e),
-        };
-        let mut config = self.config.runtime.runner_config();
-        if self.config.sas.is_none() {
-            let Some(own) = &self.own else {
-                return again("this job has no identity".into());
-            };
-            match access::terraform(target, own).await {
-                Ok((settings, secrets)) => {
-                    config.terraform.settings = settings;
-                    config.terraform.env = secrets;
-                }
-                Err(e) => return again(e),
-            }
-        }
-        config.shutdown = Some(self.shutdown.clone());
-        let runner = Runner::new(store, config);
-        let (handled, fresh) =
-            trigger::handled(runner.run(&job, self.shutdown.child_token()).await);
-        if let Handled::Done(result) = &handled
-            && fresh
-            && trigger::is_final(result)
-        {
-            self.report(result).await;
-        }
-        handled
     }
 
     /// `terrace-azure sweep backup`: the hourly backup sweep over each customer's container.
@@ -411,6 +318,78 @@ impl App {
     }
 }
 
+#[async_trait]
+impl Trigger for App {
+    type Target = Target;
+
+    fn envelope_fix(&self) -> &'static str {
+        "send {\"job\": {…}, \"target\": {\"container_url\", \"tenant_id\", \"client_id\", …}} as JSON (or base64 of it)"
+    }
+
+    fn check_target(&self, target: &Target) -> Vec<Value> {
+        target
+            .check(self.config.sas.is_some())
+            .into_iter()
+            .map(|(field, problem, fix)| trigger::problem(field, problem, fix))
+            .collect()
+    }
+
+    fn templates(&self) -> &std::path::Path {
+        &self.config.runtime.templates
+    }
+
+    async fn store(
+        &self,
+        target: &Target,
+        _session: &str,
+        _ws: Option<&WorkspaceId>,
+    ) -> Result<Arc<dyn StateStore>, String> {
+        self.store_for(target)
+    }
+
+    async fn runner_config(
+        &self,
+        target: &Target,
+        _job: &ValidatedJob,
+    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String> {
+        let mut config = self.config.runtime.runner_config();
+        if self.config.sas.is_none() {
+            let own = self.own.as_ref().ok_or("this job has no identity")?;
+            let (settings, secrets) = access::terraform(target, own).await?;
+            config.terraform.settings = settings;
+            config.terraform.env = secrets;
+        }
+        config.shutdown = Some(self.shutdown.clone());
+        Ok((config, None))
+    }
+
+    async fn report(&self, record: &Value) {
+        self.send_result(record).await;
+    }
+
+    /// A fresh copy on the jobs queue, invisible for `delay` (the received one is deleted
+    /// once this returns: see [`Fate::Requeued`]).
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String> {
+        let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
+        self.queue(&self.config.queue_url)?.send(text, delay).await
+    }
+
+    fn cannot_hand_off(&self) -> Option<String> {
+        Some("shorten the job's timeout, or raise the Container Apps job's replicaTimeout and TERRACE_REPLICA_TIMEOUT with it".to_owned())
+    }
+
+    async fn start_task(
+        &self,
+        _reference: &trigger::JobRef<Target>,
+        _timeout: Duration,
+    ) -> Result<Value, String> {
+        Err(
+            "a Container Apps job runs each job in its own execution: nothing to hand off to"
+                .into(),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -428,15 +407,5 @@ mod tests {
         let back: Value = serde_json::from_str(&cut).unwrap();
         assert_eq!(back["message_truncated"], true);
         assert!(!back["message"].as_str().unwrap().is_empty());
-    }
-
-    #[test]
-    fn a_message_is_json_or_base64_json() {
-        let text = r#"{"job": {"id": "j"}, "target": {"container_url": "https://a.blob.core.windows.net/s"}}"#;
-        assert_eq!(decode(text).unwrap().job["id"], "j");
-        let encoded = base64::engine::general_purpose::STANDARD.encode(text);
-        assert_eq!(decode(&encoded).unwrap().job["id"], "j");
-        let e = decode("not json").unwrap_err();
-        assert!(e.contains("not a job envelope"), "{e}");
     }
 }

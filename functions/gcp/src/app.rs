@@ -1,38 +1,35 @@
 //! One request: a Pub/Sub push of a job message, or a Cloud Scheduler call of a sweep.
 //!
 //! Pub/Sub takes any 2xx as an acknowledgement and redelivers after anything else, so the
-//! answer is the message's fate: 200 when the job finished (or had already) or the message is
-//! rejected for good (with the rejection in the body and the log), 429 when the workspace is
-//! busy, 503 for trouble that may pass (and when this instance is shutting down). A request
-//! that is not a push envelope at all gets 400; one without a valid token, 401 or 403.
+//! answer is the message's fate (see `shared::pipeline`): 200 when the job finished (or had
+//! already), the message is rejected for good (with the rejection in the body and the log), it
+//! was handed off, or its workspace is busy and a fresh copy went back on the jobs topic; 429
+//! when it is busy and no copy could be published; 503 for trouble that may pass (and when this
+//! instance is shutting down). A request that is not a push envelope at all gets 400; one
+//! without a valid token, 401 or 403.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use axum::Json;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use shared::runner::Runner;
-use shared::trigger::{self, Handled};
-use state_backends::StateStore;
+use shared::pipeline::{self, Delivery, Fate, Trigger};
+use shared::runner::RunnerConfig;
+use shared::trigger;
+use shared::validate::ValidatedJob;
 use state_backends::gcs::{GcsConfig, GcsStore};
+use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Target};
 use crate::config::Config;
 use crate::google;
 use crate::oidc::Verifier;
-
-/// A job message: the job and the customer project it runs against.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Envelope {
-    job: serde_json::Map<String, Value>,
-    target: Target,
-}
 
 /// What Pub/Sub POSTs.
 #[derive(Debug, Deserialize)]
@@ -41,12 +38,16 @@ struct Push {
     subscription: String,
 }
 
+/// Pub/Sub sends the id twice, as `messageId` and `message_id` (so a serde alias, which
+/// refuses a field given twice, would refuse every real push).
 #[derive(Debug, Deserialize)]
 struct PushMessage {
     #[serde(default)]
     data: Option<String>,
-    #[serde(rename = "messageId", alias = "message_id")]
-    message_id: String,
+    #[serde(default, rename = "messageId")]
+    message_id: Option<String>,
+    #[serde(default, rename = "message_id")]
+    message_id_snake: Option<String>,
 }
 
 /// What Cloud Scheduler POSTs to a sweep.
@@ -69,8 +70,9 @@ pub struct App {
 type JobRef = trigger::JobRef<Target>;
 
 /// The Cloud Run Admin API's `jobs.run` body: one task, `terrace-gcp task` with the reference,
-/// and a task timeout of the job's plus 5 minutes for its result and lease.
-fn run_job_request(reference: &str, job_timeout: Duration) -> Value {
+/// and a task timeout of the job's plus the task's wait for a busy workspace plus 5 minutes
+/// for its result and lease.
+fn run_job_request(reference: &str, job_timeout: Duration, lease_wait: Duration) -> Value {
     json!({
         "overrides": {
             "containerOverrides": [{
@@ -78,7 +80,7 @@ fn run_job_request(reference: &str, job_timeout: Duration) -> Value {
                 "env": [{ "name": "TERRACE_JOB_REF", "value": reference }],
             }],
             "taskCount": 1,
-            "timeout": format!("{}s", job_timeout.as_secs() + 300),
+            "timeout": format!("{}s", job_timeout.as_secs() + lease_wait.as_secs() + 300),
         }
     })
 }
@@ -131,7 +133,12 @@ impl App {
                 );
             }
         };
-        let id = push.message.message_id;
+        let Some(id) = push.message.message_id.or(push.message.message_id_snake) else {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                json!({ "error": "message.messageId is missing: not a Pub/Sub push envelope" }),
+            );
+        };
         let data = match push
             .message
             .data
@@ -157,12 +164,24 @@ impl App {
             .config
             .request_timeout
             .saturating_sub(self.config.margin);
-        match self.handle(&id, &data, Some(left)).await {
-            Handled::Done(body) => answer(StatusCode::OK, body),
-            Handled::Again { why, delay } => {
+        let delivery = Delivery {
+            message_id: &id,
+            body: &data,
+            time_left: Some(left),
+            lease_wait: Duration::ZERO,
+            cancel: self.shutdown.child_token(),
+        };
+        match pipeline::handle(self, delivery).await {
+            Fate::Ran(body) | Fate::Rejected(body) | Fate::HandedOff(body) => {
+                answer(StatusCode::OK, body)
+            }
+            Fate::Requeued { why, delay } => answer(
+                StatusCode::OK,
+                json!({ "status": "requeued", "why": why, "delay_s": delay.as_secs() }),
+            ),
+            Fate::Again { why, delay } => {
                 tracing::warn!(message_id = %id, why, "job message to be delivered again");
-                let busy = delay.is_some();
-                let status = if busy {
+                let status = if delay.is_some() {
                     StatusCode::TOO_MANY_REQUESTS
                 } else {
                     StatusCode::SERVICE_UNAVAILABLE
@@ -175,36 +194,16 @@ impl App {
                 }
                 response
             }
-            Handled::TooLong { job_id, ws } if self.config.cloud_run_job.is_some() => {
-                match self.hand_off(&data, &job_id, &ws).await {
-                    Ok(record) => answer(StatusCode::OK, record),
-                    Err(why) => {
-                        tracing::error!(message_id = %id, why, "handoff to the Cloud Run Job failed");
-                        answer(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": why }))
-                    }
-                }
-            }
-            Handled::TooLong { job_id, ws } => {
-                let record = trigger::rejection(
-                    &id,
-                    vec![trigger::problem(
-                        "timeout",
-                        format!(
-                            "job {job_id} for {ws} may run longer than this service's request timeout ({} s) allows, and no Cloud Run Job is configured to run it",
-                            self.config.request_timeout.as_secs()
-                        ),
-                        "shorten the job's timeout, raise the service's request timeout and TERRACE_REQUEST_TIMEOUT (up to 3600 s), or set TERRACE_CLOUD_RUN_JOB",
-                    )],
-                );
-                tracing::warn!(message_id = %id, record = %record, "job message rejected");
-                self.report(&record).await;
-                answer(StatusCode::OK, record)
-            }
+            // Stopped by this instance's shutdown: delivered again, to run again.
+            Fate::Interrupted(_) => answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": "this instance is shutting down; the job was interrupted and runs again" }),
+            ),
         }
     }
 
     /// Publishes a result or a rejection to the results topic, when there is one.
-    async fn report(&self, record: &Value) {
+    async fn publish_result(&self, record: &Value) {
         let Some(topic) = &self.config.results_topic else {
             return;
         };
@@ -220,150 +219,10 @@ impl App {
         }
     }
 
-    /// A message that will never be a job: answered with an error record, not retried.
-    async fn reject(&self, message_id: &str, errors: Vec<Value>) -> Handled {
-        let record = trigger::rejection(message_id, errors);
-        tracing::warn!(message_id, record = %record, "job message rejected");
-        self.report(&record).await;
-        Handled::Done(record)
-    }
-
-    /// One job message. A job whose timeout exceeds `time_left` does not start here
-    /// ([`Handled::TooLong`]).
-    async fn handle(&self, message_id: &str, data: &[u8], time_left: Option<Duration>) -> Handled {
-        let envelope: Envelope = match serde_json::from_slice(data) {
-            Ok(e) => e,
-            Err(e) => {
-                let problem = trigger::problem(
-                    "",
-                    format!("the message is not a job envelope: {e}"),
-                    "publish {\"job\": {…}, \"target\": {\"service_account\", \"bucket\", …}}",
-                );
-                return self.reject(message_id, vec![problem]).await;
-            }
-        };
-        if let Err(e) = envelope.target.check() {
-            let problem = trigger::problem(
-                "target",
-                e,
-                "name the customer's service account this service may impersonate",
-            );
-            return self.reject(message_id, vec![problem]).await;
-        }
-        let job = match trigger::check_job(&envelope.job, &self.config.runtime.templates) {
-            Ok(job) => job,
-            Err(errors) => return self.reject(message_id, errors).await,
-        };
-        if time_left.is_some_and(|left| job.job.timeout > left) {
-            return match state_backends::WorkspaceId::new(&job.job.tenant, &job.job.workspace) {
-                Ok(ws) => Handled::TooLong {
-                    job_id: job.job.id.clone(),
-                    ws,
-                },
-                Err(e) => {
-                    self.reject(message_id, vec![trigger::problem("workspace", e, "")])
-                        .await
-                }
-            };
-        }
-        let target = &envelope.target;
-        let again = |why: String| Handled::Again { why, delay: None };
-        let store = match self.store_for(target).await {
-            Ok(s) => s,
-            Err(e) => return again(e),
-        };
-        let mut config = self.config.runtime.runner_config();
-        config.terraform.settings = access::terraform_settings(target, self.config.anonymous);
-        config.shutdown = Some(self.shutdown.clone());
-        let runner = Runner::new(store, config);
-        let (handled, fresh) =
-            trigger::handled(runner.run(&job, self.shutdown.child_token()).await);
-        match handled {
-            // Stopped by this instance's shutdown: not final, so deliver it again.
-            Handled::Done(result) if result["status"] == "interrupted" => Handled::Again {
-                why: "this instance is shutting down; the job was interrupted and runs again"
-                    .into(),
-                delay: None,
-            },
-            Handled::Done(result) => {
-                if fresh {
-                    self.report(&result).await;
-                }
-                Handled::Done(result)
-            }
-            other => other,
-        }
-    }
-
-    /// Starts an execution of the Cloud Run Job (the same image, `terrace-gcp task`) for a job
-    /// too long for a request. The message is staged in the customer's bucket first, so its
-    /// variables stay out of Cloud Run's API; the execution gets only a [`JobRef`].
-    ///
-    /// # Errors
-    /// Why the execution was not started, as a sentence (the push is then delivered again).
-    async fn hand_off(
-        &self,
-        data: &[u8],
-        job_id: &str,
-        ws: &state_backends::WorkspaceId,
-    ) -> Result<Value, String> {
-        let job = self
-            .config
-            .cloud_run_job
-            .as_deref()
-            .ok_or("no Cloud Run Job is configured")?;
-        let envelope: Envelope = serde_json::from_slice(data).map_err(|e| e.to_string())?;
-        let timeout = trigger::check_job(&envelope.job, &self.config.runtime.templates)
-            .map_err(|_| "the job is no longer valid")?
-            .job
-            .timeout;
-        let store = self.store_for(&envelope.target).await?;
-        let reference = JobRef::new(envelope.target, ws, job_id);
-        reference.stage(&*store, data).await?;
-        let request = run_job_request(
-            &serde_json::to_string(&reference).map_err(|e| e.to_string())?,
-            timeout,
-        );
-        let url = format!(
-            "{}/v2/{job}:run",
-            self.config.run_endpoint.trim_end_matches('/')
-        );
-        let body = self
-            .own
-            .post(
-                &format!("the Cloud Run Admin API, starting {job}"),
-                &url,
-                &request,
-            )
-            .await?;
-        let operation = body["name"].as_str().unwrap_or_default().to_owned();
-        tracing::info!(job_id, operation, "handed off to the Cloud Run Job");
-        Ok(json!({
-            "status": "handed-off", "job_id": job_id, "workspace": ws.to_string(),
-            "cloud_run_job": job, "operation": operation,
-        }))
-    }
-
     /// `terrace-gcp task`: the job a Cloud Run Job execution was handed, by its reference.
-    ///
-    /// # Errors
-    /// Why it could not run, as a sentence.
-    pub async fn task(&self, reference: &str) -> Result<Value, String> {
-        let r: JobRef = serde_json::from_str(reference)
-            .map_err(|e| format!("TERRACE_JOB_REF is not a job reference: {e}"))?;
-        let store = self.store_for(&r.target).await?;
-        let data = r.staged(&*store).await?;
-        match self
-            .handle(&format!("task-{}", r.job_id), &data, None)
-            .await
-        {
-            Handled::Done(result) => {
-                r.unstage(&*store, &result).await;
-                Ok(result)
-            }
-            Handled::Again { why, .. } => Err(why),
-            Handled::TooLong { .. } => Err("unreachable: a task has no time limit".into()),
-        }
+    pub async fn task(&self, reference: &str) -> Fate {
+        let wait = self.config.runtime.task_lease_wait;
+        pipeline::task(self, reference, wait, self.shutdown.child_token()).await
     }
 
     /// `POST /sweeps/drift`: a `drift-check` job for each applied workspace of each customer's
@@ -450,6 +309,128 @@ impl App {
     }
 }
 
+#[async_trait]
+impl Trigger for App {
+    type Target = Target;
+
+    fn envelope_fix(&self) -> &'static str {
+        "publish {\"job\": {…}, \"target\": {\"service_account\", \"bucket\", …}}"
+    }
+
+    fn check_target(&self, target: &Target) -> Vec<Value> {
+        match target.check() {
+            Ok(()) => Vec::new(),
+            Err(e) => vec![trigger::problem(
+                "target",
+                e,
+                "name the customer's service account this service may impersonate",
+            )],
+        }
+    }
+
+    fn templates(&self) -> &std::path::Path {
+        &self.config.runtime.templates
+    }
+
+    async fn store(
+        &self,
+        target: &Target,
+        _session: &str,
+        _ws: Option<&WorkspaceId>,
+    ) -> Result<Arc<dyn StateStore>, String> {
+        self.store_for(target).await
+    }
+
+    async fn runner_config(
+        &self,
+        target: &Target,
+        _job: &ValidatedJob,
+    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String> {
+        let mut config = self.config.runtime.runner_config();
+        config.terraform.settings = access::terraform_settings(target, self.config.anonymous);
+        config.shutdown = Some(self.shutdown.clone());
+        Ok((config, None))
+    }
+
+    async fn report(&self, record: &Value) {
+        self.publish_result(record).await;
+    }
+
+    /// Publishes `body` to the jobs topic again. Pub/Sub cannot delay a message, so the
+    /// answer is held first, for `delay` up to `TERRACE_REQUEUE_WAIT` (less on shutdown):
+    /// that bounds how often a waiting job comes back, and a fresh message starts its delivery
+    /// count at zero, so waiting never dead-letters it.
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String> {
+        let topic = self
+            .config
+            .jobs_topic
+            .as_deref()
+            .ok_or("TERRACE_JOBS_TOPIC is not set")?;
+        let message: Value = serde_json::from_slice(body)
+            .or_else(|_| {
+                let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(text.trim())
+                    .map_err(|e| e.to_string())?;
+                serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+            })
+            .map_err(|e| format!("the message cannot be published again: {e}"))?;
+        let wait = delay.min(self.config.requeue_wait);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = self.shutdown.cancelled() => {}
+        }
+        google::publish(
+            &self.own,
+            &self.config.pubsub_endpoint,
+            topic,
+            std::slice::from_ref(&message),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|(_, why)| why)
+    }
+
+    fn cannot_hand_off(&self) -> Option<String> {
+        self.config.cloud_run_job.is_none().then(|| {
+            "shorten the job's timeout, raise the service's request timeout and TERRACE_REQUEST_TIMEOUT (up to 3600 s), or set TERRACE_CLOUD_RUN_JOB".to_owned()
+        })
+    }
+
+    /// Starts an execution of the Cloud Run Job (the same image, `terrace-gcp task`) with the
+    /// reference to the staged message, so the job's variables stay out of Cloud Run's API.
+    async fn start_task(&self, reference: &JobRef, timeout: Duration) -> Result<Value, String> {
+        let job = self
+            .config
+            .cloud_run_job
+            .as_deref()
+            .ok_or("no Cloud Run Job is configured")?;
+        let request = run_job_request(
+            &serde_json::to_string(reference).map_err(|e| e.to_string())?,
+            timeout,
+            self.config.runtime.task_lease_wait,
+        );
+        let url = format!(
+            "{}/v2/{job}:run",
+            self.config.run_endpoint.trim_end_matches('/')
+        );
+        let body = self
+            .own
+            .post(
+                &format!("the Cloud Run Admin API, starting {job}"),
+                &url,
+                &request,
+            )
+            .await?;
+        let operation = body["name"].as_str().unwrap_or_default().to_owned();
+        Ok(json!({
+            "status": "handed-off", "job_id": reference.job_id,
+            "workspace": format!("{}/{}", reference.tenant, reference.workspace),
+            "cloud_run_job": job, "operation": operation,
+        }))
+    }
+}
+
 /// A sweep's answer: 500 when any bucket's report says something was not done (Cloud
 /// Scheduler then retries by its own policy).
 fn sweep_answer(name: &str, reports: Vec<Value>) -> Response {
@@ -466,11 +447,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_push_with_the_id_under_both_names_as_pubsub_sends_it_is_read() {
+        let push: Push = serde_json::from_value(json!({
+            "message": {
+                "data": "e30=", "attributes": {}, "messageId": "42", "message_id": "42",
+                "publishTime": "2026-11-24T00:00:00Z", "publish_time": "2026-11-24T00:00:00Z",
+            },
+            "subscription": "projects/p/subscriptions/s",
+        }))
+        .unwrap();
+        assert_eq!(push.message.message_id.as_deref(), Some("42"));
+        let snake: Push = serde_json::from_value(json!({
+            "message": { "data": "e30=", "message_id": "7" },
+            "subscription": "projects/p/subscriptions/s",
+        }))
+        .unwrap();
+        assert_eq!(snake.message.message_id_snake.as_deref(), Some("7"));
+    }
+
+    #[test]
     fn the_run_request_carries_only_the_reference_and_a_fitting_timeout() {
-        let request = run_job_request(r#"{"job_id":"j1"}"#, Duration::from_secs(7200));
+        let request = run_job_request(
+            r#"{"job_id":"j1"}"#,
+            Duration::from_secs(7200),
+            Duration::from_secs(240),
+        );
         let overrides = &request["overrides"];
         assert_eq!(overrides["taskCount"], 1);
-        assert_eq!(overrides["timeout"], "7500s");
+        assert_eq!(overrides["timeout"], "7740s");
         let container = &overrides["containerOverrides"][0];
         assert_eq!(container["args"], json!(["task"]));
         assert_eq!(

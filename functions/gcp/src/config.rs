@@ -25,9 +25,12 @@ pub struct Config {
     pub cloud_run_job: Option<String>,
     /// `TERRACE_CLOUD_RUN_ENDPOINT`: the Cloud Run Admin API (default `https://run.googleapis.com`).
     pub run_endpoint: String,
-    /// `TERRACE_JOBS_TOPIC` (`projects/P/topics/T`): where the drift sweep puts its checks (the
-    /// topic whose push subscription calls this service).
+    /// `TERRACE_JOBS_TOPIC` (`projects/P/topics/T`): the topic whose push subscription calls
+    /// this service, where the drift sweep puts its checks and a busy job's message goes back.
     pub jobs_topic: Option<String>,
+    /// `TERRACE_REQUEUE_WAIT` (60 s): how long the answer to a push whose workspace is busy is
+    /// held before the message goes back on the jobs topic (Pub/Sub cannot delay a message).
+    pub requeue_wait: Duration,
     /// `TERRACE_RESULTS_TOPIC`: where results and rejections are published, when set.
     pub results_topic: Option<String>,
     /// `TERRACE_PUBSUB_ENDPOINT` (default `https://pubsub.googleapis.com`).
@@ -84,6 +87,7 @@ impl Config {
             run_endpoint: var("TERRACE_CLOUD_RUN_ENDPOINT")
                 .unwrap_or_else(|| "https://run.googleapis.com".into()),
             jobs_topic: var("TERRACE_JOBS_TOPIC"),
+            requeue_wait: seconds("TERRACE_REQUEUE_WAIT", 60)?,
             results_topic: var("TERRACE_RESULTS_TOPIC"),
             pubsub_endpoint: var("TERRACE_PUBSUB_ENDPOINT")
                 .unwrap_or_else(|| "https://pubsub.googleapis.com".into()),

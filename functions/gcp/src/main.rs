@@ -114,18 +114,5 @@ async fn task(app: &App) -> ExitCode {
         );
         return ExitCode::from(64);
     };
-    match app.task(&reference).await {
-        Ok(result) => {
-            println!("{result}");
-            if result["status"] == "succeeded" {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(why) => {
-            eprintln!("terrace-gcp task: {why}");
-            ExitCode::from(75)
-        }
-    }
+    shared::process::task_exit("terrace-gcp task", app.task(&reference).await)
 }

@@ -1,0 +1,501 @@
+//! One pipeline for every trigger's job messages: decode → check the target → validate the job →
+//! does it fit in the time left here? (else hand it off) → open the customer's store → run →
+//! report. A trigger (SQS on Lambda, a Pub/Sub push, a Storage Queue message, a handed-off task)
+//! supplies only what is its own through [`Trigger`], and turns the message's [`Fate`] into its
+//! queue's verbs (delete, return, answer 200 or 503, move to the poison queue).
+//!
+//! What every trigger gets the same way:
+//! - every delivery of a job that has a final result reports that result, whether it ran now
+//!   or before (a job id runs once): a platform never misses a result because an earlier
+//!   delivery's report or acknowledgement was lost;
+//! - a message whose workspace is busy goes back on the queue as a fresh copy, delayed until the
+//!   lease holding it should end ([`Fate::Requeued`]): waiting behind another job is never a
+//!   failed delivery, so it never counts towards a dead-letter limit;
+//! - a handed-off task ([`task`]) reads only a staged message whose digest matches its reference,
+//!   waits for a busy workspace, and puts its job back on the queue for any end that is not
+//!   final: it ends with a reported result or its job goes back on the queue.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use state_backends::{StateStore, WorkspaceId};
+use tokio_util::sync::CancellationToken;
+
+use crate::runner::{RunOutcome, Runner, RunnerConfig};
+use crate::trigger::{JobRef, StagedError, check_job, is_final, problem, rejection};
+use crate::validate::ValidatedJob;
+
+/// A job message: the job, and the customer's side it runs against.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope<T> {
+    pub job: Map<String, Value>,
+    pub target: T,
+    /// How many times a handed-off task has put this job back on the queue after trouble that
+    /// may pass (waiting for a busy workspace does not count). Set by Terrace, not by senders.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requeued: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A task puts its job back for trouble that may pass at most this many times; then the job
+/// ends with an error record (and the platform decides).
+pub const MAX_TASK_REQUEUES: u32 = 5;
+
+/// How long a task waits before its job is delivered again after trouble that may pass.
+const TROUBLE_DELAY: Duration = Duration::from_secs(60);
+
+/// What a trigger opens for one job: the customer's store, and a runner's settings with
+/// terraform's access to the customer.
+pub struct Opened {
+    pub store: Arc<dyn StateStore>,
+    pub config: RunnerConfig,
+    /// Lives until the job ends (e.g. the broker terraform asks for sessions).
+    pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+/// What is a trigger's own: its target type, how it reaches the customer, where results go,
+/// how a message goes back on its queue, and how a long job is handed off.
+#[async_trait]
+pub trait Trigger: Send + Sync {
+    /// The customer's side a message names (a role and bucket, a service account, a container).
+    type Target: DeserializeOwned + Serialize + Clone + Send + Sync + 'static;
+
+    /// The shape of a job message, for the rejection of one that is not.
+    fn envelope_fix(&self) -> &'static str;
+
+    /// Every problem with a message's target, as [`problem`]s.
+    fn check_target(&self, target: &Self::Target) -> Vec<Value>;
+
+    /// The templates folder jobs are validated against.
+    fn templates(&self) -> &Path;
+
+    /// The customer's store (for the job's workspace `ws`, when there is one).
+    ///
+    /// # Errors
+    /// Why it cannot be reached now, as a sentence (the message is delivered again).
+    async fn store(
+        &self,
+        target: &Self::Target,
+        session: &str,
+        ws: Option<&WorkspaceId>,
+    ) -> Result<Arc<dyn StateStore>, String>;
+
+    /// A runner's settings for `job`, with terraform's access to the customer.
+    ///
+    /// # Errors
+    /// Why terraform cannot be given access now, as a sentence.
+    async fn runner_config(
+        &self,
+        target: &Self::Target,
+        job: &ValidatedJob,
+    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String>;
+
+    /// Sends a record (a result, a rejection, a hand-off) to the results channel, if any.
+    async fn report(&self, record: &Value);
+
+    /// Puts a fresh copy of `body` on the jobs queue, to be delivered no sooner than `delay`
+    /// where the queue can delay it.
+    ///
+    /// # Errors
+    /// Why not (no jobs queue configured, the queue refused it), as a sentence.
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String>;
+
+    /// `None` when a job too long for this host can be handed off; otherwise the fix to put
+    /// in its rejection.
+    fn cannot_hand_off(&self) -> Option<String>;
+
+    /// Starts a task (of the same image) for the job staged under `reference`.
+    ///
+    /// # Errors
+    /// Why it was not started, as a sentence (the message is delivered again).
+    async fn start_task(
+        &self,
+        reference: &JobRef<Self::Target>,
+        timeout: Duration,
+    ) -> Result<Value, String>;
+}
+
+/// What became of one message, for the trigger to carry out. Every record here has been
+/// reported already when the fate says so.
+#[derive(Debug)]
+pub enum Fate {
+    /// The job has a final result, from this delivery or an earlier one: acknowledge.
+    /// Reported.
+    Ran(Value),
+    /// The message can never be a job: acknowledge it, or dead-letter it where the trigger
+    /// keeps those. Reported.
+    Rejected(Value),
+    /// Staged and handed to a task: acknowledge. Reported.
+    HandedOff(Value),
+    /// A fresh copy is on the queue (a busy workspace, or a task's job put back): acknowledge
+    /// this one.
+    Requeued { why: String, delay: Duration },
+    /// Deliver this message again: trouble that may pass, or a busy workspace whose copy
+    /// could not be queued (`delay`: when to try again, if known).
+    Again {
+        why: String,
+        delay: Option<Duration>,
+    },
+    /// Stopped by this host's shutdown: not the job's fault, deliver it again at once. The
+    /// `interrupted` result (not reported: the job runs again).
+    Interrupted(Value),
+}
+
+impl Fate {
+    /// The fate's name, for logs and the fate table.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fate::Ran(_) => "ran",
+            Fate::Rejected(_) => "rejected",
+            Fate::HandedOff(_) => "handed-off",
+            Fate::Requeued { .. } => "requeued",
+            Fate::Again { .. } => "again",
+            Fate::Interrupted(_) => "interrupted",
+        }
+    }
+
+    fn again(why: impl Into<String>) -> Self {
+        Fate::Again {
+            why: why.into(),
+            delay: None,
+        }
+    }
+}
+
+/// One delivery of a message.
+#[derive(Clone, Debug)]
+pub struct Delivery<'a> {
+    /// The queue's id of the message, for rejections and logs.
+    pub message_id: &'a str,
+    /// The message as it came (JSON, or base64 of it).
+    pub body: &'a [u8],
+    /// The time this host has left for a job; a longer job is handed off (or rejected).
+    pub time_left: Option<Duration>,
+    /// How long to wait for a busy workspace before the message goes back on the queue.
+    pub lease_wait: Duration,
+    /// Cancels the job (its runner ends it `cancelled`, or `interrupted` on shutdown).
+    pub cancel: CancellationToken,
+}
+
+/// The message as an envelope: JSON, or JSON in base64 (what many senders put on queues).
+fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, String> {
+    match serde_json::from_slice::<Envelope<T>>(body) {
+        Ok(e) => Ok(e),
+        Err(json_error) => {
+            let decoded = std::str::from_utf8(body)
+                .ok()
+                .and_then(|text| {
+                    base64::engine::general_purpose::STANDARD
+                        .decode(text.trim())
+                        .ok()
+                })
+                .and_then(|bytes| serde_json::from_slice::<Envelope<T>>(&bytes).ok());
+            decoded.ok_or_else(|| format!("the message is not a job envelope: {json_error}"))
+        }
+    }
+}
+
+/// Checks a message: its envelope, target and job, and whether it fits in the time left.
+/// Every problem at once.
+fn check<T: Trigger + ?Sized>(
+    trigger: &T,
+    d: &Delivery<'_>,
+) -> Result<(Envelope<T::Target>, ValidatedJob), Vec<Value>> {
+    let envelope: Envelope<T::Target> =
+        decode(d.body).map_err(|e| vec![problem("", e, trigger.envelope_fix())])?;
+    let mut problems = trigger.check_target(&envelope.target);
+    let job = match check_job(&envelope.job, trigger.templates()) {
+        Ok(job) => Some(job),
+        Err(more) => {
+            problems.extend(more);
+            None
+        }
+    };
+    if let (Some(job), Some(left), Some(fix)) = (&job, d.time_left, trigger.cannot_hand_off())
+        && job.job.timeout > left
+    {
+        problems.push(problem(
+            "timeout",
+            format!(
+                "{} s is longer than this runner can run a job ({} s), and no task is configured to run longer ones",
+                job.job.timeout.as_secs(),
+                left.as_secs()
+            ),
+            &fix,
+        ));
+    }
+    match job {
+        Some(job) if problems.is_empty() => Ok((envelope, job)),
+        _ => Err(problems),
+    }
+}
+
+/// Sees one message through: check, hand off or run, report.
+pub async fn handle<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
+    let (envelope, job) = match check(trigger, &d) {
+        Ok(checked) => checked,
+        Err(problems) => return reject(trigger, rejection(d.message_id, problems)).await,
+    };
+    let ws = match WorkspaceId::new(&job.job.tenant, &job.job.workspace) {
+        Ok(ws) => ws,
+        Err(e) => {
+            let record = rejection(d.message_id, vec![problem("workspace", e, "")]);
+            return reject(trigger, record).await;
+        }
+    };
+    if d.time_left.is_some_and(|left| job.job.timeout > left) {
+        return hand_off(trigger, &envelope, &job, &ws, d.body).await;
+    }
+    run(trigger, &envelope, &job, &ws, &d).await
+}
+
+async fn reject<T: Trigger + ?Sized>(trigger: &T, record: Value) -> Fate {
+    tracing::warn!(record = %record, "job message rejected");
+    trigger.report(&record).await;
+    Fate::Rejected(record)
+}
+
+/// Stages the message in the customer's store and starts a task for it.
+async fn hand_off<T: Trigger + ?Sized>(
+    trigger: &T,
+    envelope: &Envelope<T::Target>,
+    job: &ValidatedJob,
+    ws: &WorkspaceId,
+    body: &[u8],
+) -> Fate {
+    let id = &job.job.id;
+    let store = match trigger.store(&envelope.target, id, Some(ws)).await {
+        Ok(store) => store,
+        Err(why) => return Fate::again(why),
+    };
+    let reference = match JobRef::stage(envelope.target.clone(), ws, id, body, &*store).await {
+        Ok(reference) => reference,
+        Err(why) => return Fate::again(why),
+    };
+    match trigger.start_task(&reference, job.job.timeout).await {
+        Ok(record) => {
+            tracing::info!(job_id = %id, record = %record, "job handed off to a task");
+            trigger.report(&record).await;
+            Fate::HandedOff(record)
+        }
+        // The staged copy stays: the next delivery stages it afresh.
+        Err(why) => Fate::again(format!("could not hand the job off: {why}")),
+    }
+}
+
+/// Runs a checked job against the customer's store.
+async fn run<T: Trigger + ?Sized>(
+    trigger: &T,
+    envelope: &Envelope<T::Target>,
+    job: &ValidatedJob,
+    ws: &WorkspaceId,
+    d: &Delivery<'_>,
+) -> Fate {
+    let id = &job.job.id;
+    // The store and terraform's access are made side by side (each may be a role to assume).
+    let (store, config) = tokio::join!(
+        trigger.store(&envelope.target, id, Some(ws)),
+        trigger.runner_config(&envelope.target, job),
+    );
+    let opened = match (store, config) {
+        (Ok(store), Ok((config, keep))) => Opened {
+            store,
+            config,
+            keep,
+        },
+        (Err(why), _) | (_, Err(why)) => return Fate::again(why),
+    };
+    let mut config = opened.config;
+    config.lease_wait = d.lease_wait;
+    let runner = Runner::new(opened.store, config);
+    let outcome = runner.run(job, d.cancel.clone()).await;
+    drop(opened.keep);
+    match outcome {
+        Ok(RunOutcome::Finished(result) | RunOutcome::AlreadyDone(result)) => {
+            let record = serde_json::to_value(&*result).unwrap_or(Value::Null);
+            if is_final(&record) {
+                trigger.report(&record).await;
+                Fate::Ran(record)
+            } else {
+                Fate::Interrupted(record)
+            }
+        }
+        Ok(RunOutcome::Busy { holder }) => {
+            let wait = (holder.expires_at - time::OffsetDateTime::now_utc())
+                .whole_seconds()
+                .clamp(5, 900);
+            let delay = Duration::from_secs(wait.unsigned_abs());
+            let why = format!(
+                "workspace busy: job {} holds it until {}",
+                holder.owner,
+                state_backends::display_time(holder.expires_at)
+            );
+            match trigger.requeue(d.body, delay).await {
+                Ok(()) => {
+                    tracing::info!(job_id = %id, why, delay_s = delay.as_secs(), "job queued again for later");
+                    Fate::Requeued { why, delay }
+                }
+                Err(e) => {
+                    tracing::warn!(job_id = %id, error = %e, "could not queue the job again; it is delivered again instead");
+                    Fate::Again {
+                        why,
+                        delay: Some(delay),
+                    }
+                }
+            }
+        }
+        Err(e) => Fate::again(format!("{e:#}")),
+    }
+}
+
+/// Runs the job a task was handed by `reference` (see [`JobRef`]), waiting up to `lease_wait`
+/// for a busy workspace. A staged message that is not the one staged is refused and reported.
+/// Any end that is not final (busy, trouble, shutdown) puts the job back on the jobs queue as a
+/// fresh copy ([`Fate::Requeued`]), so a handed-off job ends with a reported result or runs
+/// again; only when even that fails is it [`Fate::Again`] (the task's own retry, if any).
+pub async fn task<T: Trigger + ?Sized>(
+    trigger: &T,
+    reference: &str,
+    lease_wait: Duration,
+    cancel: CancellationToken,
+) -> Fate {
+    let r: JobRef<T::Target> = match serde_json::from_str(reference) {
+        Ok(r) => r,
+        Err(e) => {
+            let record = rejection(
+                "task",
+                vec![problem(
+                    "TERRACE_JOB_REF",
+                    format!("not a job reference: {e}"),
+                    "start tasks only through the runner's hand-off",
+                )],
+            );
+            return reject(trigger, record).await;
+        }
+    };
+    let ws = match WorkspaceId::new(&r.tenant, &r.workspace) {
+        Ok(ws) => ws,
+        Err(e) => {
+            let record = rejection("task", vec![problem("TERRACE_JOB_REF.workspace", e, "")]);
+            return reject(trigger, record).await;
+        }
+    };
+    let store = match trigger.store(&r.target, &r.job_id, Some(&ws)).await {
+        Ok(store) => store,
+        Err(why) => return Fate::again(format!("cannot read the staged job: {why}")),
+    };
+    let body = match r.staged(&*store).await {
+        Ok(body) => body,
+        Err(StagedError::Refused(record)) => return reject(trigger, record).await,
+        Err(StagedError::Unavailable(why)) => {
+            return Fate::again(format!("cannot read the staged job: {why}"));
+        }
+    };
+    let message_id = format!("task-{}", r.job_id);
+    let fate = handle(
+        trigger,
+        Delivery {
+            message_id: &message_id,
+            body: &body,
+            time_left: None,
+            lease_wait,
+            cancel,
+        },
+    )
+    .await;
+    let fate = match fate {
+        // `handle` queued a fresh copy of the message already.
+        Fate::Requeued { .. } | Fate::Ran(_) | Fate::Rejected(_) | Fate::HandedOff(_) => fate,
+        Fate::Interrupted(_) => put_back(trigger, &body, Duration::ZERO, false, fate).await,
+        Fate::Again { ref why, delay } => {
+            let busy = delay.is_some();
+            let delay = delay.unwrap_or(TROUBLE_DELAY);
+            let why = why.clone();
+            put_back(
+                trigger,
+                &body,
+                delay,
+                !busy,
+                Fate::Again { why, delay: None },
+            )
+            .await
+        }
+    };
+    // The staged copy holds the job's variables: it goes once the job has a final result, or
+    // once a fresh copy is on the queue (a later hand-off stages it again).
+    if matches!(
+        fate,
+        Fate::Ran(_) | Fate::Rejected(_) | Fate::Requeued { .. }
+    ) {
+        r.unstage(&*store).await;
+    }
+    fate
+}
+
+/// Puts a task's job back on the queue after an end that is not final; `trouble` counts
+/// towards [`MAX_TASK_REQUEUES`], after which the job ends with a reported error record.
+async fn put_back<T: Trigger + ?Sized>(
+    trigger: &T,
+    body: &[u8],
+    delay: Duration,
+    trouble: bool,
+    fate: Fate,
+) -> Fate {
+    let why = match &fate {
+        Fate::Again { why, .. } => why.clone(),
+        _ => "interrupted by the task's shutdown".to_owned(),
+    };
+    let Ok(mut envelope) = decode::<Value>(body) else {
+        return fate;
+    };
+    if trouble {
+        envelope.requeued += 1;
+        if envelope.requeued > MAX_TASK_REQUEUES {
+            let record = json!({
+                "status": "failed",
+                "job_id": envelope.job.get("id"),
+                "error": {
+                    "category": "transient",
+                    "step": "prepare",
+                    "message": format!("a task could not run the job after {MAX_TASK_REQUEUES} tries: {why}"),
+                    "hint": "see the tasks' logs; send the job again once the cause is fixed",
+                    "retryable": true,
+                },
+            });
+            tracing::error!(record = %record, "giving up on a handed-off job");
+            trigger.report(&record).await;
+            return Fate::Ran(record);
+        }
+    }
+    let Ok(copy) = serde_json::to_vec(&envelope) else {
+        return fate;
+    };
+    match trigger.requeue(&copy, delay).await {
+        Ok(()) => {
+            tracing::info!(
+                why,
+                delay_s = delay.as_secs(),
+                "the task's job is queued again"
+            );
+            Fate::Requeued { why, delay }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, why, "the task's job could not be queued again");
+            fate
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,510 @@
+//! The fate table, on an in-memory trigger and store: every outcome but a run of terraform
+//! (which the functions' integration tests cover on every cloud).
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use serde_json::json;
+use state_backends::memory::MemoryStore;
+use state_backends::{LeaseRequest, StateStore};
+
+use super::*;
+use crate::runner::RESULT_FILE;
+use crate::trigger::REQUEST;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Bucket {
+    bucket: String,
+}
+
+/// A trigger whose queue, results channel and task starter are lists.
+struct Fake {
+    store: Arc<MemoryStore>,
+    templates: PathBuf,
+    reported: Mutex<Vec<Value>>,
+    requeued: Mutex<Vec<(Value, Duration)>>,
+    started: Mutex<Vec<String>>,
+    store_fails: bool,
+    requeue_fails: bool,
+    hands_off: bool,
+}
+
+impl Fake {
+    fn new() -> Self {
+        Self {
+            store: Arc::new(MemoryStore::new()),
+            templates: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates"),
+            reported: Mutex::default(),
+            requeued: Mutex::default(),
+            started: Mutex::default(),
+            store_fails: false,
+            requeue_fails: false,
+            hands_off: true,
+        }
+    }
+
+    fn reported(&self) -> Vec<Value> {
+        self.reported.lock().unwrap().clone()
+    }
+
+    fn requeued(&self) -> Vec<(Value, Duration)> {
+        self.requeued.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Trigger for Fake {
+    type Target = Bucket;
+
+    fn envelope_fix(&self) -> &'static str {
+        "send {\"job\": {…}, \"target\": {\"bucket\"}}"
+    }
+
+    fn check_target(&self, target: &Bucket) -> Vec<Value> {
+        if target.bucket.is_empty() {
+            vec![problem("target.bucket", "is empty", "name the bucket")]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn templates(&self) -> &Path {
+        &self.templates
+    }
+
+    async fn store(
+        &self,
+        _: &Bucket,
+        _: &str,
+        _: Option<&WorkspaceId>,
+    ) -> Result<Arc<dyn StateStore>, String> {
+        if self.store_fails {
+            return Err("the role cannot be assumed now".into());
+        }
+        Ok(self.store.clone())
+    }
+
+    async fn runner_config(
+        &self,
+        _: &Bucket,
+        _: &ValidatedJob,
+    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String> {
+        let mut config = RunnerConfig::default();
+        // Never reached by these tests: every run here stops before terraform.
+        config.terraform.binary = "/nonexistent/terraform".into();
+        Ok((config, None))
+    }
+
+    async fn report(&self, record: &Value) {
+        self.reported.lock().unwrap().push(record.clone());
+    }
+
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String> {
+        if self.requeue_fails {
+            return Err("the queue refused it".into());
+        }
+        let body = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        self.requeued.lock().unwrap().push((body, delay));
+        Ok(())
+    }
+
+    fn cannot_hand_off(&self) -> Option<String> {
+        (!self.hands_off).then(|| "shorten the job's timeout".to_owned())
+    }
+
+    async fn start_task(&self, reference: &JobRef<Bucket>, _: Duration) -> Result<Value, String> {
+        let reference = serde_json::to_string(reference).unwrap();
+        self.started.lock().unwrap().push(reference);
+        Ok(json!({ "status": "handed-off" }))
+    }
+}
+
+fn message(id: &str, timeout: &str) -> Vec<u8> {
+    json!({
+        "job": {
+            "id": id, "tenant": "acme", "workspace": "demo", "operation": "apply",
+            "template": { "name": "demo", "version": "1.0.0" },
+            "variables": { "cluster_name": "demo", "region": "eu-west-1", "admin_password": "hunter2-hunter2" },
+            "timeout": timeout,
+        },
+        "target": { "bucket": "b" },
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn delivery<'a>(body: &'a [u8], time_left: Option<Duration>) -> Delivery<'a> {
+    Delivery {
+        message_id: "m1",
+        body,
+        time_left,
+        lease_wait: Duration::ZERO,
+        cancel: CancellationToken::new(),
+    }
+}
+
+fn ws() -> WorkspaceId {
+    WorkspaceId::new("acme", "demo").unwrap()
+}
+
+fn finished(id: &str) -> Bytes {
+    let now = time::OffsetDateTime::now_utc();
+    let result = crate::result::JobResult {
+        job_id: id.into(),
+        tenant: "acme".into(),
+        workspace: "demo".into(),
+        operation: crate::job::Operation::Apply,
+        template: "demo@1.0.0".into(),
+        status: crate::result::Status::Succeeded,
+        terraform: None,
+        started_at: now,
+        finished_at: now,
+        duration_ms: 1,
+        steps: Vec::new(),
+        changes: None,
+        drift: None,
+        drifted: Vec::new(),
+        outputs: Default::default(),
+        state_versions: vec![1],
+        attempts: Vec::new(),
+        cleanup: None,
+        recovered: Vec::new(),
+        unsaved_state: None,
+        error: None,
+    };
+    Bytes::from(serde_json::to_vec(&result).unwrap())
+}
+
+async fn hold_lease(store: &MemoryStore, owner: &str) {
+    let request = LeaseRequest {
+        owner: owner.into(),
+        ttl: Duration::from_secs(120),
+        info: json!({}),
+    };
+    store.acquire_lease(&ws(), &request).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_message_that_is_not_an_envelope_is_rejected_and_reported_once() {
+    let fake = Fake::new();
+    let fate = handle(&fake, delivery(b"not json", None)).await;
+    let Fate::Rejected(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(record["status"], "rejected");
+    assert_eq!(record["message_id"], "m1");
+    assert!(
+        record["errors"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("not a job envelope")
+    );
+    assert_eq!(fake.reported(), vec![record]);
+    assert!(fake.requeued().is_empty());
+}
+
+#[tokio::test]
+async fn every_problem_with_the_target_and_the_job_is_in_one_rejection() {
+    let fake = Fake::new();
+    let mut body: Value = serde_json::from_slice(&message("j1", "10m")).unwrap();
+    body["target"]["bucket"] = json!("");
+    body["job"]["variables"]["node_count"] = json!(99);
+    let body = body.to_string();
+    let Fate::Rejected(record) = handle(&fake, delivery(body.as_bytes(), None)).await else {
+        panic!("not rejected")
+    };
+    let fields: Vec<&str> = record["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"target.bucket"), "{fields:?}");
+    assert!(
+        fields.iter().any(|f| f.contains("node_count")),
+        "{fields:?}"
+    );
+    assert_eq!(fake.reported().len(), 1);
+}
+
+#[tokio::test]
+async fn a_base64_message_is_decoded_like_a_json_one() {
+    let fake = Fake::new();
+    let encoded = base64::engine::general_purpose::STANDARD.encode(message("j1", "10m"));
+    fake.store
+        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
+        .await
+        .unwrap();
+    let fate = handle(&fake, delivery(encoded.as_bytes(), None)).await;
+    assert!(matches!(fate, Fate::Ran(_)), "{fate:?}");
+}
+
+#[tokio::test]
+async fn a_finished_job_delivered_again_reports_its_result_again_and_runs_nothing() {
+    let fake = Fake::new();
+    fake.store
+        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
+        .await
+        .unwrap();
+    let body = message("j1", "10m");
+    for delivery_number in 1..=2 {
+        let fate = handle(&fake, delivery(&body, None)).await;
+        let Fate::Ran(record) = fate else {
+            panic!("{fate:?}")
+        };
+        assert_eq!(record["job_id"], "j1");
+        assert_eq!(record["status"], "succeeded");
+        assert_eq!(fake.reported().len(), delivery_number);
+    }
+    // Nothing ran: no job record, and the lease is free.
+    assert!(
+        fake.store
+            .artifact(&ws(), "j1", crate::runner::JOB_FILE)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_busy_workspace_puts_a_fresh_delayed_copy_on_the_queue_and_reports_nothing() {
+    let fake = Fake::new();
+    hold_lease(&fake.store, "other-job").await;
+    let body = message("j1", "10m");
+    let fate = handle(&fake, delivery(&body, None)).await;
+    let Fate::Requeued { why, delay } = fate else {
+        panic!("{fate:?}")
+    };
+    assert!(why.contains("other-job"), "{why}");
+    // Until the holder's lease should end (120 s from now), give or take a second.
+    assert!((110..=120).contains(&delay.as_secs()), "{delay:?}");
+    let requeued = fake.requeued();
+    assert_eq!(requeued.len(), 1);
+    assert_eq!(
+        requeued[0].0,
+        serde_json::from_slice::<Value>(&body).unwrap()
+    );
+    assert!(fake.reported().is_empty());
+}
+
+#[tokio::test]
+async fn a_busy_workspace_whose_copy_cannot_be_queued_is_delivered_again_with_its_delay() {
+    let mut fake = Fake::new();
+    fake.requeue_fails = true;
+    hold_lease(&fake.store, "other-job").await;
+    let fate = handle(&fake, delivery(&message("j1", "10m"), None)).await;
+    let Fate::Again {
+        delay: Some(delay), ..
+    } = fate
+    else {
+        panic!("{fate:?}")
+    };
+    assert!(delay.as_secs() >= 110);
+}
+
+#[tokio::test]
+async fn trouble_reaching_the_customer_is_delivered_again_and_not_reported() {
+    let mut fake = Fake::new();
+    fake.store_fails = true;
+    let fate = handle(&fake, delivery(&message("j1", "10m"), None)).await;
+    let Fate::Again { why, delay: None } = fate else {
+        panic!("{fate:?}")
+    };
+    assert!(why.contains("cannot be assumed"), "{why}");
+    assert!(fake.reported().is_empty());
+    assert!(fake.requeued().is_empty());
+}
+
+#[tokio::test]
+async fn a_job_longer_than_the_time_left_is_staged_and_handed_off_with_a_digest() {
+    let fake = Fake::new();
+    let body = message("long", "2h");
+    let fate = handle(&fake, delivery(&body, Some(Duration::from_secs(600)))).await;
+    assert!(matches!(fate, Fate::HandedOff(_)), "{fate:?}");
+    assert_eq!(fake.reported(), vec![json!({ "status": "handed-off" })]);
+    let staged = fake
+        .store
+        .artifact(&ws(), "long", REQUEST)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&staged[..], &body[..]);
+    let reference: Value = serde_json::from_str(&fake.started.lock().unwrap()[0]).unwrap();
+    assert_eq!(reference["sha256"], state_backends::sha256_hex(&body));
+    assert_eq!(reference["job_id"], "long");
+}
+
+#[tokio::test]
+async fn a_job_longer_than_the_time_left_is_rejected_where_nothing_can_take_it() {
+    let mut fake = Fake::new();
+    fake.hands_off = false;
+    let fate = handle(
+        &fake,
+        delivery(&message("long", "2h"), Some(Duration::from_secs(600))),
+    )
+    .await;
+    let Fate::Rejected(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(record["errors"][0]["field"], "timeout");
+    assert_eq!(record["errors"][0]["fix"], "shorten the job's timeout");
+}
+
+/// Stages `body` for a task, as a hand-off does, and returns the reference.
+async fn staged(fake: &Fake, id: &str, body: &[u8]) -> String {
+    let reference = JobRef::stage(
+        Bucket { bucket: "b".into() },
+        &ws(),
+        id,
+        body,
+        fake.store.as_ref(),
+    )
+    .await
+    .unwrap();
+    serde_json::to_string(&reference).unwrap()
+}
+
+#[tokio::test]
+async fn a_staged_message_changed_after_staging_is_refused_reported_and_never_run() {
+    let fake = Fake::new();
+    let reference = staged(&fake, "j1", &message("j1", "10m")).await;
+    // Someone with write access to the bucket swaps the job.
+    let mut swapped: Value = serde_json::from_slice(&message("j1", "10m")).unwrap();
+    swapped["job"]["operation"] = json!("destroy");
+    fake.store
+        .put_artifact(&ws(), "j1", REQUEST, Bytes::from(swapped.to_string()))
+        .await
+        .unwrap();
+    let fate = task(&fake, &reference, Duration::ZERO, CancellationToken::new()).await;
+    let Fate::Rejected(record) = fate else {
+        panic!("{fate:?}")
+    };
+    let problem = record["errors"][0]["problem"].as_str().unwrap();
+    assert!(problem.contains("changed after it was staged"), "{problem}");
+    assert_eq!(record["job_id"], "j1");
+    assert_eq!(fake.reported(), vec![record]);
+    assert!(
+        fake.store
+            .artifact(&ws(), "j1", crate::runner::JOB_FILE)
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing ran"
+    );
+}
+
+#[tokio::test]
+async fn a_reference_without_a_digest_is_refused() {
+    let fake = Fake::new();
+    let reference = staged(&fake, "j1", &message("j1", "10m")).await;
+    let mut reference: Value = serde_json::from_str(&reference).unwrap();
+    reference.as_object_mut().unwrap().remove("sha256");
+    let fate = task(
+        &fake,
+        &reference.to_string(),
+        Duration::ZERO,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(matches!(fate, Fate::Rejected(_)), "{fate:?}");
+}
+
+#[tokio::test]
+async fn a_task_that_finds_the_workspace_busy_puts_its_job_back_and_unstages_it() {
+    let fake = Fake::new();
+    hold_lease(&fake.store, "other-job").await;
+    let body = message("j1", "2h");
+    let reference = staged(&fake, "j1", &body).await;
+    let fate = task(
+        &fake,
+        &reference,
+        Duration::from_millis(300),
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(matches!(fate, Fate::Requeued { .. }), "{fate:?}");
+    let requeued = fake.requeued();
+    assert_eq!(requeued.len(), 1);
+    // Waiting is not trouble: the copy is the message as it was, not counted.
+    assert_eq!(
+        requeued[0].0,
+        serde_json::from_slice::<Value>(&body).unwrap()
+    );
+    assert!(fake.reported().is_empty());
+    assert!(
+        fake.store
+            .artifact(&ws(), "j1", REQUEST)
+            .await
+            .unwrap()
+            .is_none(),
+        "the staged copy with the job's variables is gone"
+    );
+}
+
+#[tokio::test]
+async fn a_task_that_cannot_queue_its_job_again_keeps_it_staged_for_its_own_retry() {
+    let mut fake = Fake::new();
+    fake.requeue_fails = true;
+    hold_lease(&fake.store, "other-job").await;
+    let reference = staged(&fake, "j1", &message("j1", "2h")).await;
+    let fate = task(&fake, &reference, Duration::ZERO, CancellationToken::new()).await;
+    assert!(matches!(fate, Fate::Again { .. }), "{fate:?}");
+    assert!(
+        fake.store
+            .artifact(&ws(), "j1", REQUEST)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_task_put_back_for_trouble_counts_and_gives_up_with_a_reported_error() {
+    let fake = Fake::new();
+    // A message already put back for trouble as often as a task may.
+    let mut body: Value = serde_json::from_slice(&message("j1", "2h")).unwrap();
+    body["requeued"] = json!(MAX_TASK_REQUEUES);
+    let body = body.to_string().into_bytes();
+    let again = put_back(
+        &fake,
+        &body,
+        Duration::from_secs(60),
+        true,
+        Fate::again("the store is down"),
+    )
+    .await;
+    let Fate::Ran(record) = again else {
+        panic!("{again:?}")
+    };
+    assert_eq!(record["status"], "failed");
+    assert_eq!(record["job_id"], "j1");
+    assert!(
+        record["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the store is down")
+    );
+    assert_eq!(fake.reported(), vec![record]);
+
+    // Below the limit, the copy carries one more count.
+    body_with(&fake, 1).await;
+}
+
+async fn body_with(fake: &Fake, count: u32) {
+    let mut body: Value = serde_json::from_slice(&message("j2", "2h")).unwrap();
+    body["requeued"] = json!(count);
+    let fate = put_back(
+        fake,
+        body.to_string().as_bytes(),
+        Duration::from_secs(60),
+        true,
+        Fate::again("the store is down"),
+    )
+    .await;
+    assert!(matches!(fate, Fate::Requeued { .. }), "{fate:?}");
+    let requeued = fake.requeued();
+    assert_eq!(requeued.last().unwrap().0["requeued"], count + 1);
+    assert_eq!(requeued.last().unwrap().1, Duration::from_secs(60));
+}
