@@ -15,7 +15,7 @@ use state_backends::{StateStore, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 
 use crate::job::RawJob;
-use crate::redact::MASK;
+use crate::records::JobRecord;
 use crate::rollback::last_apply;
 
 /// What one sweep found.
@@ -94,24 +94,27 @@ pub async fn plan(store: &dyn StateStore, now: OffsetDateTime) -> Result<DriftPl
 }
 
 /// The drift check of a recorded apply, or the names of its masked (sensitive) variables.
-fn drift_job(record: &Value, ws: &WorkspaceId, id: &str) -> Result<RawJob, Vec<String>> {
-    let variables = record["variables"].as_object().cloned().unwrap_or_default();
-    let masked: Vec<String> = variables
-        .iter()
-        .filter(|(_, v)| v.to_string().contains(MASK))
-        .map(|(name, _)| name.clone())
-        .collect();
+fn drift_job(record: &JobRecord, ws: &WorkspaceId, id: &str) -> Result<RawJob, Vec<String>> {
+    let masked = record.masked_variables();
     if !masked.is_empty() {
-        return Err(masked);
+        return Err(masked.into_iter().collect());
     }
+    let variables: Map<String, Value> = record
+        .variables
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let mut doc = Map::new();
     doc.insert("id".into(), Value::from(id));
     doc.insert("tenant".into(), Value::from(ws.tenant()));
     doc.insert("workspace".into(), Value::from(ws.workspace()));
     doc.insert("operation".into(), Value::from("drift-check"));
-    doc.insert("template".into(), record["template"].clone());
+    doc.insert(
+        "template".into(),
+        serde_json::to_value(&record.template).unwrap_or(Value::Null),
+    );
     doc.insert("variables".into(), Value::Object(variables));
-    if let Some(timeout) = record["timeout"].as_u64() {
+    if let Some(timeout) = record.timeout {
         doc.insert("timeout".into(), Value::from(timeout));
     }
     Ok(RawJob(doc))
@@ -120,6 +123,7 @@ fn drift_job(record: &Value, ws: &WorkspaceId, id: &str) -> Result<RawJob, Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redact::MASK;
     use bytes::Bytes;
     use state_backends::memory::MemoryStore;
 

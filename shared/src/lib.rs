@@ -11,6 +11,7 @@ pub mod job;
 pub mod logs;
 pub mod pipeline;
 pub mod process;
+pub mod records;
 pub mod recover;
 pub mod redact;
 pub mod result;

@@ -15,7 +15,6 @@
 //!   waits for a busy workspace, and puts its job back on the queue for any end that is not
 //!   final: it ends with a reported result or its job goes back on the queue.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +26,9 @@ use serde_json::{Map, Value, json};
 use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
-use crate::runner::{RunOutcome, Runner, RunnerConfig};
+use crate::runner::{RunOutcome, Runner};
+use crate::settings::Runtime;
+use crate::terraform::TerraformConfig;
 use crate::trigger::{JobRef, StagedError, check_job, is_final, problem, rejection};
 use crate::validate::ValidatedJob;
 
@@ -54,14 +55,8 @@ pub const MAX_TASK_REQUEUES: u32 = 5;
 /// How long a task waits before its job is delivered again after trouble that may pass.
 const TROUBLE_DELAY: Duration = Duration::from_secs(60);
 
-/// What a trigger opens for one job: the customer's store, and a runner's settings with
-/// terraform's access to the customer.
-pub struct Opened {
-    pub store: Arc<dyn StateStore>,
-    pub config: RunnerConfig,
-    /// Lives until the job ends (e.g. the broker terraform asks for sessions).
-    pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
-}
+/// What must live until a job ends (e.g. the broker terraform asks for sessions).
+pub type Keep = Option<Box<dyn std::any::Any + Send + Sync>>;
 
 /// What is a trigger's own: its target type, how it reaches the customer, where results go,
 /// how a message goes back on its queue, and how a long job is handed off.
@@ -76,8 +71,13 @@ pub trait Trigger: Send + Sync {
     /// Every problem with a message's target, as [`problem`]s.
     fn check_target(&self, target: &Self::Target) -> Vec<Value>;
 
-    /// The templates folder jobs are validated against.
-    fn templates(&self) -> &Path;
+    /// What runs a job here (the templates, terraform, the lease's TTL).
+    fn runtime(&self) -> &Runtime;
+
+    /// Cancelled when this host is shutting down: a job stopped by it ends `interrupted`.
+    fn shutdown(&self) -> Option<&CancellationToken> {
+        None
+    }
 
     /// The customer's store (for the job's workspace `ws`, when there is one).
     ///
@@ -90,15 +90,17 @@ pub trait Trigger: Send + Sync {
         ws: Option<&WorkspaceId>,
     ) -> Result<Arc<dyn StateStore>, String>;
 
-    /// A runner's settings for `job`, with terraform's access to the customer.
+    /// Gives terraform access to the customer for `job` (its settings and secrets in
+    /// `terraform`), and what must live as long as the job.
     ///
     /// # Errors
     /// Why terraform cannot be given access now, as a sentence.
-    async fn runner_config(
+    async fn terraform_access(
         &self,
         target: &Self::Target,
         job: &ValidatedJob,
-    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String>;
+        terraform: &mut TerraformConfig,
+    ) -> Result<Keep, String>;
 
     /// Sends a record (a result, a rejection, a hand-off) to the results channel, if any.
     async fn report(&self, record: &Value);
@@ -215,7 +217,7 @@ fn check<T: Trigger + ?Sized>(
     let envelope: Envelope<T::Target> =
         decode(d.body).map_err(|e| vec![problem("", e, trigger.envelope_fix())])?;
     let mut problems = trigger.check_target(&envelope.target);
-    let job = match check_job(&envelope.job, trigger.templates()) {
+    let job = match check_job(&envelope.job, &trigger.runtime().templates) {
         Ok(job) => Some(job),
         Err(more) => {
             problems.extend(more);
@@ -304,23 +306,20 @@ async fn run<T: Trigger + ?Sized>(
 ) -> Fate {
     let id = &job.job.id;
     // The store and terraform's access are made side by side (each may be a role to assume).
-    let (store, config) = tokio::join!(
+    let mut config = trigger.runtime().runner_config();
+    config.lease_wait = d.lease_wait;
+    config.shutdown = trigger.shutdown().cloned();
+    let (store, keep) = tokio::join!(
         trigger.store(&envelope.target, id, Some(ws)),
-        trigger.runner_config(&envelope.target, job),
+        trigger.terraform_access(&envelope.target, job, &mut config.terraform),
     );
-    let opened = match (store, config) {
-        (Ok(store), Ok((config, keep))) => Opened {
-            store,
-            config,
-            keep,
-        },
+    let (store, keep) = match (store, keep) {
+        (Ok(store), Ok(keep)) => (store, keep),
         (Err(why), _) | (_, Err(why)) => return Fate::again(why),
     };
-    let mut config = opened.config;
-    config.lease_wait = d.lease_wait;
-    let runner = Runner::new(opened.store, config);
+    let runner = Runner::new(store, config);
     let outcome = runner.run(job, d.cancel.clone()).await;
-    drop(opened.keep);
+    drop(keep);
     match outcome {
         Ok(RunOutcome::Finished(result) | RunOutcome::AlreadyDone(result)) => {
             let record = serde_json::to_value(&*result).unwrap_or(Value::Null);
@@ -397,7 +396,15 @@ pub async fn task<T: Trigger + ?Sized>(
     };
     let body = match r.staged(&*store).await {
         Ok(body) => body,
-        Err(StagedError::Refused(record)) => return reject(trigger, record).await,
+        Err(StagedError::Refused(record)) => {
+            // A task run again after its job finished (its staged copy is gone by then) gets
+            // the job's result, like any delivery of a finished job.
+            if let Some(result) = final_result(&*store, &ws, &r.job_id).await {
+                trigger.report(&result).await;
+                return Fate::Ran(result);
+            }
+            return reject(trigger, record).await;
+        }
         Err(StagedError::Unavailable(why)) => {
             return Fate::again(format!("cannot read the staged job: {why}"));
         }
@@ -441,6 +448,16 @@ pub async fn task<T: Trigger + ?Sized>(
         r.unstage(&*store).await;
     }
     fate
+}
+
+/// The final result of `job_id`, if it has one.
+async fn final_result(store: &dyn StateStore, ws: &WorkspaceId, job_id: &str) -> Option<Value> {
+    let raw = store
+        .artifact(ws, job_id, crate::runner::RESULT_FILE)
+        .await
+        .ok()??;
+    let result: Value = serde_json::from_slice(&raw).ok()?;
+    is_final(&result).then_some(result)
 }
 
 /// Puts a task's job back on the queue after an end that is not final; `trouble` counts

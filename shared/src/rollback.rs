@@ -7,12 +7,11 @@
 
 use std::path::Path;
 
-use bytes::Bytes;
 use serde_json::{Map, Value};
 use state_backends::{StateStore, WorkspaceId};
 
 use crate::job::RawJob;
-use crate::redact::MASK;
+use crate::records::{JobRecord, LastApply};
 use crate::validate::{ValidatedJob, validate};
 
 /// The pseudo-run that holds workspace-wide records (not a valid job id).
@@ -29,13 +28,12 @@ pub async fn record_last_apply(
     ws: &WorkspaceId,
     job_id: &str,
 ) -> Result<(), state_backends::StoreError> {
-    let record = serde_json::json!({ "job_id": job_id });
     store
         .put_artifact(
             ws,
             WORKSPACE_RECORDS,
             LAST_APPLY,
-            Bytes::from(record.to_string()),
+            LastApply::new(job_id).to_bytes(),
         )
         .await
 }
@@ -48,7 +46,7 @@ pub async fn record_last_apply(
 pub async fn last_apply(
     store: &dyn StateStore,
     ws: &WorkspaceId,
-) -> Result<Option<(String, Value)>, String> {
+) -> Result<Option<(String, JobRecord)>, String> {
     let read = |e: state_backends::StoreError| format!("cannot read the last apply's record: {e}");
     let Some(pointer) = store
         .artifact(ws, WORKSPACE_RECORDS, LAST_APPLY)
@@ -57,17 +55,16 @@ pub async fn last_apply(
     else {
         return Ok(None);
     };
-    let pointer: Value = serde_json::from_slice(&pointer).map_err(|e| e.to_string())?;
-    let Some(prev_id) = pointer["job_id"].as_str() else {
-        return Err(format!("{LAST_APPLY} names no job"));
-    };
+    let prev_id = LastApply::parse(&pointer)
+        .map_err(|e| e.to_string())?
+        .job_id;
     let record = store
-        .artifact(ws, prev_id, crate::runner::JOB_FILE)
+        .artifact(ws, &prev_id, crate::runner::JOB_FILE)
         .await
         .map_err(read)?
         .ok_or_else(|| format!("the last successful apply, {prev_id}, has no job record"))?;
-    let record: Value = serde_json::from_slice(&record).map_err(|e| e.to_string())?;
-    Ok(Some((prev_id.to_owned(), record)))
+    let record = JobRecord::parse(&record).map_err(|e| e.to_string())?;
+    Ok(Some((prev_id, record)))
 }
 
 /// The configuration of the workspace's last successful apply, ready to run as `job`'s
@@ -97,10 +94,11 @@ pub async fn previous_configuration(
 
 /// The rollback job: the earlier job's template and variables, with masked (sensitive) values
 /// taken from `job`.
-fn rollback_job(record: &Value, job: &ValidatedJob) -> Result<RawJob, String> {
+fn rollback_job(record: &JobRecord, job: &ValidatedJob) -> Result<RawJob, String> {
+    let masked = record.masked_variables();
     let mut variables = Map::new();
-    for (name, value) in record["variables"].as_object().into_iter().flatten() {
-        let value = if value == MASK {
+    for (name, value) in &record.variables {
+        let value = if masked.contains(name) {
             job.job.variables.get(name).cloned().ok_or_else(|| {
                 format!(
                     "the sensitive variable `{name}` of the last successful apply is not in this job, so its value is unknown"
@@ -117,7 +115,10 @@ fn rollback_job(record: &Value, job: &ValidatedJob) -> Result<RawJob, String> {
     doc.insert("tenant".into(), Value::from(j.tenant.clone()));
     doc.insert("workspace".into(), Value::from(j.workspace.clone()));
     doc.insert("operation".into(), Value::from("apply"));
-    doc.insert("template".into(), record["template"].clone());
+    doc.insert(
+        "template".into(),
+        serde_json::to_value(&record.template).map_err(|e| e.to_string())?,
+    );
     doc.insert("variables".into(), Value::Object(variables));
     doc.insert("timeout".into(), Value::from(j.timeout.as_secs()));
     Ok(RawJob(doc))
@@ -129,16 +130,20 @@ mod tests {
 
     #[test]
     fn masked_values_come_from_the_failing_job_and_others_from_the_record() {
-        let record = serde_json::json!({
+        let record: JobRecord = serde_json::from_value(serde_json::json!({
+            "schema": 1, "id": "j1", "tenant": "t", "workspace": "w", "operation": "apply",
             "template": { "name": "demo", "version": "1.0.0" },
-            "variables": { "node_count": 1, "admin_password": MASK },
-        });
+            // A plain value that reads like the mask is a value: only `masked` names masks.
+            "variables": { "node_count": 1, "admin_password": crate::redact::MASK, "note": crate::redact::MASK },
+            "masked": ["admin_password"],
+        }))
+        .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let tdir = dir.path().join("demo/1.0.0");
         std::fs::create_dir_all(&tdir).unwrap();
         std::fs::write(
             tdir.join("template.yaml"),
-            "variables:\n  node_count: { type: number }\n  admin_password: { type: string, sensitive: true }\n",
+            "variables:\n  node_count: { type: number }\n  note: { type: string, required: false }\n  admin_password: { type: string, sensitive: true }\n",
         )
         .unwrap();
         std::fs::write(tdir.join("main.tf"), "").unwrap();
@@ -153,6 +158,7 @@ mod tests {
         let raw = rollback_job(&record, &current).unwrap();
         assert_eq!(raw.0["variables"]["node_count"], 1);
         assert_eq!(raw.0["variables"]["admin_password"], "s3cret-value");
+        assert_eq!(raw.0["variables"]["note"], crate::redact::MASK);
         assert_eq!(raw.0["id"], "j2");
 
         let mut without = current.clone();

@@ -184,23 +184,27 @@ impl Runner {
         ) else {
             return; // not a job of ours (a restore), or it did finish
         };
-        let job: serde_json::Value = serde_json::from_slice(&job).unwrap_or_default();
-        let Ok(operation) = serde_json::from_value::<Operation>(job["operation"].clone()) else {
-            tracing::warn!(job_id = %prev.owner, "interrupted job has an unreadable job.json");
-            return;
+        let job = match crate::records::JobRecord::parse(&job) {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::warn!(job_id = %prev.owner, error = %e, "interrupted job has an unreadable job.json");
+                return;
+            }
         };
+        let operation = job.operation;
         let expired = state_backends::display_time(prev.expired_at);
-        let started_at = job["lease"]["acquired_at"]
-            .as_str()
-            .and_then(|t| {
-                OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+        let started_at = job
+            .lease
+            .as_ref()
+            .and_then(|l| {
+                OffsetDateTime::parse(
+                    &l.acquired_at,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()
             })
             .unwrap_or(prev.expired_at);
-        let template = format!(
-            "{}@{}",
-            job["template"]["name"].as_str().unwrap_or("?"),
-            job["template"]["version"].as_str().unwrap_or("?")
-        );
+        let template = job.template.to_string();
         let result = JobResult {
             job_id: prev.owner.clone(),
             tenant: ws.tenant().to_owned(),
@@ -323,14 +327,7 @@ impl Runner {
                 .chain([password.clone()]),
         )
         .with_late(self.config.terraform.late_secrets.clone());
-        let record = serde_json::json!({
-            "id": j.id, "tenant": j.tenant, "workspace": j.workspace,
-            "operation": j.operation, "template": j.template,
-            "variables": redactor.redact_json(&job.masked_variables()),
-            "timeout": j.timeout.as_secs(), "on_failure": j.on_failure,
-            "lease": { "fence": lease.fence, "acquired_at": state_backends::display_time(lease.acquired_at) },
-        });
-        let record = Bytes::from(serde_json::to_vec_pretty(&record)?);
+        let record = crate::records::JobRecord::new(job, &redactor, lease).to_bytes();
 
         // Log chunks are named by the lease's fence too, so a re-run after a crash adds to the
         // log of the attempt it follows instead of overwriting it.

@@ -22,7 +22,7 @@ struct Bucket {
 /// A trigger whose queue, results channel and task starter are lists.
 struct Fake {
     store: Arc<MemoryStore>,
-    templates: PathBuf,
+    runtime: Runtime,
     reported: Mutex<Vec<Value>>,
     requeued: Mutex<Vec<(Value, Duration)>>,
     started: Mutex<Vec<String>>,
@@ -35,7 +35,16 @@ impl Fake {
     fn new() -> Self {
         Self {
             store: Arc::new(MemoryStore::new()),
-            templates: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates"),
+            runtime: Runtime {
+                templates: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates"),
+                // Never started by these tests: every run here stops before terraform.
+                terraform: TerraformConfig {
+                    binary: "/nonexistent/terraform".into(),
+                    ..TerraformConfig::default()
+                },
+                lease_ttl: Duration::from_secs(60),
+                task_lease_wait: Duration::from_secs(1),
+            },
             reported: Mutex::default(),
             requeued: Mutex::default(),
             started: Mutex::default(),
@@ -70,8 +79,8 @@ impl Trigger for Fake {
         }
     }
 
-    fn templates(&self) -> &Path {
-        &self.templates
+    fn runtime(&self) -> &Runtime {
+        &self.runtime
     }
 
     async fn store(
@@ -86,15 +95,13 @@ impl Trigger for Fake {
         Ok(self.store.clone())
     }
 
-    async fn runner_config(
+    async fn terraform_access(
         &self,
         _: &Bucket,
         _: &ValidatedJob,
-    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String> {
-        let mut config = RunnerConfig::default();
-        // Never reached by these tests: every run here stops before terraform.
-        config.terraform.binary = "/nonexistent/terraform".into();
-        Ok((config, None))
+        _: &mut TerraformConfig,
+    ) -> Result<Keep, String> {
+        Ok(None)
     }
 
     async fn report(&self, record: &Value) {
@@ -507,4 +514,47 @@ async fn body_with(fake: &Fake, count: u32) {
     let requeued = fake.requeued();
     assert_eq!(requeued.last().unwrap().0["requeued"], count + 1);
     assert_eq!(requeued.last().unwrap().1, Duration::from_secs(60));
+}
+
+#[tokio::test]
+async fn a_task_run_again_after_its_job_finished_reports_the_result_again() {
+    let fake = Fake::new();
+    let reference = staged(&fake, "j1", &message("j1", "2h")).await;
+    // The job finished and its staged copy went; then the task runs once more (a retry).
+    fake.store
+        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
+        .await
+        .unwrap();
+    fake.store
+        .delete_artifact(&ws(), "j1", REQUEST)
+        .await
+        .unwrap();
+    let fate = task(&fake, &reference, Duration::ZERO, CancellationToken::new()).await;
+    let Fate::Ran(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(record["job_id"], "j1");
+    assert_eq!(record["status"], "succeeded");
+    assert_eq!(fake.reported(), vec![record]);
+}
+
+#[tokio::test]
+async fn a_task_whose_staged_job_is_gone_and_never_ran_is_refused() {
+    let fake = Fake::new();
+    let reference = staged(&fake, "j1", &message("j1", "2h")).await;
+    fake.store
+        .delete_artifact(&ws(), "j1", REQUEST)
+        .await
+        .unwrap();
+    let fate = task(&fake, &reference, Duration::ZERO, CancellationToken::new()).await;
+    let Fate::Rejected(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert!(
+        record["errors"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("is not in"),
+        "{record}"
+    );
 }
