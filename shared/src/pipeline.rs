@@ -68,6 +68,14 @@ pub trait Trigger: Send + Sync {
     /// The shape of a job message, for the rejection of one that is not.
     fn envelope_fix(&self) -> &'static str;
 
+    /// The message as an envelope: by default JSON, or base64 of it.
+    ///
+    /// # Errors
+    /// Why it is not one, as a sentence.
+    fn decode(&self, body: &[u8]) -> Result<Envelope<Self::Target>, String> {
+        decode(body)
+    }
+
     /// Every problem with a message's target, as [`problem`]s.
     fn check_target(&self, target: &Self::Target) -> Vec<Value>;
 
@@ -214,8 +222,9 @@ fn check<T: Trigger + ?Sized>(
     trigger: &T,
     d: &Delivery<'_>,
 ) -> Result<(Envelope<T::Target>, ValidatedJob), Vec<Value>> {
-    let envelope: Envelope<T::Target> =
-        decode(d.body).map_err(|e| vec![problem("", e, trigger.envelope_fix())])?;
+    let envelope = trigger
+        .decode(d.body)
+        .map_err(|e| vec![problem("", e, trigger.envelope_fix())])?;
     let mut problems = trigger.check_target(&envelope.target);
     let job = match check_job(&envelope.job, &trigger.runtime().templates) {
         Ok(job) => Some(job),
@@ -354,7 +363,7 @@ async fn run<T: Trigger + ?Sized>(
                 }
             }
         }
-        Err(e) => Fate::again(format!("{e:#}")),
+        Err(e) => Fate::again(e.to_string()),
     }
 }
 

@@ -52,6 +52,11 @@ pub struct Runtime {
     /// `TERRACE_TASK_LEASE_WAIT` (240 s): how long a handed-off task waits for a busy
     /// workspace before its job goes back on the queue.
     pub task_lease_wait: Duration,
+    /// `TERRACE_CACHE_DIR`: where terraform's `version -json` answer is kept between jobs
+    /// (none: read once per process).
+    pub client_cache: Option<PathBuf>,
+    /// Print each job's log on the console as well (the functions log JSON instead).
+    pub console: bool,
 }
 
 impl Runtime {
@@ -78,6 +83,8 @@ impl Runtime {
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
             task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
+            client_cache: var("TERRACE_CACHE_DIR").map(Into::into),
+            console: false,
         })
     }
 
@@ -87,6 +94,8 @@ impl Runtime {
             terraform: self.terraform.clone(),
             lease_ttl: self.lease_ttl,
             templates: Some(self.templates.clone()),
+            client_cache: self.client_cache.clone(),
+            console: self.console,
             ..RunnerConfig::default()
         }
     }

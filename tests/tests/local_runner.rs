@@ -256,6 +256,38 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
         .unwrap();
     assert_ne!(f1, f2);
     assert_eq!(f1.max(f2), 2);
+
+    // The same job dropped again (another file, the same id): nothing runs, and its result is
+    // the first run's.
+    let versions = sb.versions("acme/ws-b").await;
+    std::fs::write(
+        sb.queue.join("b1-again.yaml"),
+        demo_job("b1", "ws-b", "apply", "beta", 1),
+    )
+    .unwrap();
+    sb.run(&[
+        "serve",
+        "-q",
+        "--queue",
+        sb.queue.to_str().unwrap(),
+        "--once",
+        "--poll-ms",
+        "50",
+    ])
+    .expect_code(0);
+    let first: Value =
+        serde_json::from_slice(&std::fs::read(sb.queue.join("done/b1.yaml.result.json")).unwrap())
+            .unwrap();
+    let again: Value = serde_json::from_slice(
+        &std::fs::read(sb.queue.join("done/b1-again.yaml.result.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(again, first);
+    assert_eq!(
+        sb.versions("acme/ws-b").await,
+        versions,
+        "nothing ran again"
+    );
 }
 
 #[tokio::test]

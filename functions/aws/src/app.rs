@@ -2,14 +2,14 @@
 //! Lambda, or the environment of a handed-off ECS task): validate, open the customer's store
 //! through their role, run the job with the core runner, report.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use shared::pipeline::Trigger;
-use shared::runner::RunnerConfig;
+use shared::pipeline::{Keep, Trigger};
+use shared::settings::Runtime;
+use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
 use state_backends::s3::{LeaseMode, S3Config, S3Store};
@@ -194,8 +194,8 @@ impl Trigger for App {
         }
     }
 
-    fn templates(&self) -> &Path {
-        &self.config.runtime.templates
+    fn runtime(&self) -> &Runtime {
+        &self.config.runtime
     }
 
     /// The customer's store. For a job's workspace, its lease is read at once: the role is
@@ -214,11 +214,12 @@ impl Trigger for App {
         Ok(store)
     }
 
-    async fn runner_config(
+    async fn terraform_access(
         &self,
         target: &Target,
         job: &ValidatedJob,
-    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String> {
+        terraform: &mut TerraformConfig,
+    ) -> Result<Keep, String> {
         // Lives until the job ends: terraform's credential_process asks it for the session.
         let credentials = credentials::for_terraform(
             &self.aws,
@@ -229,11 +230,10 @@ impl Trigger for App {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let mut config = self.config.runtime.runner_config();
-        config.terraform.env.clone_from(&credentials.env);
-        config.terraform.settings.clone_from(&credentials.settings);
-        config.terraform.late_secrets = credentials.late.clone();
-        Ok((config, Some(Box::new(credentials))))
+        terraform.env.clone_from(&credentials.env);
+        terraform.settings.clone_from(&credentials.settings);
+        terraform.late_secrets = credentials.late.clone();
+        Ok(Some(Box::new(credentials)))
     }
 
     async fn report(&self, record: &Value) {

@@ -1,27 +1,11 @@
-//! `terrace-aws`: the AWS function. On Lambda (`AWS_LAMBDA_RUNTIME_API` set) it serves SQS
-//! batches of jobs and EventBridge Scheduler events (the backup and drift sweeps). `terrace-aws task` is
-//! the entry point of the ECS Fargate task a job too long for Lambda is handed to: it runs the
-//! job staged in the customer's bucket that `TERRACE_JOB_REF` points to (or, run by hand, the job
-//! message in `TERRACE_JOB`) with the same core.
-
-mod access;
-mod app;
-mod config;
-mod credentials;
-mod sqs;
+//! `terrace-aws`: the AWS function's process (see the `aws` library for what it does).
 
 use std::process::ExitCode;
 
-use aws_lambda_events::event::sqs::SqsEvent;
-use lambda_runtime::{Error, LambdaEvent, service_fn};
-use serde::Deserialize;
-use serde_json::{Value, json};
-use time::OffsetDateTime;
-use tokio_util::sync::CancellationToken;
-
-use crate::access::Target;
-use crate::app::App;
-use shared::pipeline::{self, Delivery};
+use aws::app::App;
+use aws::{config, credentials, events};
+use lambda_runtime::{LambdaEvent, service_fn};
+use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -38,11 +22,11 @@ async fn main() -> ExitCode {
     };
     let app = App::new(config).await;
     if std::env::args().nth(1).as_deref() == Some("task") {
-        return task(&app).await;
+        return events::task(&app).await;
     }
     let served = lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let app = app.clone();
-        async move { handle(&app, event).await }
+        async move { events::handle(&app, event).await }
     }))
     .await;
     match served {
@@ -52,146 +36,4 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// A scheduled event from EventBridge Scheduler (its input is ours).
-#[derive(Deserialize)]
-struct Scheduled {
-    terrace: String,
-    #[serde(default)]
-    targets: Vec<Target>,
-}
-
-async fn handle(app: &App, event: LambdaEvent<Value>) -> Result<Value, Error> {
-    let deadline =
-        OffsetDateTime::from_unix_timestamp_nanos(i128::from(event.context.deadline) * 1_000_000)
-            .unwrap_or_else(|_| OffsetDateTime::now_utc());
-    if event.payload.get("Records").is_some() {
-        let batch: SqsEvent = serde_json::from_value(event.payload)?;
-        let response = sqs::handle_batch(app, batch, deadline).await;
-        return Ok(serde_json::to_value(response)?);
-    }
-    let scheduled: Scheduled = serde_json::from_value(event.payload).map_err(|e| {
-        format!("not an SQS batch nor a Terrace schedule ({{\"terrace\": \"backup-sweep\" or \"drift-sweep\", \"targets\": […]}}): {e}")
-    })?;
-    match scheduled.terrace.as_str() {
-        "backup-sweep" => Ok(backup_sweep(app, &scheduled.targets).await),
-        "drift-sweep" => Ok(drift_sweep(app, &scheduled.targets).await),
-        other => Err(
-            format!("unknown scheduled task {other:?}; known: backup-sweep, drift-sweep").into(),
-        ),
-    }
-}
-
-/// The hourly backup sweep over each customer's bucket.
-async fn backup_sweep(app: &App, targets: &[Target]) -> Value {
-    let mut reports = Vec::new();
-    for target in targets {
-        let store = app.store_for(target, "backup-sweep").await;
-        let report =
-            shared::backup::bucket_report(&target.bucket, store, OffsetDateTime::now_utc()).await;
-        tracing::info!(report = %report, "backup sweep");
-        reports.push(report);
-    }
-    json!({ "backup_sweep": reports })
-}
-
-/// The drift sweep: a `drift-check` job for each workspace of each customer's bucket, put on
-/// the function's own job queue so each runs like any other job.
-async fn drift_sweep(app: &App, targets: &[Target]) -> Value {
-    let mut reports = Vec::new();
-    for target in targets {
-        let report = match drift_target(app, target).await {
-            Ok(report) => report,
-            Err(e) => json!({ "bucket": target.bucket, "error": e }),
-        };
-        tracing::info!(report = %report, "drift sweep");
-        reports.push(report);
-    }
-    json!({ "drift_sweep": reports })
-}
-
-async fn drift_target(app: &App, target: &Target) -> Result<Value, String> {
-    let Some(queue) = &app.config.jobs_queue_url else {
-        return Err("TERRACE_JOBS_QUEUE_URL is not set: the drift checks have no queue".into());
-    };
-    let store = app.store_for(target, "drift-sweep").await?;
-    let plan = shared::drift::plan(&*store, OffsetDateTime::now_utc())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut queued = 0;
-    let mut unqueued: Vec<(String, String)> = Vec::new();
-    for chunk in plan.jobs.chunks(10) {
-        let mut entries = Vec::new();
-        for (i, (_, job)) in chunk.iter().enumerate() {
-            let body = json!({ "job": job.0, "target": target }).to_string();
-            entries.push(
-                aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(body)
-                    .build()
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-        match app
-            .sqs
-            .send_message_batch()
-            .queue_url(queue)
-            .set_entries(Some(entries))
-            .send()
-            .await
-        {
-            Ok(out) => {
-                queued += out.successful().len();
-                for f in out.failed() {
-                    let ws = f
-                        .id()
-                        .parse::<usize>()
-                        .ok()
-                        .and_then(|i| chunk.get(i))
-                        .map(|(ws, _)| ws.to_string())
-                        .unwrap_or_default();
-                    unqueued.push((ws, f.message().unwrap_or_default().to_owned()));
-                }
-            }
-            Err(e) => {
-                let why = state_backends::s3::brief(&e);
-                unqueued.extend(chunk.iter().map(|(ws, _)| (ws.to_string(), why.clone())));
-            }
-        }
-    }
-    Ok(plan.report(&target.bucket, queued, unqueued))
-}
-
-/// `terrace-aws task`: one handed-off job. Exit codes: 0 the job succeeded or went back on the
-/// queue to run later, 1 it failed, 65 the message was refused, 75 it could neither run nor go
-/// back on the queue (the staged message stays for a retry of the task).
-async fn task(app: &App) -> ExitCode {
-    let cancel = CancellationToken::new();
-    // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout.
-    shared::process::cancel_on_sigterm(&cancel, "cancelling the job");
-    let wait = app.config.runtime.task_lease_wait;
-    let fate = match (
-        std::env::var("TERRACE_JOB_REF"),
-        std::env::var("TERRACE_JOB"),
-    ) {
-        (Ok(reference), _) => pipeline::task(app, &reference, wait, cancel).await,
-        (Err(_), Ok(body)) => {
-            let delivery = Delivery {
-                message_id: "ecs-task",
-                body: body.as_bytes(),
-                time_left: None,
-                lease_wait: wait,
-                cancel,
-            };
-            pipeline::handle(app, delivery).await
-        }
-        (Err(_), Err(_)) => {
-            eprintln!(
-                "terrace-aws task: set TERRACE_JOB_REF (what the Lambda hands off) or TERRACE_JOB (a job message)"
-            );
-            return ExitCode::from(64);
-        }
-    };
-    shared::process::task_exit("terrace-aws task", fate)
 }

@@ -13,8 +13,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
 use serde_json::{Value, json};
-use shared::pipeline::{self, Delivery, Fate, Trigger};
-use shared::runner::RunnerConfig;
+use shared::pipeline::{self, Delivery, Fate, Keep, Trigger};
+use shared::settings::Runtime;
+use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
 use state_backends::azure::{AzureConfig, AzureStore};
@@ -334,8 +335,12 @@ impl Trigger for App {
             .collect()
     }
 
-    fn templates(&self) -> &std::path::Path {
-        &self.config.runtime.templates
+    fn runtime(&self) -> &Runtime {
+        &self.config.runtime
+    }
+
+    fn shutdown(&self) -> Option<&CancellationToken> {
+        Some(&self.shutdown)
     }
 
     async fn store(
@@ -347,20 +352,20 @@ impl Trigger for App {
         self.store_for(target)
     }
 
-    async fn runner_config(
+    /// As the customer's app registration, by federation (nothing against an emulator).
+    async fn terraform_access(
         &self,
         target: &Target,
         _job: &ValidatedJob,
-    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String> {
-        let mut config = self.config.runtime.runner_config();
+        terraform: &mut TerraformConfig,
+    ) -> Result<Keep, String> {
         if self.config.sas.is_none() {
             let own = self.own.as_ref().ok_or("this job has no identity")?;
             let (settings, secrets) = access::terraform(target, own).await?;
-            config.terraform.settings = settings;
-            config.terraform.env = secrets;
+            terraform.settings = settings;
+            terraform.env = secrets;
         }
-        config.shutdown = Some(self.shutdown.clone());
-        Ok((config, None))
+        Ok(None)
     }
 
     async fn report(&self, record: &Value) {

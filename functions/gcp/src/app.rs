@@ -18,8 +18,9 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use shared::pipeline::{self, Delivery, Fate, Trigger};
-use shared::runner::RunnerConfig;
+use shared::pipeline::{self, Delivery, Fate, Keep, Trigger};
+use shared::settings::Runtime;
+use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
 use state_backends::gcs::{GcsConfig, GcsStore};
@@ -328,8 +329,12 @@ impl Trigger for App {
         }
     }
 
-    fn templates(&self) -> &std::path::Path {
-        &self.config.runtime.templates
+    fn runtime(&self) -> &Runtime {
+        &self.config.runtime
+    }
+
+    fn shutdown(&self) -> Option<&CancellationToken> {
+        Some(&self.shutdown)
     }
 
     async fn store(
@@ -341,15 +346,15 @@ impl Trigger for App {
         self.store_for(target).await
     }
 
-    async fn runner_config(
+    /// Terraform's Google provider impersonates the customer itself (and refreshes).
+    async fn terraform_access(
         &self,
         target: &Target,
         _job: &ValidatedJob,
-    ) -> Result<(RunnerConfig, Option<Box<dyn std::any::Any + Send + Sync>>), String> {
-        let mut config = self.config.runtime.runner_config();
-        config.terraform.settings = access::terraform_settings(target, self.config.anonymous);
-        config.shutdown = Some(self.shutdown.clone());
-        Ok((config, None))
+        terraform: &mut TerraformConfig,
+    ) -> Result<Keep, String> {
+        terraform.settings = access::terraform_settings(target, self.config.anonymous);
+        Ok(None)
     }
 
     async fn report(&self, record: &Value) {

@@ -9,13 +9,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use clap::Args;
-use shared::runner::{RunOutcome, Runner};
+use serde_json::Value;
+use shared::pipeline::{self, Delivery, Envelope, Fate, Keep, Trigger};
+use shared::settings::Runtime;
+use shared::terraform::TerraformConfig;
+use shared::trigger::JobRef;
+use shared::validate::ValidatedJob;
 use state_backends::fs::FsStore;
+use state_backends::{StateStore, WorkspaceId};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Global, exit, load_job, runner_config};
+use crate::{Global, exit, load_job, runtime};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -61,7 +68,10 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
         return Ok(exit::BUSY);
     }
     recover_orphans(q)?;
-    let runner = Runner::new(Arc::new(FsStore::new(&g.store)), runner_config(g));
+    let folder = Arc::new(Folder {
+        runtime: runtime(g),
+        store: Arc::new(FsStore::new(&g.store)),
+    });
     let cancel = CancellationToken::new();
     tokio::spawn(crate::cancel_on_signal(cancel.clone()));
     eprintln!(
@@ -119,31 +129,30 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                     continue;
                 }
                 active.insert(ws.clone());
-                let (runner, cancel) = (runner.clone(), cancel.child_token());
+                let (folder, cancel) = (folder.clone(), cancel.child_token());
                 let handle = tasks.spawn(async move {
-                    let (verdict, result) = match runner.run(&validated, cancel).await {
-                        Ok(RunOutcome::Finished(r) | RunOutcome::AlreadyDone(r)) => {
-                            let ok = r.status == shared::result::Status::Succeeded;
-                            let verdict = if ok { Verdict::Done } else { Verdict::Failed };
-                            (verdict, serde_json::to_value(&*r).ok())
-                        }
-                        Ok(RunOutcome::Busy { holder }) => {
-                            let wait = (holder.expires_at - time::OffsetDateTime::now_utc()).clamp(
-                                time::Duration::milliseconds(200),
-                                time::Duration::seconds(30),
-                            );
-                            let wait = Duration::from_millis(wait.whole_milliseconds() as u64);
-                            (Verdict::Retry(Instant::now() + wait), None)
-                        }
+                    let body = match std::fs::read(&running) {
+                        Ok(body) => body,
                         Err(e) => {
-                            eprintln!("runner error: {e:#}");
-                            (
-                                Verdict::Retry(Instant::now() + Duration::from_secs(5)),
-                                None,
-                            )
+                            eprintln!("{}: cannot read it: {e}", running.display());
+                            return Finished {
+                                verdict: Verdict::Retry(Instant::now() + Duration::from_secs(5)),
+                                result: None,
+                            };
                         }
                     };
-                    Finished { verdict, result }
+                    let message_id = running
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let delivery = Delivery {
+                        message_id: &message_id,
+                        body: &body,
+                        time_left: None,
+                        lease_wait: Duration::ZERO,
+                        cancel,
+                    };
+                    settled(pipeline::handle(&*folder, delivery).await)
                 });
                 claimed.insert(handle.id(), (name, ws));
             }
@@ -203,6 +212,102 @@ fn settle(
         }
     }
     Ok(())
+}
+
+/// Where a job file goes for its fate: done/ or failed/ with its result, or back to the queue.
+fn settled(fate: Fate) -> Finished {
+    let retry = |after: Duration| Verdict::Retry(Instant::now() + after);
+    let (verdict, result) = match fate {
+        Fate::Ran(result) => {
+            let ok = result["status"] == "succeeded";
+            let verdict = if ok { Verdict::Done } else { Verdict::Failed };
+            (verdict, Some(result))
+        }
+        Fate::Rejected(record) => (Verdict::Failed, Some(record)),
+        // Another process holds the workspace: tried again when its lease should end.
+        Fate::Again {
+            delay: Some(delay), ..
+        }
+        | Fate::Requeued { delay, .. } => (retry(delay.min(Duration::from_secs(30))), None),
+        Fate::Again { why, delay: None } => {
+            eprintln!("runner error: {why}");
+            (retry(Duration::from_secs(5)), None)
+        }
+        Fate::Interrupted(_) => (retry(Duration::ZERO), None),
+        Fate::HandedOff(record) => (Verdict::Done, Some(record)),
+    };
+    Finished { verdict, result }
+}
+
+/// The folder queue as a trigger of the one pipeline: a message is a job file (YAML or JSON),
+/// the store is the local folder, and the result is written beside the file.
+struct Folder {
+    runtime: Runtime,
+    store: Arc<FsStore>,
+}
+
+/// A job file names no customer: the store is this machine's.
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+struct Here {}
+
+#[async_trait]
+impl Trigger for Folder {
+    type Target = Here;
+
+    fn envelope_fix(&self) -> &'static str {
+        "write a job: YAML or JSON with id, tenant, workspace, operation, template and variables"
+    }
+
+    fn decode(&self, body: &[u8]) -> Result<Envelope<Here>, String> {
+        let text = std::str::from_utf8(body).map_err(|e| format!("is not text: {e}"))?;
+        let job = shared::job::RawJob::parse(text).map_err(|e| e.to_string())?;
+        Ok(Envelope {
+            job: job.0,
+            target: Here {},
+            requeued: 0,
+        })
+    }
+
+    fn check_target(&self, _: &Here) -> Vec<Value> {
+        Vec::new()
+    }
+
+    fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    async fn store(
+        &self,
+        _: &Here,
+        _: &str,
+        _: Option<&WorkspaceId>,
+    ) -> Result<Arc<dyn StateStore>, String> {
+        Ok(self.store.clone())
+    }
+
+    async fn terraform_access(
+        &self,
+        _: &Here,
+        _: &ValidatedJob,
+        _: &mut TerraformConfig,
+    ) -> Result<Keep, String> {
+        Ok(None)
+    }
+
+    /// The result goes beside the job file (see [`settled`]).
+    async fn report(&self, _: &Value) {}
+
+    async fn requeue(&self, _: &[u8], _: Duration) -> Result<(), String> {
+        Err("the folder queue keeps the file and tries it again".into())
+    }
+
+    fn cannot_hand_off(&self) -> Option<String> {
+        Some("a local job has no time limit but its own timeout".into())
+    }
+
+    async fn start_task(&self, _: &JobRef<Here>, _: Duration) -> Result<Value, String> {
+        Err("a local runner hands nothing off".into())
+    }
 }
 
 /// Job files waiting in the queue folder, oldest name first.

@@ -44,6 +44,8 @@ impl Fake {
                 },
                 lease_ttl: Duration::from_secs(60),
                 task_lease_wait: Duration::from_secs(1),
+                client_cache: None,
+                console: false,
             },
             reported: Mutex::default(),
             requeued: Mutex::default(),

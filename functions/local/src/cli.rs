@@ -1,0 +1,491 @@
+//! The command line: its flags and environment, its commands, and how each is reported.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::{serve, state_cmd};
+use clap::{Args, Parser, Subcommand};
+use shared::job::RawJob;
+use shared::result::{JobResult, Status};
+use shared::runner::{RunOutcome, Runner, RunnerConfig};
+use shared::settings::Runtime;
+use shared::terraform::TerraformConfig;
+use shared::validate::{ValidatedJob, ValidationError, validate};
+use state_backends::fs::FsStore;
+use tokio_util::sync::CancellationToken;
+
+/// Exit codes, after sysexits(3) where one fits.
+pub mod exit {
+    pub const OK: u8 = 0;
+    /// The job ran and failed.
+    pub const FAILED: u8 = 1;
+    /// A drift check found drift.
+    pub const DRIFT: u8 = 2;
+    /// The job file is invalid (EX_DATAERR).
+    pub const INVALID: u8 = 65;
+    /// The runner itself failed (EX_SOFTWARE).
+    pub const INTERNAL: u8 = 70;
+    /// The workspace is busy; try again later (EX_TEMPFAIL).
+    pub const BUSY: u8 = 75;
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "terrace",
+    version,
+    about = "Run Terraform/OpenTofu jobs with state in your own store"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+/// Settings shared by every command; each has an environment variable.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct Global {
+    /// Folder of the state store.
+    #[arg(long, env = "TERRACE_STORE", default_value = ".terrace", global = true)]
+    pub(crate) store: PathBuf,
+    /// Folder of templates, `<name>/<version>/`.
+    #[arg(
+        long,
+        env = "TERRACE_TEMPLATES",
+        default_value = "templates",
+        global = true
+    )]
+    pub(crate) templates: PathBuf,
+    /// The terraform or tofu binary.
+    #[arg(
+        long,
+        env = "TERRACE_TERRAFORM",
+        default_value = "terraform",
+        global = true
+    )]
+    pub(crate) terraform: PathBuf,
+    /// A terraform CLI configuration file (provider mirrors, credentials helpers).
+    #[arg(long, env = "TERRACE_TF_CLI_CONFIG", global = true)]
+    pub(crate) tf_cli_config: Option<PathBuf>,
+    /// A provider plugin cache shared by jobs.
+    #[arg(long, env = "TERRACE_PLUGIN_CACHE", global = true)]
+    pub(crate) plugin_cache: Option<PathBuf>,
+    /// Names of environment variables terraform may see (its provider credentials), comma-separated.
+    #[arg(long, env = "TERRACE_PASS_ENV", value_delimiter = ',', global = true)]
+    pub(crate) pass_env: Vec<String>,
+    /// Seconds a workspace lease lasts without renewal (a crashed runner's lease frees itself after this).
+    #[arg(long, env = "TERRACE_LEASE_TTL", default_value_t = 60, global = true,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) lease_ttl: u64,
+    /// Seconds terraform has to stop after an interrupt before it is killed.
+    #[arg(long, env = "TERRACE_GRACE", default_value_t = 30, global = true,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub(crate) grace: u64,
+    /// A folder for what is worth keeping between runs (terraform's version); default
+    /// `$XDG_CACHE_HOME/terrace` or `~/.cache/terrace`.
+    #[arg(long, env = "TERRACE_CACHE_DIR", global = true)]
+    pub(crate) cache_dir: Option<PathBuf>,
+    /// Print only the summary, not the live log.
+    #[arg(long, short, global = true)]
+    pub(crate) quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run one job file (JSON or YAML) with a live log and a final summary.
+    Run {
+        job: PathBuf,
+        /// Seconds to wait for a busy workspace before giving up.
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+    },
+    /// Check a job file without running it.
+    Validate { job: PathBuf },
+    /// Process job files dropped into a folder, moving each to done/ or failed/ with its result.
+    Serve(serve::ServeArgs),
+    /// Inspect and repair a workspace's state.
+    #[command(subcommand)]
+    State(state_cmd::StateCmd),
+    /// Back up every workspace whose state changed since the last backup (run it hourly).
+    Backup {
+        /// How many of the newest backups a workspace keeps.
+        #[arg(long, default_value_t = 48)]
+        hourly: usize,
+        /// Beyond those, the newest backup of each of this many recent days.
+        #[arg(long, default_value_t = 30)]
+        daily: usize,
+    },
+    /// Queue a drift check for every workspace with a successful apply, as job files in a
+    /// `terrace serve` queue folder (run it on a schedule). Workspaces whose last apply had
+    /// sensitive variables are listed instead: send their checks with the secrets.
+    Drift {
+        /// The queue folder `terrace serve --queue` reads.
+        #[arg(long)]
+        queue: PathBuf,
+    },
+}
+
+/// Runs the command line: `terrace …`.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the runtime starts");
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit::INTERNAL)
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    let g = cli.global;
+    match cli.command {
+        Cmd::Validate { job } => Ok(match load_job(&job, &g.templates)? {
+            Ok(v) => {
+                println!(
+                    "{}: valid ({} {} in {}/{})",
+                    job.display(),
+                    v.job.operation,
+                    v.job.template,
+                    v.job.tenant,
+                    v.job.workspace
+                );
+                exit::OK
+            }
+            Err(errors) => report_invalid(&job, &errors),
+        }),
+        Cmd::Run { job, wait } => {
+            let validated = match load_job(&job, &g.templates)? {
+                Ok(v) => v,
+                Err(errors) => return Ok(report_invalid(&job, &errors)),
+            };
+            let mut config = runner_config(&g);
+            config.lease_wait = Duration::from_secs(wait);
+            let runner = Runner::new(Arc::new(FsStore::new(&g.store)), config);
+            let cancel = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(cancel.clone()));
+            let outcome = runner.run(&validated, cancel).await?;
+            Ok(report_outcome(&outcome))
+        }
+        Cmd::Serve(args) => serve::serve(&g, args).await,
+        Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
+        Cmd::Drift { queue } => drift(&g, &queue).await,
+        Cmd::Backup { hourly, daily } => {
+            let store = state_backends::fs::FsStore::new(&g.store);
+            let keep = shared::backup::Retention { hourly, daily };
+            let report =
+                shared::backup::sweep(&store, time::OffsetDateTime::now_utc(), keep).await?;
+            for (ws, b) in &report.backed_up {
+                println!("{ws}: backed up version {} as {}", b.version, b.label);
+            }
+            for (ws, label) in &report.pruned {
+                println!("{ws}: dropped backup {label} (retention)");
+            }
+            for (ws, why) in &report.failed {
+                eprintln!("{ws}: not backed up: {why}");
+            }
+            println!(
+                "{} changed, {} backed up, {} unchanged, {} dropped, {} failed",
+                report.changed,
+                report.backed_up.len(),
+                report.unchanged.len(),
+                report.pruned.len(),
+                report.failed.len()
+            );
+            Ok(if report.failed.is_empty() {
+                exit::OK
+            } else {
+                exit::FAILED
+            })
+        }
+    }
+}
+
+async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
+    let store = FsStore::new(&g.store);
+    let plan = shared::drift::plan(&store, time::OffsetDateTime::now_utc()).await?;
+    std::fs::create_dir_all(queue)
+        .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
+    for (ws, job) in &plan.jobs {
+        let id = job.0["id"].as_str().unwrap_or("drift");
+        let name = format!("{id}--{}--{}.json", ws.tenant(), ws.workspace());
+        // Written under a hidden name first: `serve` never sees half a file.
+        let partial = queue.join(format!(".{name}.partial"));
+        std::fs::write(&partial, serde_json::to_vec_pretty(&job.0)?)
+            .with_context(|| format!("cannot write {}", partial.display()))?;
+        std::fs::rename(&partial, queue.join(&name))?;
+        println!("{ws}: drift check queued as {name}");
+    }
+    for (ws, names) in &plan.needs_secrets {
+        eprintln!(
+            "{ws}: not queued: its last apply had sensitive variables ({}); send its drift check with their values",
+            names.join(", ")
+        );
+    }
+    for (ws, why) in &plan.failed {
+        eprintln!("{ws}: not queued: {why}");
+    }
+    println!(
+        "{} queued, {} need secrets, {} never applied, {} failed",
+        plan.jobs.len(),
+        plan.needs_secrets.len(),
+        plan.never_applied,
+        plan.failed.len()
+    );
+    Ok(if plan.failed.is_empty() {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
+}
+
+/// What runs a job here, from the flags and environment.
+pub(crate) fn runtime(g: &Global) -> Runtime {
+    Runtime {
+        templates: g.templates.clone(),
+        terraform: TerraformConfig {
+            binary: g.terraform.clone(),
+            plugin_cache: g.plugin_cache.clone(),
+            cli_config: g.tf_cli_config.clone(),
+            pass_env: g
+                .pass_env
+                .iter()
+                .filter(|n| !n.is_empty())
+                .cloned()
+                .collect(),
+            env: Vec::new(),
+            settings: Vec::new(),
+            late_secrets: shared::redact::LateSecrets::default(),
+            grace: Duration::from_secs(g.grace),
+        },
+        lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
+        task_lease_wait: Duration::ZERO,
+        client_cache: g.cache_dir.clone().or_else(default_cache_dir),
+        console: !g.quiet,
+    }
+}
+
+fn runner_config(g: &Global) -> RunnerConfig {
+    runtime(g).runner_config()
+}
+
+/// `$XDG_CACHE_HOME/terrace`, else `$HOME/.cache/terrace`; none without either.
+fn default_cache_dir() -> Option<PathBuf> {
+    let nonempty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    nonempty("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| nonempty("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .map(|dir| dir.join("terrace"))
+}
+
+/// Reads and validates a job file; the outer error is for an unreadable file.
+pub(crate) fn load_job(
+    path: &Path,
+    templates: &Path,
+) -> anyhow::Result<Result<ValidatedJob, Vec<ValidationError>>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read job file {}", path.display()))?;
+    let raw = match RawJob::parse(&text) {
+        Ok(raw) => raw,
+        Err(e) => return Ok(Err(vec![e])),
+    };
+    Ok(validate(&raw, templates))
+}
+
+fn report_invalid(path: &Path, errors: &[ValidationError]) -> u8 {
+    eprintln!(
+        "{}: invalid job, {} problem(s), nothing was run:",
+        path.display(),
+        errors.len()
+    );
+    for e in errors {
+        eprintln!("  - {e}");
+    }
+    exit::INVALID
+}
+
+/// Prints the summary of a run and returns the exit code.
+fn report_outcome(outcome: &RunOutcome) -> u8 {
+    match outcome {
+        RunOutcome::Busy { holder } => {
+            eprintln!(
+                "workspace busy: leased by job {} (fence {}) until {}; try again later or use --wait",
+                holder.owner,
+                holder.fence,
+                state_backends::display_time(holder.expires_at)
+            );
+            exit::BUSY
+        }
+        RunOutcome::AlreadyDone(result) => {
+            println!(
+                "job {} already finished ({}); not run again",
+                result.job_id,
+                result.status.as_str()
+            );
+            print_summary(result);
+            exit_code(result)
+        }
+        RunOutcome::Finished(result) => {
+            print_summary(result);
+            exit_code(result)
+        }
+    }
+}
+
+fn exit_code(result: &JobResult) -> u8 {
+    match (result.status, result.drift) {
+        (Status::Succeeded, Some(true)) => exit::DRIFT,
+        (Status::Succeeded, _) => exit::OK,
+        _ => exit::FAILED,
+    }
+}
+
+fn print_summary(r: &JobResult) {
+    println!();
+    println!(
+        "job:        {} ({} {} in {}/{})",
+        r.job_id, r.operation, r.template, r.tenant, r.workspace
+    );
+    println!(
+        "status:     {} in {:.1}s",
+        r.status.as_str(),
+        r.duration_ms as f64 / 1000.0
+    );
+    let steps: Vec<String> = r
+        .steps
+        .iter()
+        .map(|s| format!("{} {}ms", s.step, s.duration_ms))
+        .collect();
+    println!("steps:      {}", steps.join(", "));
+    if let Some(c) = &r.changes {
+        println!(
+            "changes:    {} to add, {} to change, {} to destroy",
+            c.add, c.change, c.destroy
+        );
+    }
+    if let Some(t) = &r.terraform {
+        println!("terraform:  {} {}", t.flavour.name(), t.version);
+    }
+    if let Some(drift) = r.drift {
+        let what = match (drift, r.drifted.is_empty()) {
+            (false, _) => "none",
+            (true, false) => "yes: changed outside terraform since its last run",
+            (true, true) => "yes: the infrastructure differs from the template",
+        };
+        println!("drift:      {what}");
+        let redactor = shared::redact::Redactor::default();
+        for resource in &r.drifted {
+            println!("  {}", resource.describe(&redactor));
+        }
+    }
+    if !r.state_versions.is_empty() {
+        let v: Vec<String> = r.state_versions.iter().map(u64::to_string).collect();
+        println!("state:      wrote version(s) {}", v.join(", "));
+    }
+    if !r.outputs.is_empty() {
+        println!("outputs:");
+        for (name, out) in &r.outputs {
+            println!("  {name} = {}", out.value);
+        }
+    }
+    if r.attempts.len() > 1 {
+        println!("attempts:   {}", r.attempts.len());
+        for a in &r.attempts {
+            match (&a.error, a.retry_after_ms) {
+                (Some(e), Some(wait)) => println!(
+                    "  {}: {:?} at {}: {} (retried after {wait} ms)",
+                    a.attempt, e.category, e.step, e.message
+                ),
+                (Some(e), None) => println!(
+                    "  {}: {:?} at {}: {}",
+                    a.attempt, e.category, e.step, e.message
+                ),
+                (None, _) => println!("  {}: succeeded", a.attempt),
+            }
+        }
+    }
+    for rec in &r.recovered {
+        println!(
+            "recovered:  {} {} as {} (it existed in the cloud but not in the state)",
+            rec.action, rec.address, rec.id
+        );
+    }
+    if let Some(u) = &r.unsaved_state {
+        match (u.pushed_as, &u.error) {
+            (Some(v), _) => println!(
+                "unsaved:    terraform could not save its state; the runner saved it as version {v} (kept as {})",
+                u.artifact
+            ),
+            (None, Some(e)) => println!("unsaved:    kept as {}; {e}", u.artifact),
+            (None, None) => println!("unsaved:    kept as {}", u.artifact),
+        }
+    }
+    if let Some(c) = &r.cleanup
+        && (!c.created.is_empty() || c.rolled_back_to.is_some())
+    {
+        println!(
+            "cleanup:    policy {}; created {}",
+            c.policy,
+            if c.created.is_empty() {
+                "nothing".to_owned()
+            } else {
+                c.created.join(", ")
+            }
+        );
+        if let Some(to) = &c.rolled_back_to {
+            println!("            rolled back to the configuration of {to}");
+        }
+        if !c.reverted.is_empty() {
+            println!("            reverted {}", c.reverted.join(", "));
+        }
+        if !c.destroyed.is_empty() {
+            println!("            destroyed {}", c.destroyed.join(", "));
+        }
+        if !c.left.is_empty() {
+            println!("            left in place {}", c.left.join(", "));
+        }
+        if let Some(e) = &c.error {
+            println!("            {e}");
+        }
+    }
+    if let Some(e) = &r.error {
+        println!(
+            "error:      [{:?}] at step {}: {}",
+            e.category, e.step, e.message
+        );
+        println!("hint:       {}", e.hint);
+        println!("retryable:  {}", e.retryable);
+    }
+}
+
+/// Fires `cancel` on SIGINT or SIGTERM, so terraform is interrupted, not killed.
+pub(crate) async fn cancel_on_signal(cancel: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("interrupt received: stopping terraform gracefully, then releasing the workspace");
+    cancel.cancel();
+}
