@@ -250,6 +250,19 @@ impl LogSink for StoreSink {
     }
 }
 
+/// Why a job's log cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadLogError {
+    #[error(transparent)]
+    Store(#[from] state_backends::StoreError),
+    #[error("log chunk {name} is not NDJSON: {source}")]
+    Chunk {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Reads a run's whole log back from the store, in order.
 ///
 /// # Errors
@@ -258,7 +271,7 @@ pub async fn read_log(
     store: &dyn StateStore,
     ws: &WorkspaceId,
     job_id: &str,
-) -> anyhow::Result<Vec<LogLine>> {
+) -> Result<Vec<LogLine>, ReadLogError> {
     let mut lines = Vec::new();
     for name in store.artifacts(ws, job_id).await? {
         if !name.starts_with("log/") {
@@ -268,7 +281,12 @@ pub async fn read_log(
             continue;
         };
         for raw in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            lines.push(serde_json::from_slice(raw)?);
+            lines.push(
+                serde_json::from_slice(raw).map_err(|source| ReadLogError::Chunk {
+                    name: name.clone(),
+                    source,
+                })?,
+            );
         }
     }
     Ok(lines)

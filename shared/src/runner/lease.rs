@@ -1,0 +1,378 @@
+//! The workspace's lease around a job: taking it (waiting for a busy workspace, unless the job
+//! turns out to have finished), the watchdog that renews it and stops the job on its deadline,
+//! its caller's cancel or a lost lease, and the record of a job whose runner died holding it.
+
+use super::*;
+
+impl Runner {
+    /// When this job's lease took over an expired one, records the job that held it as
+    /// interrupted (unless it left a result), so its status is known and it may run again.
+    pub(super) async fn note_interrupted(&self, ws: &WorkspaceId, lease: &Lease, logger: &Logger) {
+        let Some(prev) = &lease.took_over else { return };
+        let (Ok(Some(job)), Ok(None)) = (
+            self.store.artifact(ws, &prev.owner, JOB_FILE).await,
+            self.store.artifact(ws, &prev.owner, RESULT_FILE).await,
+        ) else {
+            return; // not a job of ours (a restore), or it did finish
+        };
+        let job = match crate::records::JobRecord::parse(&job) {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::warn!(job_id = %prev.owner, error = %e, "interrupted job has an unreadable job.json");
+                return;
+            }
+        };
+        let operation = job.operation;
+        let expired = state_backends::display_time(prev.expired_at);
+        let started_at = job
+            .lease
+            .as_ref()
+            .and_then(|l| {
+                OffsetDateTime::parse(
+                    &l.acquired_at,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()
+            })
+            .unwrap_or(prev.expired_at);
+        let template = job.template.to_string();
+        let result = JobResult {
+            job_id: prev.owner.clone(),
+            tenant: ws.tenant().to_owned(),
+            workspace: ws.workspace().to_owned(),
+            operation,
+            template,
+            status: Status::Interrupted,
+            started_at,
+            finished_at: prev.expired_at,
+            duration_ms: 0,
+            terraform: None,
+            steps: Vec::new(),
+            changes: None,
+            drift: None,
+            drifted: Vec::new(),
+            outputs: Default::default(),
+            state_versions: Vec::new(),
+            attempts: Vec::new(),
+            cleanup: None,
+            recovered: Vec::new(),
+            unsaved_state: None,
+            error: Some(JobError {
+                category: Category::Internal,
+                step: "unknown".into(),
+                address: None,
+                message: format!(
+                    "the runner stopped without finishing (killed or crashed); its lease (fence {}) expired at {expired}",
+                    prev.fence
+                ),
+                hint: "every state version it wrote is kept; check `terrace state versions`, then run the job again".into(),
+                retryable: true,
+            }),
+        };
+        let Ok(data) = serde_json::to_vec_pretty(&result) else {
+            return;
+        };
+        if self
+            .store
+            .put_artifact(ws, &prev.owner, RESULT_FILE, Bytes::from(data))
+            .await
+            .is_ok()
+        {
+            logger
+                .runner("prepare", &format!("job {} was interrupted: its runner stopped without a result and its lease expired at {expired}; continuing from the current state", prev.owner))
+                .await;
+        }
+    }
+
+    /// Takes the workspace's lease, waiting up to `lease_wait` for a busy one, unless the job
+    /// turns out to have finished already.
+    pub(super) async fn acquire(
+        &self,
+        ws: &WorkspaceId,
+        job: &ValidatedJob,
+        cancel: &CancellationToken,
+    ) -> Result<Acquired, RunError> {
+        let request = LeaseRequest {
+            owner: job.job.id.clone(),
+            ttl: self.config.lease_ttl,
+            info: serde_json::json!({
+                "operation": job.job.operation,
+                "template": job.job.template.to_string(),
+                "host": hostname(),
+                "pid": std::process::id(),
+            }),
+        };
+        let give_up = Instant::now() + self.config.lease_wait;
+        let mut announced = false;
+        // Polled quickly at first, then less often (a task may wait minutes on a cloud store,
+        // where every look is a billed call), never past the wait's end.
+        let mut pause = Duration::from_millis(250);
+        loop {
+            match self.store.acquire_lease(ws, &request).await {
+                Ok(lease) => return Ok(Acquired::Lease(lease)),
+                Err(StoreError::LeaseHeld { holder, .. }) => {
+                    if !announced {
+                        // Its result, rather than a wait, for a finished job delivered again.
+                        if let Some(previous) = self.previous_result(ws, &job.job.id).await? {
+                            return Ok(Acquired::Done(Box::new(previous)));
+                        }
+                    }
+                    if Instant::now() >= give_up || cancel.is_cancelled() {
+                        return Ok(Acquired::Busy(holder));
+                    }
+                    if !announced {
+                        tracing::info!(
+                            workspace = %ws, holder = %holder.owner, expires_at = %holder.expires_at,
+                            "waiting for the workspace's lease"
+                        );
+                        announced = true;
+                    }
+                    let left = give_up.saturating_duration_since(Instant::now());
+                    tokio::select! {
+                        () = tokio::time::sleep(pause.min(left)) => {}
+                        () = cancel.cancelled() => {}
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// What [`Runner::acquire`] came to.
+pub(super) enum Acquired {
+    Lease(Lease),
+    /// Held by another job (given up waiting).
+    Busy(Box<Lease>),
+    /// The job had finished already.
+    Done(Box<JobResult>),
+}
+
+/// Why a job stopped before its end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum StopReason {
+    Timeout,
+    Cancelled,
+    /// The host is shutting down (see [`RunnerConfig::shutdown`]).
+    Shutdown,
+    LeaseLost(String),
+}
+
+/// Renews the lease every third of its TTL until aborted, and stops the job on its deadline,
+/// on the caller's cancel, or when the lease is lost. Renewal goes on after a stop: terraform
+/// still writes its state during the grace period, and the result is written after that.
+#[allow(clippy::too_many_arguments)] // one task's whole context; a struct would only rename it
+pub(super) async fn watch(
+    store: Arc<dyn StateStore>,
+    ws: WorkspaceId,
+    mut lease: Lease,
+    ttl: Duration,
+    timeout: Duration,
+    stop: CancellationToken,
+    reason: Arc<OnceLock<StopReason>>,
+    logger: Logger,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut renew = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
+    renew.tick().await;
+    let mut deadline_armed = true;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline), if deadline_armed => {
+                deadline_armed = false;
+                let _ = reason.set(StopReason::Timeout);
+                stop.cancel();
+                logger.runner("", &format!("timeout of {}s reached", timeout.as_secs())).await;
+            }
+            () = stop.cancelled(), if reason.get().is_none() => {
+                let _ = reason.set(StopReason::Cancelled);
+            }
+            _ = renew.tick() => match store.renew_lease(&ws, &lease, ttl).await {
+                Ok(renewed) => lease = renewed,
+                Err(StoreError::LeaseLost { reason: why, .. }) => {
+                    let _ = reason.set(StopReason::LeaseLost(why.clone()));
+                    stop.cancel();
+                    logger.runner("", &format!("lease lost: {why}; stopping terraform")).await;
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "could not renew the lease; will retry"),
+            }
+        }
+    }
+}
+
+pub(super) fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use state_backends::memory::MemoryStore;
+
+    fn ws() -> WorkspaceId {
+        WorkspaceId::new("acme", "demo").unwrap()
+    }
+
+    async fn hold(store: &MemoryStore, owner: &str, ttl: Duration) -> Lease {
+        let request = LeaseRequest {
+            owner: owner.into(),
+            ttl,
+            info: serde_json::Value::Null,
+        };
+        store.acquire_lease(&ws(), &request).await.unwrap()
+    }
+
+    fn runner(store: Arc<MemoryStore>, wait: Duration) -> Runner {
+        let config = RunnerConfig {
+            lease_wait: wait,
+            ..RunnerConfig::default()
+        };
+        Runner::new(store, config)
+    }
+
+    fn job(id: &str) -> ValidatedJob {
+        super::super::workdir::tests::demo_job(id)
+    }
+
+    #[tokio::test]
+    async fn a_busy_workspace_is_waited_for_until_the_lease_wait_then_given_up() {
+        let store = Arc::new(MemoryStore::new());
+        hold(&store, "other", Duration::from_secs(60)).await;
+        let started = Instant::now();
+        let acquired = runner(store, Duration::from_millis(400))
+            .acquire(&ws(), &job("j1"), &CancellationToken::new())
+            .await
+            .unwrap();
+        let Acquired::Busy(holder) = acquired else {
+            panic!("not busy")
+        };
+        assert_eq!(holder.owner, "other");
+        assert!(started.elapsed() >= Duration::from_millis(400));
+    }
+
+    #[tokio::test]
+    async fn a_lease_freed_while_waiting_is_taken_with_a_new_fence() {
+        let store = Arc::new(MemoryStore::new());
+        let held = hold(&store, "other", Duration::from_secs(60)).await;
+        let releaser = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                store.release_lease(&ws(), &held).await.unwrap();
+            })
+        };
+        let acquired = runner(store, Duration::from_secs(10))
+            .acquire(&ws(), &job("j1"), &CancellationToken::new())
+            .await
+            .unwrap();
+        releaser.await.unwrap();
+        let Acquired::Lease(lease) = acquired else {
+            panic!("no lease")
+        };
+        assert_eq!(lease.owner, "j1");
+        assert_eq!(lease.fence, 2);
+    }
+
+    #[tokio::test]
+    async fn a_finished_job_gets_its_result_rather_than_a_wait() {
+        let store = Arc::new(MemoryStore::new());
+        hold(&store, "other", Duration::from_secs(60)).await;
+        let result = serde_json::json!({
+            "job_id": "j1", "tenant": "acme", "workspace": "demo", "operation": "apply",
+            "template": "demo@1.0.0", "status": "succeeded",
+            "started_at": "2026-11-24T00:00:00Z", "finished_at": "2026-11-24T00:00:01Z",
+            "duration_ms": 1000, "steps": [],
+        });
+        store
+            .put_artifact(&ws(), "j1", RESULT_FILE, Bytes::from(result.to_string()))
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let acquired = runner(store, Duration::from_secs(30))
+            .acquire(&ws(), &job("j1"), &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(matches!(acquired, Acquired::Done(_)));
+        assert!(started.elapsed() < Duration::from_secs(5), "no wait");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_wait_gives_up_at_once() {
+        let store = Arc::new(MemoryStore::new());
+        hold(&store, "other", Duration::from_secs(60)).await;
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let acquired = runner(store, Duration::from_secs(30))
+            .acquire(&ws(), &job("j1"), &cancel)
+            .await
+            .unwrap();
+        assert!(matches!(acquired, Acquired::Busy(_)));
+    }
+
+    fn silent() -> Logger {
+        crate::logs::start(Redactor::new(Vec::<String>::new()), Vec::new()).0
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_stops_the_job_at_its_deadline_and_keeps_the_lease_renewed() {
+        let store = Arc::new(MemoryStore::new());
+        let ttl = Duration::from_millis(600);
+        let lease = hold(&store, "j1", ttl).await;
+        let (stop, reason) = (CancellationToken::new(), Arc::new(OnceLock::new()));
+        let dog = tokio::spawn(watch(
+            store.clone(),
+            ws(),
+            lease.clone(),
+            ttl,
+            Duration::from_millis(300),
+            stop.clone(),
+            reason.clone(),
+            silent(),
+        ));
+        tokio::time::timeout(Duration::from_secs(5), stop.cancelled())
+            .await
+            .expect("stopped at the deadline");
+        assert_eq!(reason.get(), Some(&StopReason::Timeout));
+        // Renewed past the job's stop, through terraform's grace: still live well after its TTL.
+        tokio::time::sleep(ttl * 2).await;
+        let now = store.lease(&ws()).await.unwrap().expect("still held");
+        assert_eq!(now.owner, "j1");
+        assert!(now.expires_at > lease.expires_at);
+        dog.abort();
+    }
+
+    #[tokio::test]
+    async fn a_lost_lease_stops_the_job_and_says_why() {
+        let store = Arc::new(MemoryStore::new());
+        let ttl = Duration::from_millis(300);
+        let lease = hold(&store, "j1", ttl).await;
+        store.break_lease(&ws()).await.unwrap();
+        let (stop, reason) = (CancellationToken::new(), Arc::new(OnceLock::new()));
+        let dog = tokio::spawn(watch(
+            store.clone(),
+            ws(),
+            lease,
+            ttl,
+            Duration::from_secs(60),
+            stop.clone(),
+            reason.clone(),
+            silent(),
+        ));
+        tokio::time::timeout(Duration::from_secs(5), stop.cancelled())
+            .await
+            .expect("stopped");
+        assert!(
+            matches!(reason.get(), Some(StopReason::LeaseLost(_))),
+            "{reason:?}"
+        );
+        tokio::time::timeout(Duration::from_secs(5), dog)
+            .await
+            .expect("the watchdog ends once the lease is lost")
+            .unwrap();
+    }
+}

@@ -1,0 +1,532 @@
+//! The core [`Runner`]: one validated job, start to end. Every function (local, AWS, GCP, Azure)
+//! adapts its trigger to [`Runner::run`].
+//!
+//! 1. idempotency: a job id with a result is not run again;
+//! 2. the workspace's lease (owner = job id), renewed by a heartbeat while the job runs;
+//! 3. an isolated workdir: the template, generated tfvars and backend configuration;
+//! 4. the state server on loopback, fenced by the lease;
+//! 5. terraform's steps for the operation, logged live and redacted;
+//! 6. the result in `runs/<job-id>/result.json`; the lease released on every path.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use state_backends::{Lease, LeaseRequest, StateStore, StoreError, WorkspaceId};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::classify::classify;
+use crate::client::Client;
+use crate::job::{OnFailure, Operation, RetryPolicy};
+use crate::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
+use crate::recover::{self, Recovery};
+use crate::redact::Redactor;
+use crate::result::{
+    Attempt, Category, Changes, Cleanup, DriftedResource, JobError, JobResult, Status, StepTiming,
+    UnsavedState, outputs_from_json,
+};
+use crate::rollback;
+use crate::state_server::{self, StateServer};
+use crate::terraform::{self, Command, Outcome, PlanMode, TerraformConfig};
+use crate::validate::ValidatedJob;
+
+mod cleanup;
+mod lease;
+mod steps;
+mod workdir;
+
+use cleanup::*;
+use lease::*;
+use steps::*;
+use workdir::*;
+
+pub use steps::ERRORED_STATE;
+pub use workdir::BACKEND_CONFIG;
+
+/// The artifact names of a run.
+pub const RESULT_FILE: &str = "result.json";
+
+pub const JOB_FILE: &str = "job.json";
+
+/// How the runner works on this machine.
+#[derive(Clone, Debug)]
+pub struct RunnerConfig {
+    pub terraform: TerraformConfig,
+    /// How long a lease lasts without renewal; the heartbeat renews it every third of that.
+    pub lease_ttl: Duration,
+    /// How long to wait for a busy workspace before giving up (zero: do not wait).
+    pub lease_wait: Duration,
+    /// Where workdirs are made (the system's temp folder when `None`).
+    pub work_root: Option<PathBuf>,
+    /// Print the log to the console as well as to the store.
+    pub console: bool,
+    /// The templates folder, for `on_failure: rollback` to load the configuration of the
+    /// workspace's last successful apply (rollback only destroys what the run created without).
+    pub templates: Option<PathBuf>,
+    /// Cancelled when the host is shutting down (a function's SIGTERM). A job stopped by it
+    /// ends `interrupted`, not `cancelled`, so its message delivered again runs it again.
+    /// Callers pass a child of it as the job's cancel token.
+    pub shutdown: Option<CancellationToken>,
+    /// A folder where terraform's `version -json` answer is remembered between processes
+    /// (see [`crate::client::probe_cached`]); `None` reads it once per runner.
+    pub client_cache: Option<PathBuf>,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            terraform: TerraformConfig::default(),
+            lease_ttl: Duration::from_secs(60),
+            lease_wait: Duration::ZERO,
+            work_root: None,
+            console: true,
+            templates: None,
+            shutdown: None,
+            client_cache: None,
+        }
+    }
+}
+
+/// What became of a request to run a job.
+#[derive(Debug)]
+pub enum RunOutcome {
+    /// The job ran (successfully or not); its result is stored.
+    Finished(Box<JobResult>),
+    /// The job id had already finished; nothing ran. Its earlier result.
+    AlreadyDone(Box<JobResult>),
+    /// Another job holds the workspace's lease; nothing ran. Try again after `holder.expires_at`.
+    Busy { holder: Box<Lease> },
+}
+
+/// Why a job could not be run at all (its own failures are results, not errors).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The job's tenant or workspace is not a valid name.
+    #[error(transparent)]
+    Workspace(#[from] state_backends::InvalidName),
+    /// The store could not be reached to check, lease or record the job.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A record in the store is not what Terrace writes.
+    #[error("{name} of job {job_id} cannot be read: {source}")]
+    Record {
+        job_id: String,
+        name: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The task running the job under its lease ended without an outcome (it panicked).
+    #[error("the job's task failed: {0}")]
+    Task(String),
+}
+
+impl RunError {
+    /// Whether the same job may succeed if tried again later.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RunError::Store(e) => e.is_retryable(),
+            RunError::Task(_) => true,
+            RunError::Workspace(_) | RunError::Record { .. } => false,
+        }
+    }
+}
+
+/// Runs jobs against one store.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    store: Arc<dyn StateStore>,
+    config: Arc<RunnerConfig>,
+    /// The terraform client, read once it is first read successfully (`version -json`) and
+    /// checked against the floor; a failed read is tried again by the next job.
+    client: Arc<tokio::sync::OnceCell<Client>>,
+}
+
+impl Runner {
+    pub fn new(store: Arc<dyn StateStore>, config: RunnerConfig) -> Self {
+        Self {
+            store,
+            config: Arc::new(config),
+            client: Arc::default(),
+        }
+    }
+
+    /// The terraform client this runner drives, read on first use.
+    ///
+    /// # Errors
+    /// A binary that cannot run, or a version Terrace does not support.
+    pub async fn client(&self) -> Result<&Client, crate::client::ClientError> {
+        self.client
+            .get_or_try_init(|| {
+                crate::client::probe_cached(
+                    &self.config.terraform,
+                    self.config.client_cache.as_deref(),
+                )
+            })
+            .await
+    }
+
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// The stored result of a job id, if it finished before. An `interrupted` job did not
+    /// finish: it may run again.
+    ///
+    /// # Errors
+    /// Store failures, or a result that does not parse.
+    pub async fn previous_result(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+    ) -> Result<Option<JobResult>, RunError> {
+        match self.store.artifact(ws, job_id, RESULT_FILE).await? {
+            Some(raw) => {
+                let result: JobResult =
+                    serde_json::from_slice(&raw).map_err(|source| RunError::Record {
+                        job_id: job_id.to_owned(),
+                        name: RESULT_FILE,
+                        source,
+                    })?;
+                Ok((result.status != Status::Interrupted).then_some(result))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Runs `job` to its end, or until `cancel` fires or its timeout passes.
+    ///
+    /// # Errors
+    /// Only when the store cannot be reached to check, lease or record the job; every failure
+    /// of the job itself is a [`RunOutcome::Finished`] result with an error.
+    ///
+    /// # Cancellation safety
+    /// Cancel through `cancel`, not by dropping the future: a dropped `run` leaves the job
+    /// running in the background to its end, and its lease is then freed by expiry instead of
+    /// being released.
+    pub async fn run(
+        &self,
+        job: &ValidatedJob,
+        cancel: CancellationToken,
+    ) -> Result<RunOutcome, RunError> {
+        let j = &job.job;
+        let ws = WorkspaceId::new(&j.tenant, &j.workspace)?;
+        // Terraform's version is read while the store is: it is needed only once leased.
+        let probe = tokio::spawn({
+            let runner = self.clone();
+            async move {
+                let _ = runner.client().await;
+            }
+        });
+        let _probe = tokio_util::task::AbortOnDropHandle::new(probe);
+        // A job delivered again is found done under the lease (see `run_leased`), or, when the
+        // workspace is busy, before waiting for it.
+        let lease = match self.acquire(&ws, job, &cancel).await? {
+            Acquired::Lease(lease) => lease,
+            Acquired::Busy(holder) => return Ok(RunOutcome::Busy { holder }),
+            Acquired::Done(previous) => return Ok(RunOutcome::AlreadyDone(previous)),
+        };
+        // Everything under the lease runs in its own task, so that whatever happens there
+        // (an error, a panic), the lease is released here.
+        let leased = tokio::spawn({
+            let (runner, job, ws, lease) = (self.clone(), job.clone(), ws.clone(), lease.clone());
+            async move { runner.run_leased(&job, &ws, &lease, cancel).await }
+        })
+        .await;
+        let released = self.store.release_lease(&ws, &lease).await;
+        let outcome = match leased {
+            Ok(outcome) => outcome?,
+            Err(e) => return Err(RunError::Task(e.to_string())),
+        };
+        released?;
+        Ok(outcome)
+    }
+
+    /// The part of [`Runner::run`] that holds the lease; the caller releases it.
+    async fn run_leased(
+        &self,
+        job: &ValidatedJob,
+        ws: &WorkspaceId,
+        lease: &Lease,
+        cancel: CancellationToken,
+    ) -> Result<RunOutcome, RunError> {
+        let j = &job.job;
+        // Checked again under the lease: the same job may have run while we waited for it.
+        if let Some(previous) = self.previous_result(ws, &j.id).await? {
+            return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
+        }
+        // The run starts when the workspace is ours; waiting for it is not part of the run.
+        let started_at = OffsetDateTime::now_utc();
+        let started = Instant::now();
+        // The state server's password is a secret of this job like its sensitive variables.
+        let password = state_server::random_secret();
+        let redactor = Redactor::new(
+            job.sensitive_values
+                .iter()
+                .cloned()
+                .chain(self.config.terraform.env.iter().map(|(_, v)| v.clone()))
+                .chain([password.clone()]),
+        )
+        .with_late(self.config.terraform.late_secrets.clone());
+        let record = crate::records::JobRecord::new(job, &redactor, lease).to_bytes();
+
+        // Log chunks are named by the lease's fence too, so a re-run after a crash adds to the
+        // log of the attempt it follows instead of overwriting it.
+        let mut sinks: Vec<Box<dyn LogSink>> = vec![Box::new(StoreSink::new(
+            self.store.clone(),
+            ws.clone(),
+            &j.id,
+            lease.fence,
+        ))];
+        if self.config.console {
+            sinks.push(Box::new(ConsoleSink::new(&j.id)));
+        }
+        let (logger, pump) = logs::start(redactor.clone(), sinks);
+        self.note_interrupted(ws, lease, &logger).await;
+
+        // The job's token: fired by the caller, the deadline, or a lost lease. The watchdog
+        // keeps renewing the lease after that, through terraform's grace period, until the
+        // result is written.
+        let stop = cancel.child_token();
+        let reason: Arc<OnceLock<StopReason>> = Arc::new(OnceLock::new());
+        // Aborted when dropped: on every path out of here, a panic included.
+        let watchdog = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch(
+            self.store.clone(),
+            ws.clone(),
+            lease.clone(),
+            self.config.lease_ttl,
+            j.timeout,
+            stop.clone(),
+            reason.clone(),
+            logger.clone(),
+        )));
+
+        let mut report = Report::default();
+        let outcome = self
+            .execute(
+                job,
+                record,
+                ws,
+                lease,
+                &password,
+                &logger,
+                &stop,
+                &mut report,
+            )
+            .await;
+
+        // A job whose steps all succeeded succeeded, even if a stop came after the last one.
+        let (status, error) = match outcome {
+            Ok(()) => (Status::Succeeded, None),
+            Err(e) => {
+                let shutting_down = self
+                    .config
+                    .shutdown
+                    .as_ref()
+                    .is_some_and(CancellationToken::is_cancelled);
+                let stopped = reason
+                    .get()
+                    .cloned()
+                    .or_else(|| stop.is_cancelled().then_some(StopReason::Cancelled))
+                    .map(|r| match r {
+                        StopReason::Cancelled if shutting_down => StopReason::Shutdown,
+                        other => other,
+                    });
+                match stopped {
+                    Some(reason) => stopped_error(&reason, e),
+                    None => (Status::Failed, Some(e)),
+                }
+            }
+        };
+        let result = JobResult {
+            job_id: j.id.clone(),
+            tenant: j.tenant.clone(),
+            workspace: j.workspace.clone(),
+            operation: j.operation,
+            template: j.template.to_string(),
+            status,
+            started_at,
+            finished_at: OffsetDateTime::now_utc(),
+            duration_ms: started.elapsed().as_millis() as u64,
+            terraform: report.client,
+            steps: report.steps,
+            changes: report.changes,
+            drift: report.drift,
+            drifted: report.drifted,
+            outputs: report.outputs,
+            state_versions: report.versions,
+            attempts: report.attempts,
+            cleanup: report.cleanup,
+            recovered: report.recovered,
+            unsaved_state: report.unsaved_state,
+            error,
+        };
+        let summary = match &result.error {
+            None => format!(
+                "job {} {} in {} ms",
+                j.id,
+                status.as_str(),
+                result.duration_ms
+            ),
+            Some(e) => format!(
+                "job {} {} at step {}: {}",
+                j.id,
+                status.as_str(),
+                e.step,
+                e.message
+            ),
+        };
+        logger.runner("", &summary).await;
+        drop(logger);
+        pump.finish().await;
+
+        // The result is written redacted, while the lease is still renewed.
+        let record_error = |source| RunError::Record {
+            job_id: j.id.clone(),
+            name: RESULT_FILE,
+            source,
+        };
+        let redacted = redactor.redact_json(&serde_json::to_value(&result).map_err(record_error)?);
+        let data = Bytes::from(serde_json::to_vec_pretty(&redacted).map_err(record_error)?);
+        let mut attempt = 0;
+        let written = loop {
+            attempt += 1;
+            match self
+                .store
+                .put_artifact(ws, &j.id, RESULT_FILE, data.clone())
+                .await
+            {
+                Err(e) if attempt < 3 && e.is_retryable() => {
+                    tracing::warn!(error = %e, attempt, "could not write the result; retrying");
+                    tokio::time::sleep(Duration::from_secs(attempt)).await;
+                }
+                other => break other,
+            }
+        };
+        drop(watchdog);
+        written?;
+        Ok(RunOutcome::Finished(Box::new(
+            serde_json::from_value(redacted).map_err(record_error)?,
+        )))
+    }
+
+    /// Prepares the workdir and runs the operation's steps.
+    #[allow(clippy::too_many_arguments)] // the job's whole context, passed once
+    async fn execute(
+        &self,
+        job: &ValidatedJob,
+        record: Bytes,
+        ws: &WorkspaceId,
+        lease: &Lease,
+        password: &str,
+        logger: &Logger,
+        stop: &CancellationToken,
+        report: &mut Report,
+    ) -> Result<(), JobError> {
+        let j = &job.job;
+        logger
+            .runner(
+                "prepare",
+                &format!(
+                    "{} {} in {} (lease fence {})",
+                    j.operation, j.template, ws, lease.fence
+                ),
+            )
+            .await;
+        // The job's record is written while the client is checked, the state server started
+        // and the state read (the read that terraform's first GET is then served from).
+        let prepare = async {
+            // Refused before anything touches the workspace's state.
+            let client = self.client().await.map_err(|e| JobError {
+                category: Category::Internal,
+                step: "prepare".into(),
+                address: None,
+                message: e.to_string(),
+                hint: e.hint().into(),
+                retryable: true,
+            })?;
+            logger
+                .runner(
+                    "prepare",
+                    &format!("{} {}", client.flavour.name(), client.version),
+                )
+                .await;
+            let server = StateServer::start(state_server::Config {
+                store: self.store.clone(),
+                ws: ws.clone(),
+                fence: lease.fence(),
+                password: password.to_owned(),
+                logger: Some(logger.clone()),
+            })
+            .await
+            .map_err(|e| internal("prepare", format!("cannot start the state server: {e}")))?;
+            let before = addresses(server.current().await);
+            Ok::<_, JobError>((client.clone(), server, before))
+        };
+        let (recorded, prepared) = tokio::join!(
+            self.store.put_artifact(ws, &j.id, JOB_FILE, record),
+            prepare
+        );
+        if let Err(e) = recorded {
+            return Err(JobError {
+                category: Category::Internal,
+                step: "prepare".into(),
+                address: None,
+                message: format!("cannot record the job in the store: {e}"),
+                hint: "check that the store is reachable and writable".into(),
+                retryable: e.is_retryable(),
+            });
+        }
+        let (client, server, before) = prepared?;
+        report.client = Some(client);
+        let workdir = prepare_workdir(self.config.work_root.as_deref(), job, server.endpoint())
+            .map_err(|e| internal("prepare", format!("cannot prepare the workdir: {e}")))?;
+        let dir = workdir.path();
+
+        let steps = Steps {
+            job_id: &j.id,
+            ws,
+            server: &server,
+            config: &self.config.terraform,
+            dir,
+            logger,
+            stop,
+        };
+        let result = self.steps(j.operation, j.retry, &steps, report).await;
+        if result.is_ok() && j.operation == Operation::Apply {
+            // What a later `on_failure: rollback` returns to.
+            if let Err(e) = rollback::record_last_apply(self.store.as_ref(), ws, &j.id).await {
+                logger
+                    .runner(
+                        "apply",
+                        &format!("could not record this apply for later rollbacks: {e}"),
+                    )
+                    .await;
+            }
+        }
+        if result.is_err() && j.operation == Operation::Apply && !stop.is_cancelled() {
+            report.cleanup = Some(self.clean_up(job, before, &steps, report).await);
+        }
+        let activity = server.shutdown().await;
+        report.versions = activity.versions;
+        if report.keep_workdir {
+            let kept = workdir.keep();
+            tracing::error!(workdir = %kept.display(), "kept the workdir: it holds a state that could not be saved");
+        }
+        match result {
+            Err(mut e) if !activity.refused.is_empty() => {
+                e.category = Category::StateConflict;
+                e.message = format!(
+                    "{} (the state server refused: {})",
+                    e.message,
+                    activity.refused.join("; ")
+                );
+                e.hint = "another writer changed this workspace's state; run the job again to plan from the current state".into();
+                Err(e)
+            }
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Unit tests of `state_server`.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use state_backends::memory::MemoryStore;
+use state_backends::tfstate::empty_state;
+use state_backends::{LeaseRequest, StateStore};
+use tower::ServiceExt;
+
+use super::*;
+
+struct Fixture {
+    shared: Arc<Shared>,
+    store: Arc<dyn StateStore>,
+    ws: WorkspaceId,
+}
+
+async fn fixture(ttl: Duration) -> Fixture {
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+    let ws = WorkspaceId::new("t", "w").unwrap();
+    let lease = store
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "job-1".into(),
+                ttl,
+                info: serde_json::Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let shared = Arc::new(Shared {
+        config: Config {
+            store: store.clone(),
+            ws: ws.clone(),
+            fence: lease.fence(),
+            password: "pw".into(),
+            logger: None,
+        },
+        password: "pw".into(),
+        lock: Mutex::new(None),
+        activity: std::sync::Mutex::new(Activity::default()),
+        current: std::sync::Mutex::new(None),
+    });
+    Fixture { shared, store, ws }
+}
+
+async fn send(f: &Fixture, method: &str, uri: &str, body: impl Into<Body>) -> (StatusCode, String) {
+    let auth = base64::engine::general_purpose::STANDARD.encode("terrace:pw");
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Basic {auth}"))
+        .body(body.into())
+        .unwrap();
+    let response = router(f.shared.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn writes_are_checked_versioned_and_refusals_change_nothing() {
+    let f = fixture(Duration::from_secs(60)).await;
+    assert_eq!(
+        send(&f, "GET", "/state", Body::empty()).await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 2)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 2)).await.0,
+        StatusCode::OK,
+        "same bytes again"
+    );
+
+    let (status, body) = send(&f, "POST", "/state", empty_state("l", 1)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(body.contains("older than the current serial 2"), "{body}");
+    let (status, body) = send(&f, "POST", "/state", empty_state("other", 3)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(body.contains("lineage"), "{body}");
+    let (status, body) = send(&f, "POST", "/state", "{\"version\":3}").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("version 3"), "{body}");
+
+    let versions = f.store.versions(&f.ws).await.unwrap();
+    assert_eq!(
+        versions.iter().map(|v| v.serial).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    let (status, body) = send(&f, "GET", "/state", Body::empty()).await;
+    assert_eq!(
+        (status, body.as_bytes()),
+        (StatusCode::OK, &empty_state("l", 2)[..])
+    );
+    let activity = f.shared.activity.lock().unwrap().clone();
+    assert_eq!(activity.versions, vec![1, 2]);
+    assert_eq!(activity.refused.len(), 3);
+}
+
+#[tokio::test]
+async fn reads_are_served_from_the_last_read_and_a_stale_view_never_writes() {
+    let f = fixture(Duration::from_secs(60)).await;
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&f, "GET", "/state", Body::empty()).await.1.as_bytes(),
+        &empty_state("l", 1)[..]
+    );
+    // A write behind the server's back (no writer can do this under the job's lease; the
+    // test reaches into the store) is not seen by reads: they come from the last read.
+    let token = f.store.current(&f.ws).await.unwrap().unwrap().token;
+    f.store
+        .put(
+            &f.ws,
+            NewState::parse(empty_state("l", 5)).unwrap(),
+            PutMode::Update(token),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&f, "GET", "/state", Body::empty()).await.1.as_bytes(),
+        &empty_state("l", 1)[..]
+    );
+    // A write from that stale view still meets the store's compare-and-swap: refused, and
+    // the server reads afresh.
+    let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        send(&f, "GET", "/state", Body::empty()).await.1.as_bytes(),
+        &empty_state("l", 5)[..]
+    );
+    assert_eq!(
+        f.store
+            .versions(&f.ws)
+            .await
+            .unwrap()
+            .iter()
+            .map(|v| v.serial)
+            .collect::<Vec<_>>(),
+        vec![1, 5]
+    );
+}
+
+#[tokio::test]
+async fn lock_protocol_and_lock_ids_on_writes() {
+    let f = fixture(Duration::from_secs(60)).await;
+    let info = r#"{"ID":"abc","Operation":"OperationTypeApply","Who":"me"}"#;
+    assert_eq!(send(&f, "LOCK", "/state", info).await.0, StatusCode::OK);
+    let (status, body) = send(&f, "LOCK", "/state", r#"{"ID":"other"}"#).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(
+        body.contains("\"ID\":\"abc\""),
+        "the holder's lock info is returned: {body}"
+    );
+    let (status, _) = send(&f, "POST", "/state?ID=wrong", empty_state("l", 1)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        send(&f, "POST", "/state?ID=abc", empty_state("l", 1))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&f, "UNLOCK", "/state", r#"{"ID":"zzz"}"#).await.0,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(send(&f, "UNLOCK", "/state", info).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&f, "LOCK", "/state", r#"{"ID":"other"}"#).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_job_whose_lease_expired_can_neither_lock_nor_write() {
+    let f = fixture(Duration::from_millis(100)).await;
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (status, body) = send(&f, "LOCK", "/state", r#"{"ID":"x"}"#).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(body.contains("lease"), "{body}");
+    let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(body.contains("expired"), "{body}");
+    let (status, _) = send(&f, "POST", "/state", empty_state("l", 1)).await;
+    assert_eq!(
+        status,
+        StatusCode::LOCKED,
+        "even a no-op write is refused without the lease"
+    );
+    assert_eq!(f.store.versions(&f.ws).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_refused_before_anything_else() {
+    let f = fixture(Duration::from_secs(60)).await;
+    let request = Request::builder()
+        .method("POST")
+        .uri("/state")
+        .header(header::AUTHORIZATION, "Basic dGVycmFjZTp3cm9uZw==")
+        .body(Body::from(empty_state("l", 1)))
+        .unwrap();
+    let response = router(f.shared.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(f.store.current(&f.ws).await.unwrap().is_none());
+}

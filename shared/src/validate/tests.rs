@@ -1,0 +1,164 @@
+//! Unit tests of `validate`.
+
+use super::*;
+
+const SPEC: &str = r#"
+variables:
+  region: { type: string, required: true, enum: [eu-west-1, us-east-1] }
+  name: { type: string, required: true, pattern: "^[a-z][a-z0-9-]{2,30}$" }
+  node_count: { type: number, default: 1, min: 1, max: 20 }
+  ha: { type: bool, default: false }
+  tags: { type: map, default: {} }
+  password: { type: string, sensitive: true, default: "", pattern: "^.{0,64}$" }
+rules:
+  - when: { ha: true }
+    require: { node_count: { min: 3 } }
+    message: a highly available cluster needs at least 3 nodes
+"#;
+
+fn templates() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("k8s/1.0.0");
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::write(t.join("template.yaml"), SPEC).unwrap();
+    std::fs::write(t.join("main.tf"), "").unwrap();
+    dir
+}
+
+fn check(text: &str) -> Result<ValidatedJob, Vec<ValidationError>> {
+    let root = templates();
+    validate(&RawJob::parse(text).unwrap(), root.path())
+}
+
+const GOOD: &str = r#"
+id: job-1
+tenant: acme
+workspace: prod
+operation: apply
+template: { name: k8s, version: 1.0.0 }
+variables: { region: eu-west-1, name: main, ha: true, node_count: 3, password: hunter22 }
+timeout: 10m
+on_failure: destroy-created
+"#;
+
+#[test]
+fn a_good_job_gets_defaults_and_its_secrets_listed() {
+    let job = check(GOOD).unwrap();
+    assert_eq!(job.job.timeout, Duration::from_secs(600));
+    assert_eq!(job.job.on_failure, OnFailure::DestroyCreated);
+    assert_eq!(job.job.variables["tags"], serde_json::json!({}));
+    assert_eq!(job.sensitive_values, vec!["hunter22".to_owned()]);
+}
+
+#[test]
+fn every_mistake_is_reported_with_its_field_and_a_fix() {
+    let bad = r#"
+id: job-1
+tenant: Acme
+workspace: prod
+operation: deploy
+regoin: eu
+template: { name: k8s, version: 1.0.0 }
+variables: { region: mars-1, name: "9bad", ha: true, node_count: 2, colour: red }
+timeout: forever
+"#;
+    let errors = check(bad).unwrap_err();
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        vec![
+            "regoin",
+            "tenant",
+            "operation",
+            "timeout",
+            "variables.colour",
+            "variables.name",
+            "variables.region",
+            "variables.node_count",
+        ],
+        "{errors:#?}"
+    );
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert!(
+        text[0].contains("did you mean \"region\"") || text[0].contains("remove it"),
+        "{}",
+        text[0]
+    );
+    assert!(
+        text[2].contains("\"deploy\" is not an operation"),
+        "{}",
+        text[2]
+    );
+    assert!(
+        text[6].contains("use one of \"eu-west-1\", \"us-east-1\""),
+        "{}",
+        text[6]
+    );
+    assert!(text[7].contains("at least 3 nodes"), "{}", text[7]);
+}
+
+#[test]
+fn sensitive_values_never_appear_in_errors() {
+    let errors = check(&GOOD.replace("hunter22", &"s".repeat(70))).unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert!(!errors[0].to_string().contains("sss"), "{}", errors[0]);
+    assert!(errors[0].to_string().contains("(sensitive value)"));
+}
+
+#[test]
+fn retry_policies_are_checked_field_by_field() {
+    let job = check(&format!(
+        "{GOOD}retry: {{ attempts: 3, base: 250ms, cap: 2s }}\n"
+    ))
+    .unwrap();
+    assert_eq!(job.job.retry.attempts, 3);
+    assert_eq!(job.job.retry.base, Duration::from_millis(250));
+    assert_eq!(check(GOOD).unwrap().job.retry, RetryPolicy::default());
+    let errors = check(&format!(
+        "{GOOD}retry: {{ attempts: 0, bas: 1s, cap: soon }}\n"
+    ))
+    .unwrap_err();
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["retry.attempts", "retry.bas", "retry.cap"],
+        "{errors:#?}"
+    );
+    assert!(errors[1].fix.contains("did you mean \"base\""));
+    let errors = check(&format!("{GOOD}retry: {{ base: 10s, cap: 1s }}\n")).unwrap_err();
+    assert_eq!(errors[0].field, "retry.cap");
+}
+
+#[test]
+fn missing_template_and_wrong_types() {
+    let errors = check(
+        "id: j\ntenant: a\nworkspace: w\noperation: plan\ntemplate: { name: nope, version: '1' }\n",
+    )
+    .unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0].problem.contains("does not exist"),
+        "{}",
+        errors[0]
+    );
+
+    let errors = check(&GOOD.replace("node_count: 3", "node_count: \"3\"")).unwrap_err();
+    assert_eq!(errors[0].field, "variables.node_count");
+    assert!(
+        errors[0]
+            .problem
+            .contains("must be a number, found a string")
+    );
+
+    let errors = check(&GOOD.replace("name: k8s", "name: ../../etc")).unwrap_err();
+    assert_eq!(errors[0].field, "template.name");
+}
+
+#[test]
+fn suggestions_find_close_names() {
+    assert_eq!(
+        suggest("workspce", &FIELDS, "x"),
+        "did you mean \"workspace\"?"
+    );
+    assert_eq!(suggest("zzzzzz", &FIELDS, "remove it"), "remove it");
+}
