@@ -29,6 +29,7 @@ struct Fake {
     store_fails: bool,
     requeue_fails: bool,
     hands_off: bool,
+    shutdown: CancellationToken,
 }
 
 impl Fake {
@@ -53,6 +54,7 @@ impl Fake {
             store_fails: false,
             requeue_fails: false,
             hands_off: true,
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -83,6 +85,10 @@ impl Trigger for Fake {
 
     fn runtime(&self) -> &Runtime {
         &self.runtime
+    }
+
+    fn shutdown(&self) -> Option<&CancellationToken> {
+        Some(&self.shutdown)
     }
 
     async fn store(
@@ -559,4 +565,73 @@ async fn a_task_whose_staged_job_is_gone_and_never_ran_is_refused() {
             .contains("is not in"),
         "{record}"
     );
+}
+
+/// A stand-in for terraform (these are unit tests: the real one runs in the integration tests):
+/// answers `version -json`, and plans and applies nothing; with a file `slow` beside it, its
+/// plan runs until interrupted, as terraform stops on SIGINT.
+const FAKE_TERRAFORM: &str = r#"#!/bin/sh
+case "$1" in
+  version) echo '{"terraform_version":"1.11.4","platform":"linux_amd64","provider_selections":{}}' ;;
+  init) ;;
+  plan)
+    if [ -e "$(dirname "$0")/slow" ]; then trap 'exit 1' INT; sleep 60 & wait; exit 1; fi
+    echo '{"type":"change_summary","changes":{"add":0,"change":0,"import":0,"remove":0,"operation":"plan"}}' ;;
+  apply)
+    echo '{"type":"change_summary","changes":{"add":0,"change":0,"import":0,"remove":0,"operation":"apply"}}'
+    echo '{"type":"outputs","outputs":{}}' ;;
+  output) echo '{}' ;;
+  *) echo "unexpected: $*" >&2; exit 1 ;;
+esac
+"#;
+
+fn with_fake_terraform(fake: &mut Fake, slow: bool) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("terraform");
+    std::fs::write(&bin, FAKE_TERRAFORM).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if slow {
+        std::fs::write(dir.path().join("slow"), "").unwrap();
+    }
+    fake.runtime.terraform.binary = bin;
+    fake.runtime.terraform.grace = Duration::from_secs(5);
+    dir
+}
+
+#[tokio::test]
+async fn a_job_that_runs_to_its_end_is_ran_and_reported_once() {
+    let mut fake = Fake::new();
+    let _bin = with_fake_terraform(&mut fake, false);
+    let fate = handle(&fake, delivery(&message("j1", "10m"), None)).await;
+    let Fate::Ran(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(record["status"], "succeeded", "{record}");
+    assert_eq!(record["job_id"], "j1");
+    assert_eq!(fake.reported(), vec![record]);
+    assert!(fake.requeued().is_empty());
+    assert!(fake.store.lease(&ws()).await.unwrap().is_none(), "released");
+}
+
+#[tokio::test]
+async fn a_job_stopped_by_the_hosts_shutdown_is_interrupted_and_not_reported() {
+    let mut fake = Fake::new();
+    let _bin = with_fake_terraform(&mut fake, true);
+    let shutdown = fake.shutdown.clone();
+    let body = message("j1", "10m");
+    let mut d = delivery(&body, None);
+    d.cancel = shutdown.child_token();
+    let stopper = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        shutdown.cancel();
+    });
+    let fate = handle(&fake, d).await;
+    stopper.await.unwrap();
+    let Fate::Interrupted(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(record["status"], "interrupted", "{record}");
+    assert!(fake.reported().is_empty(), "not final: the job runs again");
+    assert!(fake.store.lease(&ws()).await.unwrap().is_none(), "released");
 }
