@@ -25,17 +25,47 @@ pub fn list(name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A setting that is missing, malformed, or at odds with another; each names its variable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name}={value:?} is not {expected}")]
+    Malformed {
+        name: String,
+        value: String,
+        expected: &'static str,
+    },
+    /// Anything else, as a sentence that names the variable and the fix.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<String> for ConfigError {
+    fn from(why: String) -> Self {
+        ConfigError::Invalid(why)
+    }
+}
+
+impl From<&str> for ConfigError {
+    fn from(why: &str) -> Self {
+        ConfigError::Invalid(why.to_owned())
+    }
+}
+
 /// A number of seconds, `default` when unset.
 ///
 /// # Errors
 /// A value that is not a number, named.
-pub fn seconds(name: &str, default: u64) -> Result<Duration, String> {
+pub fn seconds(name: &str, default: u64) -> Result<Duration, ConfigError> {
     match var(name) {
         None => Ok(Duration::from_secs(default)),
         Some(v) => v
             .parse::<u64>()
             .map(Duration::from_secs)
-            .map_err(|_| format!("{name}={v:?} is not a number of seconds")),
+            .map_err(|_| ConfigError::Malformed {
+                name: name.to_owned(),
+                value: v,
+                expected: "a number of seconds",
+            }),
     }
 }
 
@@ -64,7 +94,7 @@ impl Runtime {
     ///
     /// # Errors
     /// A setting that is present but malformed, named.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self {
             templates: var("TERRACE_TEMPLATES")
                 .unwrap_or_else(|| "/opt/terrace/templates".into())

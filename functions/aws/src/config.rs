@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use shared::settings::{Runtime, list, seconds, var};
+use shared::settings::{ConfigError, Runtime, list, seconds, var};
 
 /// Where a job too long for Lambda runs instead: an ECS Fargate task of the same image.
 #[derive(Clone, Debug)]
@@ -39,7 +39,7 @@ impl Config {
     ///
     /// # Errors
     /// A setting that is present but malformed, or a half-configured handoff, named.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, ConfigError> {
         let handoff = match (
             var("TERRACE_ECS_CLUSTER"),
             var("TERRACE_ECS_TASK_DEFINITION"),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use shared::settings::{Runtime, seconds, var};
+use shared::settings::{ConfigError, Runtime, seconds, var};
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -40,7 +40,7 @@ impl Config {
     ///
     /// # Errors
     /// A missing or malformed setting, named.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, ConfigError> {
         let queue_url = var("TERRACE_QUEUE_URL").ok_or(
             "TERRACE_QUEUE_URL is not set: set it to the jobs queue's URL (https://ACCOUNT.queue.core.windows.net/QUEUE)",
         )?;

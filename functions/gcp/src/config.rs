@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use shared::settings::{Runtime, list, seconds, var};
+use shared::settings::{ConfigError, Runtime, list, seconds, var};
 
 use crate::oidc::OidcConfig;
 
@@ -43,7 +43,7 @@ impl Config {
     ///
     /// # Errors
     /// A missing or malformed setting, named.
-    pub fn from_env(serving: bool) -> Result<Self, String> {
+    pub fn from_env(serving: bool) -> Result<Self, ConfigError> {
         let audience = match var("TERRACE_PUSH_AUDIENCE") {
             Some(a) => a,
             None if !serving => String::new(),
