@@ -99,6 +99,8 @@ async fn main() {
         fence: lease.fence(),
         password: shared::state_server::random_secret(),
         logger: None,
+        lease_lost: tokio_util::sync::CancellationToken::new(),
+        max_body: shared::state_server::MAX_STATE_BYTES,
     })
     .await
     .unwrap();

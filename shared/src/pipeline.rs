@@ -52,6 +52,9 @@ fn is_zero(n: &u32) -> bool {
 /// ends with an error record (and the platform decides).
 pub const MAX_TASK_REQUEUES: u32 = 5;
 
+/// How many times a task tries to read its staged job, or to put it back on the queue.
+const TASK_TRIES: u64 = 3;
+
 /// How long a task waits before its job is delivered again after trouble that may pass.
 const TROUBLE_DELAY: Duration = Duration::from_secs(60);
 
@@ -290,6 +293,11 @@ async fn hand_off<T: Trigger + ?Sized>(
         Ok(store) => store,
         Err(why) => return Fate::again(why),
     };
+    // A finished job delivered again gets its result, not a task.
+    if let Some(result) = final_result(&*store, ws, id).await {
+        trigger.report(&result).await;
+        return Fate::Ran(result);
+    }
     let reference = match JobRef::stage(envelope.target.clone(), ws, id, body, &*store).await {
         Ok(reference) => reference,
         Err(why) => return Fate::again(why),
@@ -363,6 +371,25 @@ async fn run<T: Trigger + ?Sized>(
                 }
             }
         }
+        // Nothing will change by trying again (a record in the store Terrace cannot read): the
+        // job ends here, with a record that says why, rather than being delivered until it is
+        // dead-lettered without a word.
+        Err(e) if !e.is_retryable() => {
+            let record = json!({
+                "schema": crate::result::RESULT_SCHEMA,
+                "status": "failed",
+                "job_id": id, "tenant": ws.tenant(), "workspace": ws.workspace(),
+                "operation": job.job.operation,
+                "error": {
+                    "category": "internal", "step": "prepare", "message": e.to_string(),
+                    "hint": "fix or move aside the record named in the message, then send the job again",
+                    "retryable": false,
+                },
+            });
+            tracing::error!(record = %record, "the job cannot run");
+            trigger.report(&record).await;
+            Fate::Ran(record)
+        }
         Err(e) => Fate::again(e.to_string()),
     }
 }
@@ -399,11 +426,29 @@ pub async fn task<T: Trigger + ?Sized>(
             return reject(trigger, record).await;
         }
     };
-    let store = match trigger.store(&r.target, &r.job_id, Some(&ws)).await {
-        Ok(store) => store,
-        Err(why) => return Fate::again(format!("cannot read the staged job: {why}")),
+    // A task is not retried by every platform (ECS runs it once): trouble reading its job is
+    // tried a few times here before it gives up.
+    let mut tries = 0;
+    let (store, staged) = loop {
+        tries += 1;
+        let store = match trigger.store(&r.target, &r.job_id, Some(&ws)).await {
+            Ok(store) => store,
+            Err(why) if tries < TASK_TRIES => {
+                tracing::warn!(error = %why, tries, "cannot reach the store; trying again");
+                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+                continue;
+            }
+            Err(why) => return Fate::again(format!("cannot read the staged job: {why}")),
+        };
+        match r.staged(&*store).await {
+            Err(StagedError::Unavailable(why)) if tries < TASK_TRIES => {
+                tracing::warn!(error = %why, tries, "cannot read the staged job; trying again");
+                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+            }
+            staged => break (store, staged),
+        }
     };
-    let body = match r.staged(&*store).await {
+    let body = match staged {
         Ok(body) => body,
         Err(StagedError::Refused(record)) => {
             // A task run again after its job finished (its staged copy is gone by then) gets
@@ -494,7 +539,7 @@ async fn put_back<T: Trigger + ?Sized>(
                 "error": {
                     "category": "transient",
                     "step": "prepare",
-                    "message": format!("a task could not run the job after {MAX_TASK_REQUEUES} tries: {why}"),
+                    "message": format!("a task could not run the job in {} tries: {why}", MAX_TASK_REQUEUES + 1),
                     "hint": "see the tasks' logs; send the job again once the cause is fixed",
                     "retryable": true,
                 },
@@ -507,20 +552,26 @@ async fn put_back<T: Trigger + ?Sized>(
     let Ok(copy) = serde_json::to_vec(&envelope) else {
         return fate;
     };
-    match trigger.requeue(&copy, delay).await {
-        Ok(()) => {
-            tracing::info!(
-                why,
-                delay_s = delay.as_secs(),
-                "the task's job is queued again"
-            );
-            Fate::Requeued { why, delay }
-        }
-        Err(e) => {
-            tracing::error!(error = %e, why, "the task's job could not be queued again");
-            fate
+    for tries in 1..=TASK_TRIES {
+        match trigger.requeue(&copy, delay).await {
+            Ok(()) => {
+                tracing::info!(
+                    why,
+                    delay_s = delay.as_secs(),
+                    "the task's job is queued again"
+                );
+                return Fate::Requeued { why, delay };
+            }
+            Err(e) if tries < TASK_TRIES => {
+                tracing::warn!(error = %e, tries, "could not queue the task's job again; trying again");
+                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, why, "the task's job could not be queued again");
+            }
         }
     }
+    fate
 }
 
 #[cfg(test)]

@@ -361,9 +361,15 @@ pub fn outputs_from_json(raw: &[u8]) -> Result<BTreeMap<String, Output>, String>
         .collect())
 }
 
-/// Everything a job's run reports.
+/// The format of a [`JobResult`] written now.
+pub const RESULT_SCHEMA: u32 = 1;
+
+/// Everything a job's run reports (`result.json`, and what the results channels carry).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobResult {
+    /// The record's format; results written before it had one read as 0.
+    #[serde(default)]
+    pub schema: u32,
     pub job_id: String,
     pub tenant: String,
     pub workspace: String,

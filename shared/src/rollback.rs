@@ -97,8 +97,16 @@ pub async fn previous_configuration(
 fn rollback_job(record: &JobRecord, job: &ValidatedJob) -> Result<RawJob, String> {
     let masked = record.masked_variables();
     let mut variables = Map::new();
+    let declared = &job.template.spec.variables;
     for (name, value) in &record.variables {
-        let value = if masked.contains(name) {
+        let sensitive = declared.get(name).is_some_and(|v| v.sensitive);
+        let value = if masked.contains(name) && !sensitive {
+            // Masked because its value held a secret: that value is not recorded, and this
+            // job's may differ, so it cannot be restored.
+            return Err(format!(
+                "the value of `{name}` in the last successful apply is not recorded (it held a secret), so a rollback cannot restore it"
+            ));
+        } else if masked.contains(name) {
             job.job.variables.get(name).cloned().ok_or_else(|| {
                 format!(
                     "the sensitive variable `{name}` of the last successful apply is not in this job, so its value is unknown"
@@ -160,6 +168,15 @@ mod tests {
         assert_eq!(raw.0["variables"]["admin_password"], "s3cret-value");
         assert_eq!(raw.0["variables"]["note"], crate::redact::MASK);
         assert_eq!(raw.0["id"], "j2");
+
+        // A plain variable masked because its value held a secret cannot be restored.
+        let mut held: JobRecord = record.clone();
+        held.masked.insert("note".into());
+        let err = rollback_job(&held, &current).unwrap_err();
+        assert!(
+            err.contains("`note`") && err.contains("not recorded"),
+            "{err}"
+        );
 
         let mut without = current.clone();
         without.job.variables.remove("admin_password");

@@ -87,6 +87,8 @@ pub struct Runtime {
     pub client_cache: Option<PathBuf>,
     /// Print each job's log on the console as well (the functions log JSON instead).
     pub console: bool,
+    /// `TERRACE_MAX_STATE_BYTES` (256 MiB): the largest state the state server accepts.
+    pub max_state_bytes: usize,
 }
 
 impl Runtime {
@@ -115,6 +117,14 @@ impl Runtime {
             task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
             client_cache: var("TERRACE_CACHE_DIR").map(Into::into),
             console: false,
+            max_state_bytes: match var("TERRACE_MAX_STATE_BYTES") {
+                None => crate::state_server::MAX_STATE_BYTES,
+                Some(v) => v.parse().map_err(|_| ConfigError::Malformed {
+                    name: "TERRACE_MAX_STATE_BYTES".into(),
+                    value: v,
+                    expected: "a number of bytes",
+                })?,
+            },
         })
     }
 
@@ -126,6 +136,7 @@ impl Runtime {
             templates: Some(self.templates.clone()),
             client_cache: self.client_cache.clone(),
             console: self.console,
+            max_state_bytes: self.max_state_bytes,
             ..RunnerConfig::default()
         }
     }

@@ -66,11 +66,19 @@ pub struct Config {
     pub fence: Fence,
     pub password: String,
     pub logger: Option<Logger>,
+    /// Fired when the job's lease is lost or cannot be confirmed: every write is refused from
+    /// then on (terraform gets 423), whatever the store would say.
+    pub lease_lost: CancellationToken,
+    /// The largest request body accepted (413 beyond it).
+    pub max_body: usize,
 }
 
-/// The largest state the server accepts. Terraform states of hundreds of megabytes exist; the
-/// server listens on loopback only and buffers one request at a time per job.
-pub const MAX_STATE_BYTES: usize = 1 << 30;
+/// The default largest state the server accepts: the largest real states are tens of MB.
+pub const MAX_STATE_BYTES: usize = 256 << 20;
+
+/// At most this many connections at once (terraform keeps one or two); more wait to be
+/// accepted, so a flood cannot grow the server's memory.
+pub const MAX_CONNECTIONS: usize = 16;
 
 struct Shared {
     config: Config,
@@ -132,6 +140,10 @@ impl StateServer {
         let stop = CancellationToken::new();
         let app = router(shared.clone());
         let stopped = stop.clone();
+        let listener = Bounded {
+            inner: listener,
+            permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+        };
         let task = tokio::spawn(async move {
             let serve =
                 axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
@@ -172,6 +184,12 @@ impl StateServer {
     /// Why the write was refused or failed, as a sentence, and whether trying again may help
     /// (the store failed, rather than refused).
     pub async fn push(&self, body: Bytes) -> Result<Option<u64>, (String, bool)> {
+        if self.shared.config.lease_lost.is_cancelled() {
+            return Err((
+                "the job's lease is lost or could not be confirmed: no more writes".into(),
+                false,
+            ));
+        }
         write_state(&self.shared, body)
             .await
             .map_err(|r| (r.message, r.status == StatusCode::SERVICE_UNAVAILABLE))
@@ -217,8 +235,82 @@ pub fn random_secret() -> String {
 fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/state", axum::routing::any(handle))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_STATE_BYTES))
         .with_state(shared)
+}
+
+/// A listener that holds at most [`MAX_CONNECTIONS`] connections open at once.
+struct Bounded {
+    inner: tokio::net::TcpListener,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+/// A connection and its place among the open ones (given back when it closes).
+struct Counted {
+    io: tokio::net::TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl axum::serve::Listener for Bounded {
+    type Io = Counted;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Counted, SocketAddr) {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        // Requests are small and answered at once: no Nagle delay (terraform's client sets it
+        // too).
+        let _ = io.set_nodelay(true);
+        (
+            Counted {
+                io,
+                _permit: permit,
+            },
+            addr,
+        )
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
 }
 
 #[derive(Deserialize)]
@@ -227,23 +319,49 @@ struct LockQuery {
     id: Option<String>,
 }
 
-async fn handle(
-    State(shared): State<Arc<Shared>>,
-    method: Method,
-    query: Query<LockQuery>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if !authorized(&headers, &shared.password) {
+/// Checks the credentials before anything else, the body included: an unauthenticated
+/// request is answered without its body being read, and an authenticated one may send at most
+/// `max_body` bytes.
+async fn handle(State(shared): State<Arc<Shared>>, request: axum::extract::Request) -> Response {
+    let (parts, body) = request.into_parts();
+    if !authorized(&parts.headers, &shared.password) {
         return (
             StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Basic realm=\"terrace\"")],
+            [
+                (header::WWW_AUTHENTICATE, "Basic realm=\"terrace\""),
+                (header::CONNECTION, "close"),
+            ],
             "missing or wrong credentials\n",
         )
             .into_response();
     }
+    let max = shared.config.max_body;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request is larger than the state server accepts ({max} bytes; TERRACE_MAX_STATE_BYTES)"
+            ),
+        )
+        .into_response()
+    };
+    if declared.is_some_and(|n| n > max as u64) {
+        return too_large();
+    }
+    let Ok(body) = axum::body::to_bytes(body, max).await else {
+        return too_large();
+    };
+    let lock_id = Query::<LockQuery>::try_from_uri(&parts.uri)
+        .ok()
+        .and_then(|q| q.0.id);
+    let method = parts.method;
     let started = std::time::Instant::now();
-    let response = answer(&shared, &method, query.0.id.as_deref(), body).await;
+    let response = answer(&shared, &method, lock_id.as_deref(), body).await;
     tracing::debug!(
         method = %method,
         status = response.status().as_u16(),
@@ -254,7 +372,20 @@ async fn handle(
 }
 
 async fn answer(shared: &Shared, method: &Method, lock_id: Option<&str>, body: Bytes) -> Response {
-    let result = match method.as_str() {
+    let writes = matches!(method.as_str(), "POST" | "DELETE" | "LOCK");
+    let result = if writes && shared.config.lease_lost.is_cancelled() {
+        Err(Refusal::new(
+            StatusCode::LOCKED,
+            "the job's lease is lost or could not be confirmed: no more writes",
+        ))
+    } else {
+        route(shared, method, lock_id, body).await
+    };
+    respond(shared, method, result).await
+}
+
+async fn route(shared: &Shared, method: &Method, lock_id: Option<&str>, body: Bytes) -> Handled {
+    match method.as_str() {
         "GET" => get(shared).await,
         "POST" => post(shared, lock_id, body).await,
         "DELETE" => delete(shared).await,
@@ -264,7 +395,10 @@ async fn answer(shared: &Shared, method: &Method, lock_id: Option<&str>, body: B
             StatusCode::METHOD_NOT_ALLOWED,
             format!("method {other} is not part of terraform's http backend"),
         )),
-    };
+    }
+}
+
+async fn respond(shared: &Shared, method: &Method, result: Handled) -> Response {
     match result {
         Ok(response) => response,
         Err(refusal) => {

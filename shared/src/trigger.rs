@@ -34,8 +34,9 @@ pub fn check_job(job: &Map<String, Value>, templates: &Path) -> Result<Validated
 }
 
 /// What a handed-off task (an ECS task, a Cloud Run Job) gets: where the job message is staged
-/// in the customer's store (`runs/<job>/request.json`), the account (`target`) to read it with,
-/// and the SHA-256 of the staged bytes. The message itself, with the job's variables, never goes
+/// in the customer's store (`runs/<job>/request-<nonce>.json`, a name of its own per staging, so
+/// a task only ever deletes its own), the account (`target`) to read it with, and the SHA-256
+/// of the staged bytes. The message itself, with the job's variables, never goes
 /// through the platform's API; the digest, which does, is what lets the task trust the staged
 /// copy (anyone who can write to the customer's bucket could otherwise change the job).
 #[derive(Debug, serde::Deserialize, serde::Serialize)]
@@ -47,10 +48,28 @@ pub struct JobRef<T> {
     /// Hex SHA-256 of the staged message; a reference without one is refused.
     #[serde(default)]
     pub sha256: String,
+    /// The staged message's name in the run's folder (`request-<16 hex>.json`); references
+    /// made before it had one name [`REQUEST`].
+    #[serde(default)]
+    pub staged: String,
 }
 
-/// The staged job message's name in the run's folder.
+/// The staged job message's name in the run's folder, in references without a name of its own.
 pub const REQUEST: &str = "request.json";
+
+/// A fresh name for a staged message: `request-<16 hex>.json`.
+fn staged_name() -> String {
+    let nonce: [u8; 8] = rand::random();
+    let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    format!("request-{hex}.json")
+}
+
+/// Whether `name` is one [`staged_name`] makes (a reference names nothing else).
+fn is_staged_name(name: &str) -> bool {
+    name.strip_prefix("request-")
+        .and_then(|rest| rest.strip_suffix(".json"))
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
 
 /// Why a task cannot use its staged message.
 #[derive(Debug)]
@@ -87,8 +106,9 @@ impl<T> JobRef<T> {
         body: &[u8],
         store: &dyn state_backends::StateStore,
     ) -> Result<Self, String> {
+        let staged = staged_name();
         store
-            .put_artifact(ws, job_id, REQUEST, bytes::Bytes::copy_from_slice(body))
+            .put_artifact(ws, job_id, &staged, bytes::Bytes::copy_from_slice(body))
             .await
             .map_err(|e| format!("cannot stage the job for its task: {e}"))?;
         Ok(Self {
@@ -97,6 +117,7 @@ impl<T> JobRef<T> {
             workspace: ws.workspace().to_owned(),
             job_id: job_id.to_owned(),
             sha256: state_backends::sha256_hex(body),
+            staged,
         })
     }
 
@@ -109,7 +130,8 @@ impl<T> JobRef<T> {
         store: &dyn state_backends::StateStore,
     ) -> Result<Vec<u8>, StagedError> {
         let ws = self.ws().map_err(StagedError::Unavailable)?;
-        let field = format!("runs/{}/{REQUEST}", self.job_id);
+        let name = self.name();
+        let field = format!("runs/{}/{name}", self.job_id);
         let refuse = |problem: String| {
             let mut record = rejection(
                 &format!("task-{}", self.job_id),
@@ -127,8 +149,13 @@ impl<T> JobRef<T> {
                 "the task's job reference carries no digest of the staged message, so the message cannot be trusted".into(),
             ));
         }
+        if name != REQUEST && !is_staged_name(name) {
+            return Err(refuse(format!(
+                "the task's job reference names {name:?}, which is not a staged message"
+            )));
+        }
         let data = store
-            .artifact(&ws, &self.job_id, REQUEST)
+            .artifact(&ws, &self.job_id, name)
             .await
             .map_err(|e| StagedError::Unavailable(e.to_string()))?
             .ok_or_else(|| refuse(format!("{field} is not in {ws}")))?;
@@ -147,15 +174,28 @@ impl<T> JobRef<T> {
     /// result or a fresh copy of it is back on the queue. A failure is logged, not returned: the
     /// job's fate stands.
     pub async fn unstage(&self, store: &dyn state_backends::StateStore) {
+        let name = self.name();
+        if name != REQUEST && !is_staged_name(name) {
+            return;
+        }
         let deleted = match self.ws() {
             Ok(ws) => store
-                .delete_artifact(&ws, &self.job_id, REQUEST)
+                .delete_artifact(&ws, &self.job_id, name)
                 .await
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         if let Err(e) = deleted {
             tracing::warn!(job_id = %self.job_id, error = %e, "could not delete the staged job message");
+        }
+    }
+
+    /// The staged message's name.
+    pub fn name(&self) -> &str {
+        if self.staged.is_empty() {
+            REQUEST
+        } else {
+            &self.staged
         }
     }
 

@@ -21,6 +21,20 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<HashMap<WorkspaceId, Workspace>>,
+    renewals: Mutex<Renewals>,
+}
+
+/// How [`MemoryStore`] answers lease renewals, for tests of what a runner does when its store
+/// stops answering.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Renewals {
+    /// As every store: renewed, or `LeaseLost`.
+    #[default]
+    Answer,
+    /// A failure that may pass (the store unreachable).
+    Fail,
+    /// No answer at all (a hung connection).
+    Hang,
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +64,11 @@ impl Workspace {
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// From now on, renewals are answered as `mode` says.
+    pub fn set_renewals(&self, mode: Renewals) {
+        *self.renewals.lock().unwrap_or_else(|e| e.into_inner()) = mode;
     }
 
     fn with<T>(&self, ws: &WorkspaceId, f: impl FnOnce(&mut Workspace) -> T) -> T {
@@ -148,6 +167,19 @@ impl StateStore for MemoryStore {
     }
 
     async fn renew_lease(&self, ws: &WorkspaceId, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let mode = *self.renewals.lock().unwrap_or_else(|e| e.into_inner());
+        match mode {
+            Renewals::Answer => {}
+            Renewals::Fail => {
+                return Err(StoreError::Backend {
+                    backend: "memory",
+                    message: "the store cannot be reached".into(),
+                    retryable: true,
+                    source: None,
+                });
+            }
+            Renewals::Hang => std::future::pending::<()>().await,
+        }
         self.with(ws, |w| {
             w.lease
                 .renew(lease, ttl, OffsetDateTime::now_utc())

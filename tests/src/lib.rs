@@ -76,6 +76,8 @@ pub async fn leased_state_server(
         fence: lease.fence(),
         password: shared::state_server::random_secret(),
         logger: None,
+        lease_lost: tokio_util::sync::CancellationToken::new(),
+        max_body: shared::state_server::MAX_STATE_BYTES,
     })
     .await
     .expect("the state server starts")
@@ -236,6 +238,11 @@ impl Sandbox {
     /// A runner in this process over `store`, set up like the sandbox's `terrace` (same
     /// terraform, provider mirror, test cloud and grace period).
     pub fn runner(&self, store: std::sync::Arc<dyn StateStore>) -> shared::runner::Runner {
+        shared::runner::Runner::new(store, self.runner_config())
+    }
+
+    /// The settings of [`Sandbox::runner`], to change before making a runner.
+    pub fn runner_config(&self) -> shared::runner::RunnerConfig {
         use shared::runner::RunnerConfig;
         use shared::terraform::TerraformConfig;
         let mut env = vec![(
@@ -243,21 +250,18 @@ impl Sandbox {
             self.cloud.display().to_string(),
         )];
         env.extend(self.env.iter().cloned());
-        shared::runner::Runner::new(
-            store,
-            RunnerConfig {
-                terraform: TerraformConfig {
-                    binary: terraform(),
-                    cli_config: Some(self.cli_config.clone()),
-                    env,
-                    grace: std::time::Duration::from_secs(5),
-                    ..TerraformConfig::default()
-                },
-                console: false,
-                templates: Some(self.templates.clone()),
-                ..RunnerConfig::default()
+        RunnerConfig {
+            terraform: TerraformConfig {
+                binary: terraform(),
+                cli_config: Some(self.cli_config.clone()),
+                env,
+                grace: std::time::Duration::from_secs(5),
+                ..TerraformConfig::default()
             },
-        )
+            console: false,
+            templates: Some(self.templates.clone()),
+            ..RunnerConfig::default()
+        }
     }
 
     /// Validates a job text against the sandbox's templates.

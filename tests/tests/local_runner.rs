@@ -38,6 +38,11 @@ async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
     let version: Value = serde_json::from_slice(&version.stdout).unwrap();
     assert_eq!(result["terraform"]["version"], version["terraform_version"]);
     assert_eq!(result["terraform"]["flavour"], "terraform");
+    assert_eq!(
+        result["schema"],
+        shared::result::RESULT_SCHEMA,
+        "results carry their format"
+    );
     assert!(
         run.stdout().contains(&format!(
             "terraform:  Terraform {}",

@@ -14,6 +14,7 @@ use shared::trigger;
 use shared::validate::ValidatedJob;
 use state_backends::s3::{LeaseMode, S3Config, S3Store};
 use state_backends::{StateStore, WorkspaceId};
+use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Target};
 use crate::config::Config;
@@ -26,6 +27,9 @@ pub struct App {
     pub aws: aws_config::SdkConfig,
     pub sqs: aws_sdk_sqs::Client,
     pub ecs: aws_sdk_ecs::Client,
+    /// Cancelled when the process is stopped (an ECS task's SIGTERM): a job stopped by it ends
+    /// `interrupted` and goes back on the queue.
+    pub shutdown: CancellationToken,
 }
 
 /// What a handed-off ECS task gets in `TERRACE_JOB_REF`.
@@ -39,6 +43,7 @@ impl App {
             ecs: aws_sdk_ecs::Client::new(&aws),
             config: Arc::new(config),
             aws,
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -196,6 +201,10 @@ impl Trigger for App {
 
     fn runtime(&self) -> &Runtime {
         &self.config.runtime
+    }
+
+    fn shutdown(&self) -> Option<&CancellationToken> {
+        Some(&self.shutdown)
     }
 
     /// The customer's store. For a job's workspace, its lease is read at once: the role is

@@ -9,7 +9,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use shared::pipeline::{self, Delivery};
 use time::OffsetDateTime;
-use tokio_util::sync::CancellationToken;
 
 use crate::access::Target;
 use crate::app::App;
@@ -132,9 +131,10 @@ async fn drift_target(app: &App, target: &Target) -> Result<Value, String> {
 /// queue to run later, 1 it failed, 65 the message was refused, 75 it could neither run nor go
 /// back on the queue (the staged message stays for a retry of the task).
 pub async fn task(app: &App) -> ExitCode {
-    let cancel = CancellationToken::new();
-    // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout.
-    shared::process::cancel_on_sigterm(&cancel, "cancelling the job");
+    // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout: the job ends
+    // `interrupted` and goes back on the queue.
+    shared::process::cancel_on_sigterm(&app.shutdown, "interrupting the job");
+    let cancel = app.shutdown.child_token();
     let wait = app.config.runtime.task_lease_wait;
     let fate = match (
         std::env::var("TERRACE_JOB_REF"),

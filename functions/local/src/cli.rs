@@ -89,6 +89,11 @@ pub(crate) struct Global {
     /// `$XDG_CACHE_HOME/terrace` or `~/.cache/terrace`.
     #[arg(long, env = "TERRACE_CACHE_DIR", global = true)]
     pub(crate) cache_dir: Option<PathBuf>,
+    /// The largest state, in bytes, the runner's state server accepts from terraform.
+    #[arg(long, env = "TERRACE_MAX_STATE_BYTES", global = true,
+          default_value_t = shared::state_server::MAX_STATE_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(1024..))]
+    pub(crate) max_state_bytes: u64,
     /// Print only the summary, not the live log.
     #[arg(long, short, global = true)]
     pub(crate) quiet: bool,
@@ -277,6 +282,7 @@ pub(crate) fn runtime(g: &Global) -> Runtime {
         task_lease_wait: Duration::ZERO,
         client_cache: g.cache_dir.clone().or_else(default_cache_dir),
         console: !g.quiet,
+        max_state_bytes: usize::try_from(g.max_state_bytes).unwrap_or(usize::MAX),
     }
 }
 

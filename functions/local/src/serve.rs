@@ -297,8 +297,10 @@ impl Trigger for Folder {
     /// The result goes beside the job file (see [`settled`]).
     async fn report(&self, _: &Value) {}
 
+    /// The serve loop puts the job file back in the folder, not to be tried before the delay
+    /// (see [`settled`]).
     async fn requeue(&self, _: &[u8], _: Duration) -> Result<(), String> {
-        Err("the folder queue keeps the file and tries it again".into())
+        Ok(())
     }
 
     fn cannot_hand_off(&self) -> Option<String> {

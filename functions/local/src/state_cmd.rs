@@ -154,6 +154,8 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 fence: lease.fence(),
                 password: shared::state_server::random_secret(),
                 logger: None,
+                lease_lost: tokio_util::sync::CancellationToken::new(),
+                max_body: shared::state_server::MAX_STATE_BYTES,
             })
             .await?;
             let pushed = server.push(data.into()).await;

@@ -11,7 +11,6 @@ use state_backends::{LeaseRequest, StateStore};
 
 use super::*;
 use crate::runner::RESULT_FILE;
-use crate::trigger::REQUEST;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +46,7 @@ impl Fake {
                 task_lease_wait: Duration::from_secs(1),
                 client_cache: None,
                 console: false,
+                max_state_bytes: crate::state_server::MAX_STATE_BYTES,
             },
             reported: Mutex::default(),
             requeued: Mutex::default(),
@@ -167,6 +167,7 @@ fn ws() -> WorkspaceId {
 fn finished(id: &str) -> Bytes {
     let now = time::OffsetDateTime::now_utc();
     let result = crate::result::JobResult {
+        schema: crate::result::RESULT_SCHEMA,
         job_id: id.into(),
         tenant: "acme".into(),
         workspace: "demo".into(),
@@ -339,16 +340,21 @@ async fn a_job_longer_than_the_time_left_is_staged_and_handed_off_with_a_digest(
     let fate = handle(&fake, delivery(&body, Some(Duration::from_secs(600)))).await;
     assert!(matches!(fate, Fate::HandedOff(_)), "{fate:?}");
     assert_eq!(fake.reported(), vec![json!({ "status": "handed-off" })]);
+    let started = fake.started.lock().unwrap()[0].clone();
     let staged = fake
         .store
-        .artifact(&ws(), "long", REQUEST)
+        .artifact(&ws(), "long", &name_in(&started))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(&staged[..], &body[..]);
-    let reference: Value = serde_json::from_str(&fake.started.lock().unwrap()[0]).unwrap();
+    let reference: Value = serde_json::from_str(&started).unwrap();
     assert_eq!(reference["sha256"], state_backends::sha256_hex(&body));
     assert_eq!(reference["job_id"], "long");
+    assert!(
+        name_in(&started).starts_with("request-"),
+        "a name of its own per staging"
+    );
 }
 
 #[tokio::test]
@@ -365,6 +371,12 @@ async fn a_job_longer_than_the_time_left_is_rejected_where_nothing_can_take_it()
     };
     assert_eq!(record["errors"][0]["field"], "timeout");
     assert_eq!(record["errors"][0]["fix"], "shorten the job's timeout");
+}
+
+/// The name a reference gives its staged message.
+fn name_in(reference: &str) -> String {
+    let reference: Value = serde_json::from_str(reference).unwrap();
+    reference["staged"].as_str().unwrap().to_owned()
 }
 
 /// Stages `body` for a task, as a hand-off does, and returns the reference.
@@ -389,7 +401,12 @@ async fn a_staged_message_changed_after_staging_is_refused_reported_and_never_ru
     let mut swapped: Value = serde_json::from_slice(&message("j1", "10m")).unwrap();
     swapped["job"]["operation"] = json!("destroy");
     fake.store
-        .put_artifact(&ws(), "j1", REQUEST, Bytes::from(swapped.to_string()))
+        .put_artifact(
+            &ws(),
+            "j1",
+            &name_in(&reference),
+            Bytes::from(swapped.to_string()),
+        )
         .await
         .unwrap();
     let fate = task(&fake, &reference, Duration::ZERO, CancellationToken::new()).await;
@@ -450,7 +467,7 @@ async fn a_task_that_finds_the_workspace_busy_puts_its_job_back_and_unstages_it(
     assert!(fake.reported().is_empty());
     assert!(
         fake.store
-            .artifact(&ws(), "j1", REQUEST)
+            .artifact(&ws(), "j1", &name_in(&reference))
             .await
             .unwrap()
             .is_none(),
@@ -468,7 +485,7 @@ async fn a_task_that_cannot_queue_its_job_again_keeps_it_staged_for_its_own_retr
     assert!(matches!(fate, Fate::Again { .. }), "{fate:?}");
     assert!(
         fake.store
-            .artifact(&ws(), "j1", REQUEST)
+            .artifact(&ws(), "j1", &name_in(&reference))
             .await
             .unwrap()
             .is_some()
@@ -534,7 +551,7 @@ async fn a_task_run_again_after_its_job_finished_reports_the_result_again() {
         .await
         .unwrap();
     fake.store
-        .delete_artifact(&ws(), "j1", REQUEST)
+        .delete_artifact(&ws(), "j1", &name_in(&reference))
         .await
         .unwrap();
     let fate = task(&fake, &reference, Duration::ZERO, CancellationToken::new()).await;
@@ -551,7 +568,7 @@ async fn a_task_whose_staged_job_is_gone_and_never_ran_is_refused() {
     let fake = Fake::new();
     let reference = staged(&fake, "j1", &message("j1", "2h")).await;
     fake.store
-        .delete_artifact(&ws(), "j1", REQUEST)
+        .delete_artifact(&ws(), "j1", &name_in(&reference))
         .await
         .unwrap();
     let fate = task(&fake, &reference, Duration::ZERO, CancellationToken::new()).await;
@@ -634,4 +651,83 @@ async fn a_job_stopped_by_the_hosts_shutdown_is_interrupted_and_not_reported() {
     assert_eq!(record["status"], "interrupted", "{record}");
     assert!(fake.reported().is_empty(), "not final: the job runs again");
     assert!(fake.store.lease(&ws()).await.unwrap().is_none(), "released");
+}
+
+#[tokio::test]
+async fn a_task_deletes_only_its_own_staged_message_never_a_later_staging() {
+    let fake = Fake::new();
+    hold_lease(&fake.store, "other-job").await;
+    let first = staged(&fake, "j1", &message("j1", "2h")).await;
+    // The job is staged again (a redelivery handed off anew) before the first task ends.
+    let second = staged(&fake, "j1", &message("j1", "2h")).await;
+    assert_ne!(name_in(&first), name_in(&second));
+    let fate = task(&fake, &first, Duration::ZERO, CancellationToken::new()).await;
+    assert!(matches!(fate, Fate::Requeued { .. }), "{fate:?}");
+    let names = fake.store.artifacts(&ws(), "j1").await.unwrap();
+    assert!(!names.contains(&name_in(&first)), "{names:?}");
+    assert!(names.contains(&name_in(&second)), "{names:?}");
+}
+
+#[tokio::test]
+async fn a_reference_naming_anything_but_a_staged_message_is_refused() {
+    let fake = Fake::new();
+    let reference = staged(&fake, "j1", &message("j1", "2h")).await;
+    let mut reference: Value = serde_json::from_str(&reference).unwrap();
+    reference["staged"] = json!("../../other/runs/x/result.json");
+    let fate = task(
+        &fake,
+        &reference.to_string(),
+        Duration::ZERO,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(matches!(fate, Fate::Rejected(_)), "{fate:?}");
+}
+
+#[tokio::test]
+async fn a_job_whose_records_cannot_be_read_ends_with_a_reported_failure_not_endless_retries() {
+    let fake = Fake::new();
+    fake.store
+        .put_artifact(&ws(), "j1", RESULT_FILE, Bytes::from_static(b"{ not json"))
+        .await
+        .unwrap();
+    let fate = handle(&fake, delivery(&message("j1", "10m"), None)).await;
+    let Fate::Ran(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(record["status"], "failed");
+    assert!(
+        record["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("result.json"),
+        "{record}"
+    );
+    assert_eq!(fake.reported(), vec![record]);
+}
+
+#[tokio::test]
+async fn a_finished_long_job_delivered_again_gets_its_result_not_another_task() {
+    let fake = Fake::new();
+    fake.store
+        .put_artifact(&ws(), "long", RESULT_FILE, finished("long"))
+        .await
+        .unwrap();
+    let fate = handle(
+        &fake,
+        delivery(&message("long", "2h"), Some(Duration::from_secs(600))),
+    )
+    .await;
+    assert!(matches!(fate, Fate::Ran(_)), "{fate:?}");
+    assert!(fake.started.lock().unwrap().is_empty(), "no task started");
+    assert!(
+        !fake
+            .store
+            .artifacts(&ws(), "long")
+            .await
+            .unwrap()
+            .iter()
+            .any(|a| a.starts_with("request")),
+        "nothing staged"
+    );
 }

@@ -37,6 +37,7 @@ impl Runner {
             .unwrap_or(prev.expired_at);
         let template = job.template.to_string();
         let result = JobResult {
+            schema: crate::result::RESULT_SCHEMA,
             job_id: prev.owner.clone(),
             tenant: ws.tenant().to_owned(),
             workspace: ws.workspace().to_owned(),
@@ -159,47 +160,115 @@ pub(super) enum StopReason {
     LeaseLost(String),
 }
 
+/// What the watchdog is given: the job's lease and limits, and the tokens it fires.
+pub(super) struct Watch {
+    pub(super) store: Arc<dyn StateStore>,
+    pub(super) ws: WorkspaceId,
+    pub(super) lease: Lease,
+    pub(super) ttl: Duration,
+    pub(super) timeout: Duration,
+    /// The job's stop: terraform gets SIGINT.
+    pub(super) stop: CancellationToken,
+    /// Fired when the lease is lost or cannot be confirmed: the state server then refuses
+    /// every write, and no clean-up starts.
+    pub(super) lost: CancellationToken,
+    pub(super) reason: Arc<OnceLock<StopReason>>,
+    pub(super) logger: Logger,
+}
+
+/// How long before the lease would expire the runner gives up on confirming it: a renewal
+/// that has not answered by then is taken as a lost lease.
+pub(super) fn fence_margin(ttl: Duration) -> Duration {
+    (ttl / 6).max(Duration::from_millis(50))
+}
+
 /// Renews the lease every third of its TTL until aborted, and stops the job on its deadline,
-/// on the caller's cancel, or when the lease is lost. Renewal goes on after a stop: terraform
-/// still writes its state during the grace period, and the result is written after that.
-#[allow(clippy::too_many_arguments)] // one task's whole context; a struct would only rename it
-pub(super) async fn watch(
-    store: Arc<dyn StateStore>,
-    ws: WorkspaceId,
-    mut lease: Lease,
-    ttl: Duration,
-    timeout: Duration,
-    stop: CancellationToken,
-    reason: Arc<OnceLock<StopReason>>,
-    logger: Logger,
-) {
-    let deadline = tokio::time::Instant::now() + timeout;
+/// on the caller's cancel, or when the lease is lost. The runner fences itself: when a renewal
+/// fails or hangs until the lease is about to expire, it takes the lease as lost (terraform is
+/// stopped, the state server refuses writes) rather than write on after another runner may have
+/// taken the workspace. Renewal goes on after a stop: terraform still writes its state during
+/// the grace period, and the result is written after that. The deadline fires whatever the
+/// renewals do.
+pub(super) async fn watch(w: Watch) {
+    let Watch {
+        store,
+        ws,
+        mut lease,
+        ttl,
+        timeout,
+        stop,
+        lost,
+        reason,
+        logger,
+    } = w;
+    let deadline = {
+        let (stop, reason, logger) = (stop.clone(), reason.clone(), logger.clone());
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let _ = reason.set(StopReason::Timeout);
+            stop.cancel();
+            logger
+                .runner("", &format!("timeout of {}s reached", timeout.as_secs()))
+                .await;
+        }))
+    };
+    let margin = fence_margin(ttl);
+    // Until when the lease is known to be ours, by this clock: as granted, then a renewal
+    // asked at `t` and granted holds it until `t + ttl` at least.
+    let left: Duration = (lease.expires_at - time::OffsetDateTime::now_utc())
+        .try_into()
+        .unwrap_or(Duration::ZERO);
+    let mut confirmed_until = tokio::time::Instant::now() + left;
     let mut renew = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
     renew.tick().await;
-    let mut deadline_armed = true;
+    let fence = |why: String| {
+        let why = format!(
+            "{why}; the lease could not be confirmed before it would expire, so terraform is stopped and no more writes are made"
+        );
+        let _ = reason.set(StopReason::LeaseLost(why.clone()));
+        lost.cancel();
+        stop.cancel();
+        why
+    };
     loop {
         tokio::select! {
-            () = tokio::time::sleep_until(deadline), if deadline_armed => {
-                deadline_armed = false;
-                let _ = reason.set(StopReason::Timeout);
-                stop.cancel();
-                logger.runner("", &format!("timeout of {}s reached", timeout.as_secs())).await;
-            }
             () = stop.cancelled(), if reason.get().is_none() => {
                 let _ = reason.set(StopReason::Cancelled);
             }
-            _ = renew.tick() => match store.renew_lease(&ws, &lease, ttl).await {
-                Ok(renewed) => lease = renewed,
-                Err(StoreError::LeaseLost { reason: why, .. }) => {
-                    let _ = reason.set(StopReason::LeaseLost(why.clone()));
-                    stop.cancel();
-                    logger.runner("", &format!("lease lost: {why}; stopping terraform")).await;
-                    return;
+            // No renewal has succeeded in time (they failed, or the store is slow): give up on
+            // the lease before it expires, not after.
+            () = tokio::time::sleep_until(confirmed_until.checked_sub(margin).unwrap_or_else(tokio::time::Instant::now)) => {
+                let why = fence("no renewal of the lease succeeded in time".into());
+                logger.runner("", &why).await;
+                break;
+            }
+            _ = renew.tick() => {
+                let asked = tokio::time::Instant::now();
+                let give_up = confirmed_until.checked_sub(margin).unwrap_or(asked);
+                match tokio::time::timeout_at(give_up, store.renew_lease(&ws, &lease, ttl)).await {
+                    Ok(Ok(renewed)) => {
+                        lease = renewed;
+                        confirmed_until = asked + ttl;
+                    }
+                    Ok(Err(StoreError::LeaseLost { reason: why, .. })) => {
+                        let _ = reason.set(StopReason::LeaseLost(why.clone()));
+                        lost.cancel();
+                        stop.cancel();
+                        logger.runner("", &format!("lease lost: {why}; stopping terraform")).await;
+                        break;
+                    }
+                    Ok(Err(e)) => tracing::warn!(error = %e, "could not renew the lease; will retry"),
+                    Err(_) => {
+                        let why = fence("renewing the lease did not answer".into());
+                        logger.runner("", &why).await;
+                        break;
+                    }
                 }
-                Err(e) => tracing::warn!(error = %e, "could not renew the lease; will retry"),
             }
         }
     }
+    // Lost: nothing more to renew; the deadline may still mark the reason (already set).
+    drop(deadline);
 }
 
 pub(super) fn hostname() -> String {
@@ -212,7 +281,7 @@ pub(super) fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use state_backends::memory::MemoryStore;
+    use state_backends::memory::{MemoryStore, Renewals};
 
     fn ws() -> WorkspaceId {
         WorkspaceId::new("acme", "demo").unwrap()
@@ -318,32 +387,60 @@ mod tests {
         crate::logs::start(Redactor::new(Vec::<String>::new()), Vec::new()).0
     }
 
+    struct Dog {
+        stop: CancellationToken,
+        lost: CancellationToken,
+        reason: Arc<OnceLock<StopReason>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn start(store: Arc<MemoryStore>, lease: Lease, ttl: Duration, timeout: Duration) -> Dog {
+        let (stop, lost, reason) = (
+            CancellationToken::new(),
+            CancellationToken::new(),
+            Arc::new(OnceLock::new()),
+        );
+        let task = tokio::spawn(watch(Watch {
+            store,
+            ws: ws(),
+            lease,
+            ttl,
+            timeout,
+            stop: stop.clone(),
+            lost: lost.clone(),
+            reason: reason.clone(),
+            logger: silent(),
+        }));
+        Dog {
+            stop,
+            lost,
+            reason,
+            task,
+        }
+    }
+
     #[tokio::test]
     async fn the_watchdog_stops_the_job_at_its_deadline_and_keeps_the_lease_renewed() {
         let store = Arc::new(MemoryStore::new());
         let ttl = Duration::from_millis(600);
         let lease = hold(&store, "j1", ttl).await;
-        let (stop, reason) = (CancellationToken::new(), Arc::new(OnceLock::new()));
-        let dog = tokio::spawn(watch(
+        let dog = start(
             store.clone(),
-            ws(),
             lease.clone(),
             ttl,
             Duration::from_millis(300),
-            stop.clone(),
-            reason.clone(),
-            silent(),
-        ));
-        tokio::time::timeout(Duration::from_secs(5), stop.cancelled())
+        );
+        tokio::time::timeout(Duration::from_secs(5), dog.stop.cancelled())
             .await
             .expect("stopped at the deadline");
-        assert_eq!(reason.get(), Some(&StopReason::Timeout));
+        assert_eq!(dog.reason.get(), Some(&StopReason::Timeout));
+        assert!(!dog.lost.is_cancelled());
         // Renewed past the job's stop, through terraform's grace: still live well after its TTL.
         tokio::time::sleep(ttl * 2).await;
         let now = store.lease(&ws()).await.unwrap().expect("still held");
         assert_eq!(now.owner, "j1");
         assert!(now.expires_at > lease.expires_at);
-        dog.abort();
+        dog.task.abort();
     }
 
     #[tokio::test]
@@ -352,27 +449,74 @@ mod tests {
         let ttl = Duration::from_millis(300);
         let lease = hold(&store, "j1", ttl).await;
         store.break_lease(&ws()).await.unwrap();
-        let (stop, reason) = (CancellationToken::new(), Arc::new(OnceLock::new()));
-        let dog = tokio::spawn(watch(
-            store.clone(),
-            ws(),
-            lease,
-            ttl,
-            Duration::from_secs(60),
-            stop.clone(),
-            reason.clone(),
-            silent(),
-        ));
-        tokio::time::timeout(Duration::from_secs(5), stop.cancelled())
+        let dog = start(store, lease, ttl, Duration::from_secs(60));
+        tokio::time::timeout(Duration::from_secs(5), dog.lost.cancelled())
             .await
-            .expect("stopped");
+            .expect("taken as lost");
+        assert!(dog.stop.is_cancelled());
         assert!(
-            matches!(reason.get(), Some(StopReason::LeaseLost(_))),
-            "{reason:?}"
+            matches!(dog.reason.get(), Some(StopReason::LeaseLost(_))),
+            "{:?}",
+            dog.reason
         );
-        tokio::time::timeout(Duration::from_secs(5), dog)
+        tokio::time::timeout(Duration::from_secs(5), dog.task)
             .await
             .expect("the watchdog ends once the lease is lost")
             .unwrap();
+    }
+
+    /// The runner fences itself when it cannot confirm its lease: before the lease expires
+    /// (when another runner could take the workspace), the job is stopped and writes end.
+    async fn fences_itself_before_the_lease_expires(mode: Renewals) {
+        let store = Arc::new(MemoryStore::new());
+        let ttl = Duration::from_millis(900);
+        let lease = hold(&store, "j1", ttl).await;
+        store.set_renewals(mode);
+        let dog = start(store.clone(), lease.clone(), ttl, Duration::from_secs(60));
+        tokio::time::timeout(Duration::from_secs(5), dog.lost.cancelled())
+            .await
+            .expect("fenced");
+        let fenced_at = time::OffsetDateTime::now_utc();
+        assert!(
+            fenced_at < lease.expires_at,
+            "fenced at {fenced_at}, after the lease expired at {}",
+            lease.expires_at
+        );
+        assert!(dog.stop.is_cancelled(), "terraform is stopped");
+        let Some(StopReason::LeaseLost(why)) = dog.reason.get() else {
+            panic!("{:?}", dog.reason)
+        };
+        assert!(why.contains("could not be confirmed"), "{why}");
+        tokio::time::timeout(Duration::from_secs(5), dog.task)
+            .await
+            .expect("the watchdog ends")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_runner_whose_renewals_fail_fences_itself_before_its_lease_expires() {
+        fences_itself_before_the_lease_expires(Renewals::Fail).await;
+    }
+
+    #[tokio::test]
+    async fn a_runner_whose_renewal_hangs_fences_itself_before_its_lease_expires() {
+        fences_itself_before_the_lease_expires(Renewals::Hang).await;
+    }
+
+    #[tokio::test]
+    async fn the_deadline_fires_while_a_renewal_hangs() {
+        let store = Arc::new(MemoryStore::new());
+        let ttl = Duration::from_secs(30);
+        let lease = hold(&store, "j1", ttl).await;
+        store.set_renewals(Renewals::Hang);
+        let dog = start(store, lease, ttl, Duration::from_millis(12_500));
+        // The first renewal (at 10 s) hangs; the deadline (12.5 s) fires all the same, long
+        // before the renewal would be given up on (25 s).
+        tokio::time::timeout(Duration::from_secs(20), dog.stop.cancelled())
+            .await
+            .expect("stopped at the deadline");
+        assert_eq!(dog.reason.get(), Some(&StopReason::Timeout));
+        assert!(!dog.lost.is_cancelled());
+        dog.task.abort();
     }
 }

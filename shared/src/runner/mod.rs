@@ -70,6 +70,8 @@ pub struct RunnerConfig {
     /// ends `interrupted`, not `cancelled`, so its message delivered again runs it again.
     /// Callers pass a child of it as the job's cancel token.
     pub shutdown: Option<CancellationToken>,
+    /// The largest state (request body) the state server accepts.
+    pub max_state_bytes: usize,
     /// A folder where terraform's `version -json` answer is remembered between processes
     /// (see [`crate::client::probe_cached`]); `None` reads it once per runner.
     pub client_cache: Option<PathBuf>,
@@ -86,6 +88,7 @@ impl Default for RunnerConfig {
             templates: None,
             shutdown: None,
             client_cache: None,
+            max_state_bytes: crate::state_server::MAX_STATE_BYTES,
         }
     }
 }
@@ -292,16 +295,18 @@ impl Runner {
         let stop = cancel.child_token();
         let reason: Arc<OnceLock<StopReason>> = Arc::new(OnceLock::new());
         // Aborted when dropped: on every path out of here, a panic included.
-        let watchdog = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch(
-            self.store.clone(),
-            ws.clone(),
-            lease.clone(),
-            self.config.lease_ttl,
-            j.timeout,
-            stop.clone(),
-            reason.clone(),
-            logger.clone(),
-        )));
+        let lost = CancellationToken::new();
+        let watchdog = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch(Watch {
+            store: self.store.clone(),
+            ws: ws.clone(),
+            lease: lease.clone(),
+            ttl: self.config.lease_ttl,
+            timeout: j.timeout,
+            stop: stop.clone(),
+            lost: lost.clone(),
+            reason: reason.clone(),
+            logger: logger.clone(),
+        })));
 
         let mut report = Report::default();
         let outcome = self
@@ -312,7 +317,7 @@ impl Runner {
                 lease,
                 &password,
                 &logger,
-                &stop,
+                (&stop, &lost),
                 &mut report,
             )
             .await;
@@ -341,6 +346,7 @@ impl Runner {
             }
         };
         let result = JobResult {
+            schema: crate::result::RESULT_SCHEMA,
             job_id: j.id.clone(),
             tenant: j.tenant.clone(),
             workspace: j.workspace.clone(),
@@ -422,7 +428,7 @@ impl Runner {
         lease: &Lease,
         password: &str,
         logger: &Logger,
-        stop: &CancellationToken,
+        (stop, lost): (&CancellationToken, &CancellationToken),
         report: &mut Report,
     ) -> Result<(), JobError> {
         let j = &job.job;
@@ -459,6 +465,8 @@ impl Runner {
                 fence: lease.fence(),
                 password: password.to_owned(),
                 logger: Some(logger.clone()),
+                lease_lost: lost.clone(),
+                max_body: self.config.max_state_bytes,
             })
             .await
             .map_err(|e| internal("prepare", format!("cannot start the state server: {e}")))?;
@@ -506,7 +514,13 @@ impl Runner {
                     .await;
             }
         }
-        if result.is_err() && j.operation == Operation::Apply && !stop.is_cancelled() {
+        // Never without a live lease: a clean-up's destroy could otherwise reach what another
+        // runner, which took the workspace, has made since.
+        if result.is_err()
+            && j.operation == Operation::Apply
+            && !stop.is_cancelled()
+            && !lost.is_cancelled()
+        {
             report.cleanup = Some(self.clean_up(job, before, &steps, report).await);
         }
         let activity = server.shutdown().await;

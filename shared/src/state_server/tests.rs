@@ -39,6 +39,8 @@ async fn fixture(ttl: Duration) -> Fixture {
             fence: lease.fence(),
             password: "pw".into(),
             logger: None,
+            lease_lost: tokio_util::sync::CancellationToken::new(),
+            max_body: crate::state_server::MAX_STATE_BYTES,
         },
         password: "pw".into(),
         lock: Mutex::new(None),
@@ -220,4 +222,138 @@ async fn wrong_credentials_are_refused_before_anything_else() {
     let response = router(f.shared.clone()).oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert!(f.store.current(&f.ws).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn once_the_lease_is_lost_every_write_is_refused_and_nothing_changes() {
+    let f = fixture(Duration::from_secs(60)).await;
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+        StatusCode::OK
+    );
+    f.shared.config.lease_lost.cancel();
+    let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(body.contains("lease is lost"), "{body}");
+    assert_eq!(
+        send(&f, "DELETE", "/state", Body::empty()).await.0,
+        StatusCode::LOCKED
+    );
+    assert_eq!(
+        send(&f, "LOCK", "/state", r#"{"ID":"x"}"#).await.0,
+        StatusCode::LOCKED
+    );
+    // Reads go on (terraform reads before it stops).
+    assert_eq!(
+        send(&f, "GET", "/state", Body::empty()).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(f.store.versions(&f.ws).await.unwrap().len(), 1);
+}
+
+/// A server on a socket, with a small body cap, for the tests that need real connections.
+async fn serving(max_body: usize) -> (StateServer, Arc<dyn StateStore>, WorkspaceId) {
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+    let ws = WorkspaceId::new("t", "w").unwrap();
+    let lease = store
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "job-1".into(),
+                ttl: Duration::from_secs(60),
+                info: serde_json::Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let server = StateServer::start(Config {
+        store: store.clone(),
+        ws: ws.clone(),
+        fence: lease.fence(),
+        password: "pw".into(),
+        logger: None,
+        lease_lost: CancellationToken::new(),
+        max_body,
+    })
+    .await
+    .unwrap();
+    (server, store, ws)
+}
+
+/// Sends `head` (and nothing more) on a new connection; the status line of the answer, if one
+/// comes within two seconds.
+async fn status_line(addr: &str, head: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    text.lines().next().map(str::to_owned)
+}
+
+fn host(server: &StateServer) -> String {
+    server
+        .endpoint()
+        .address
+        .trim_start_matches("http://")
+        .trim_end_matches("/state")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn an_unauthenticated_request_is_answered_without_its_body_being_read() {
+    let (server, store, ws) = serving(MAX_STATE_BYTES).await;
+    // A gigabyte announced and never sent: a server that read it first would wait forever.
+    let answer = status_line(
+        &host(&server),
+        "POST /state HTTP/1.1\r\nhost: x\r\ncontent-length: 1073741824\r\n\r\n{",
+    )
+    .await;
+    assert_eq!(answer.as_deref(), Some("HTTP/1.1 401 Unauthorized"));
+    assert!(store.versions(&ws).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_body_over_the_cap_is_refused_before_it_is_read() {
+    let (server, store, ws) = serving(1024).await;
+    let auth = base64::engine::general_purpose::STANDARD.encode("terrace:pw");
+    let answer = status_line(
+        &host(&server),
+        &format!(
+            "POST /state HTTP/1.1\r\nhost: x\r\nauthorization: Basic {auth}\r\ncontent-length: 4096\r\n\r\n{{"
+        ),
+    )
+    .await;
+    assert_eq!(answer.as_deref(), Some("HTTP/1.1 413 Payload Too Large"));
+    assert!(store.versions(&ws).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn connections_beyond_the_bound_wait_until_one_closes() {
+    use tokio::io::AsyncWriteExt;
+    let (server, _, _) = serving(MAX_STATE_BYTES).await;
+    let addr = host(&server);
+    let mut idle = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        conn.write_all(b"GET /state HTTP/1.1\r\n").await.unwrap(); // never finished
+        idle.push(conn);
+    }
+    let probe = "GET /state HTTP/1.1\r\nhost: x\r\n\r\n";
+    assert_eq!(
+        status_line(&addr, probe).await,
+        None,
+        "not served past the bound"
+    );
+    idle.truncate(MAX_CONNECTIONS - 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        status_line(&addr, probe).await.as_deref(),
+        Some("HTTP/1.1 401 Unauthorized"),
+        "served once a connection closed"
+    );
 }
