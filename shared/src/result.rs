@@ -415,6 +415,61 @@ pub struct JobResult {
     pub error: Option<JobError>,
 }
 
+impl JobResult {
+    /// This result with every secret `redactor` knows masked in its text, field by field: the
+    /// free text (messages, addresses, ids, values) is redacted, while what a reader parses
+    /// (times, status, category, numbers) is left alone, so a redacted result is always a
+    /// valid one, whatever the secrets are.
+    #[must_use]
+    pub fn redacted(&self, redactor: &crate::redact::Redactor) -> Self {
+        let text = |s: &String| redactor.redact(s);
+        let error = |e: &JobError| JobError {
+            address: e.address.as_ref().map(text),
+            message: text(&e.message),
+            hint: text(&e.hint),
+            ..e.clone()
+        };
+        let texts = |v: &Vec<String>| v.iter().map(text).collect::<Vec<_>>();
+        let mut out = self.clone();
+        out.error = self.error.as_ref().map(error);
+        for attempt in &mut out.attempts {
+            attempt.error = attempt.error.as_ref().map(error);
+        }
+        if let Some(cleanup) = &mut out.cleanup {
+            cleanup.created = texts(&cleanup.created);
+            cleanup.destroyed = texts(&cleanup.destroyed);
+            cleanup.left = texts(&cleanup.left);
+            cleanup.reverted = texts(&cleanup.reverted);
+            cleanup.rolled_back_to = cleanup.rolled_back_to.as_ref().map(text);
+        }
+        if let Some(unsaved) = &mut out.unsaved_state {
+            unsaved.error = unsaved.error.as_ref().map(text);
+        }
+        if let Some(changes) = &mut out.changes {
+            for change in &mut changes.resources {
+                change.address = text(&change.address);
+            }
+        }
+        for drifted in &mut out.drifted {
+            drifted.address = text(&drifted.address);
+            for attribute in &mut drifted.attributes {
+                attribute.path = text(&attribute.path);
+                attribute.before = redactor.redact_json(&attribute.before);
+                attribute.after = redactor.redact_json(&attribute.after);
+            }
+        }
+        for output in out.outputs.values_mut() {
+            output.value = redactor.redact_json(&output.value);
+        }
+        for recovery in &mut out.recovered {
+            recovery.address = text(&recovery.address);
+            recovery.id = text(&recovery.id);
+            recovery.after = text(&recovery.after);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,5 +543,55 @@ mod tests {
         assert_eq!(out["id"].value, "net-1");
         assert_eq!(out["pw"].value, MASK);
         assert!(!serde_json::to_string(&out).unwrap().contains("hunter2"));
+    }
+
+    #[test]
+    fn a_redacted_result_is_always_a_valid_one_whatever_the_secret() {
+        // A secret that is part of every timestamp this year, and of a step's name.
+        let redactor = crate::redact::Redactor::new(["2026".to_owned(), "plan".to_owned()]);
+        let at = time::macros::datetime!(2026-11-24 10:20:26 UTC);
+        let result = JobResult {
+            schema: RESULT_SCHEMA,
+            job_id: "j-2026".into(),
+            tenant: "t".into(),
+            workspace: "w".into(),
+            operation: Operation::Apply,
+            template: "demo@1.0.0".into(),
+            status: Status::Failed,
+            terraform: None,
+            started_at: at,
+            finished_at: at,
+            duration_ms: 2026,
+            steps: vec![StepTiming {
+                step: "plan".into(),
+                duration_ms: 1,
+                exit_code: Some(1),
+            }],
+            changes: None,
+            drift: None,
+            drifted: Vec::new(),
+            outputs: BTreeMap::new(),
+            state_versions: Vec::new(),
+            attempts: Vec::new(),
+            cleanup: None,
+            recovered: Vec::new(),
+            unsaved_state: None,
+            error: Some(JobError {
+                category: Category::Provider,
+                step: "plan".into(),
+                address: None,
+                message: "the password 2026 is wrong".into(),
+                hint: "check it".into(),
+                retryable: false,
+            }),
+        };
+        let redacted = result.redacted(&redactor);
+        let error = redacted.error.as_ref().unwrap();
+        assert_eq!(error.message, format!("the password {MASK} is wrong"));
+        assert_eq!(redacted.started_at, at, "times are not text");
+        assert_eq!(redacted.steps, result.steps, "step names are not secrets");
+        let written = serde_json::to_vec(&redacted).unwrap();
+        let back: JobResult = serde_json::from_slice(&written).unwrap();
+        assert_eq!(back, redacted);
     }
 }

@@ -297,13 +297,21 @@ fn retry_policy(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Opt
 }
 
 /// The strings a sensitive value may show up as in terraform's output.
+/// What of a sensitive value is searched for in free text (log lines, messages). Strings are,
+/// whatever their length. A boolean, or a number of fewer than 4 characters, is not: searching
+/// for `true` or `1` would mask every such word in every line and still hide nothing. Those
+/// are masked where they stand as values of their own (the job's record, outputs and drift
+/// attributes terraform marks sensitive).
 fn secret_strings(value: &Value) -> Vec<String> {
     match value {
         Value::String(s) if !s.is_empty() => vec![s.clone()],
-        Value::Null | Value::String(_) => Vec::new(),
+        Value::Null | Value::String(_) | Value::Bool(_) => Vec::new(),
         Value::Array(items) => items.iter().flat_map(secret_strings).collect(),
         Value::Object(map) => map.values().flat_map(secret_strings).collect(),
-        other => vec![other.to_string()],
+        Value::Number(n) => {
+            let text = n.to_string();
+            if text.len() >= 4 { vec![text] } else { Vec::new() }
+        }
     }
 }
 

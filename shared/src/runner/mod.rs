@@ -394,7 +394,7 @@ impl Runner {
             name: RESULT_FILE,
             source,
         };
-        let redacted = redactor.redact_json(&serde_json::to_value(&result).map_err(record_error)?);
+        let redacted = result.redacted(&redactor);
         let data = Bytes::from(serde_json::to_vec_pretty(&redacted).map_err(record_error)?);
         let mut attempt = 0;
         let written = loop {
@@ -413,9 +413,7 @@ impl Runner {
         };
         drop(watchdog);
         written?;
-        Ok(RunOutcome::Finished(Box::new(
-            serde_json::from_value(redacted).map_err(record_error)?,
-        )))
+        Ok(RunOutcome::Finished(Box::new(redacted)))
     }
 
     /// Prepares the workdir and runs the operation's steps.

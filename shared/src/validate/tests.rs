@@ -162,3 +162,17 @@ fn suggestions_find_close_names() {
     );
     assert_eq!(suggest("zzzzzz", &FIELDS, "remove it"), "remove it");
 }
+
+#[test]
+fn free_text_searches_strings_and_long_numbers_never_booleans_or_short_numbers() {
+    use serde_json::json;
+    assert_eq!(secret_strings(&json!("pw")), vec!["pw".to_owned()]);
+    assert!(secret_strings(&json!(true)).is_empty());
+    assert!(secret_strings(&json!(1)).is_empty());
+    assert!(secret_strings(&json!(443)).is_empty());
+    assert_eq!(secret_strings(&json!(4711)), vec!["4711".to_owned()]);
+    assert_eq!(
+        secret_strings(&json!({ "a": ["x-secret", 12345, false] })),
+        vec!["x-secret".to_owned(), "12345".to_owned()]
+    );
+}
