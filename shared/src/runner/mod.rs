@@ -44,7 +44,7 @@ use steps::*;
 use workdir::*;
 
 pub use steps::ERRORED_STATE;
-pub use workdir::BACKEND_CONFIG;
+pub use workdir::{BACKEND_CONFIG, sweep_workdirs};
 
 /// The artifact names of a run.
 pub const RESULT_FILE: &str = "result.json";
@@ -149,6 +149,11 @@ pub struct Runner {
 
 impl Runner {
     pub fn new(store: Arc<dyn StateStore>, config: RunnerConfig) -> Self {
+        // Once per process: what runners killed on this machine left behind.
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| {
+            workdir::sweep_workdirs(config.work_root.as_deref());
+        });
         Self {
             store,
             config: Arc::new(config),

@@ -6,15 +6,44 @@ use super::*;
 /// The name of the generated backend configuration in the workdir.
 pub const BACKEND_CONFIG: &str = "terrace.backend.hcl";
 
+/// Marks a workdir in use: held locked by its runner while the job runs.
+const LOCK_FILE: &str = ".terrace-lock";
+/// Marks a workdir kept on purpose (it holds a state that could not be saved).
+const KEPT_FILE: &str = ".terrace-kept";
+/// How workdirs are named, in the work root.
+const PREFIX: &str = "terrace-";
+
+/// A job's workdir, private to the runner (0700, its secrets 0600), deleted when dropped
+/// unless kept; locked while it exists, so that [`sweep_workdirs`] of another runner on the
+/// machine leaves it alone.
+pub(super) struct Workdir {
+    dir: tempfile::TempDir,
+    _lock: std::fs::File,
+}
+
+impl Workdir {
+    pub(super) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Keeps the folder after the job (it holds what could not be saved elsewhere).
+    pub(super) fn keep(self) -> PathBuf {
+        let _ = std::fs::write(self.dir.path().join(KEPT_FILE), b"");
+        self.dir.keep()
+    }
+}
+
 /// Makes the job's workdir: a copy of the template, the variables as tfvars, and the backend.
 pub(super) fn prepare_workdir(
     root: Option<&Path>,
     job: &ValidatedJob,
     endpoint: &state_server::Endpoint,
-) -> std::io::Result<tempfile::TempDir> {
-    let prefix = format!("terrace-{}-", job.job.id);
+) -> std::io::Result<Workdir> {
+    let prefix = format!("{PREFIX}{}-", job.job.id);
     let mut builder = tempfile::Builder::new();
     builder.prefix(&prefix);
+    // Readable by the runner's user only (tempfile's default, said here to stay so).
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700));
     let dir = match root {
         Some(root) => {
             std::fs::create_dir_all(root)?;
@@ -22,11 +51,18 @@ pub(super) fn prepare_workdir(
         }
         None => builder.tempdir()?,
     };
+    let lock = std::fs::File::create(dir.path().join(LOCK_FILE))?;
+    lock.try_lock().map_err(std::io::Error::other)?;
     copy_template(&job.template.dir, dir.path())?;
-    std::fs::create_dir_all(dir.path().join(".home"))?;
-    std::fs::write(
-        dir.path().join("terrace.auto.tfvars.json"),
-        serde_json::to_vec_pretty(&job.job.variables)?,
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir.path().join(".home"))?;
+    }
+    write_private(
+        &dir.path().join("terrace.auto.tfvars.json"),
+        &serde_json::to_vec_pretty(&job.job.variables)?,
     )?;
     std::fs::write(
         dir.path().join("terrace_backend.tf"),
@@ -40,7 +76,39 @@ pub(super) fn prepare_workdir(
         pass = endpoint.password,
     );
     write_private(&dir.path().join(BACKEND_CONFIG), hcl.as_bytes())?;
-    Ok(dir)
+    Ok(Workdir { dir, _lock: lock })
+}
+
+/// Deletes the workdirs that runners killed on this machine left in `root` (the system's
+/// temp folder when `None`): they hold the jobs' variables and state server passwords. A
+/// workdir still locked by a live runner, or kept on purpose, stays. The number deleted.
+pub fn sweep_workdirs(root: Option<&Path>) -> usize {
+    let root = root.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return 0;
+    };
+    let mut swept = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let ours = entry.file_name().to_string_lossy().starts_with(PREFIX)
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+            && path.join(LOCK_FILE).is_file()
+            && !path.join(KEPT_FILE).exists();
+        if !ours {
+            continue;
+        }
+        let Ok(lock) = std::fs::File::open(path.join(LOCK_FILE)) else {
+            continue;
+        };
+        if lock.try_lock().is_err() {
+            continue; // a live runner's
+        }
+        if std::fs::remove_dir_all(&path).is_ok() {
+            tracing::info!(workdir = %path.display(), "deleted a dead runner's workdir");
+            swept += 1;
+        }
+    }
+    swept
 }
 
 pub(super) fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -133,5 +201,32 @@ pub(super) mod tests {
         write_private(&file, b"one").unwrap();
         assert!(write_private(&file, b"two").is_err());
         assert_eq!(std::fs::read(&file).unwrap(), b"one");
+    }
+
+    #[test]
+    fn a_dead_runners_workdir_is_swept_a_live_or_kept_one_stays() {
+        let root = tempfile::tempdir().unwrap();
+        let endpoint = state_server::Endpoint {
+            address: "http://127.0.0.1:9/state".into(),
+            username: "terrace".into(),
+            password: "pw".into(),
+        };
+        let live = prepare_workdir(Some(root.path()), &demo_job("live"), &endpoint).unwrap();
+        let kept = prepare_workdir(Some(root.path()), &demo_job("kept"), &endpoint)
+            .unwrap()
+            .keep();
+        // A runner killed outright: its workdir stays, and nothing holds its lock.
+        let dead = prepare_workdir(Some(root.path()), &demo_job("dead"), &endpoint)
+            .unwrap()
+            .dir
+            .keep();
+        let other = root.path().join("terrace-it-sandbox");
+        std::fs::create_dir_all(&other).unwrap();
+
+        assert_eq!(sweep_workdirs(Some(root.path())), 1);
+        assert!(!dead.exists(), "the dead runner's workdir is gone");
+        assert!(live.path().exists(), "a live runner's stays");
+        assert!(kept.exists(), "a kept one stays");
+        assert!(other.exists(), "what is not a workdir stays");
     }
 }
