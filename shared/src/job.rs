@@ -158,14 +158,31 @@ impl RawJob {
     /// # Errors
     /// One [`ValidationError`] when the text is not a JSON/YAML mapping.
     pub fn parse(text: &str) -> Result<Self, ValidationError> {
+        use serde::de::DeserializeSeed;
+        // A key given twice, or a number that is not finite (YAML's `.nan`, `.inf`), is an
+        // error rather than the last value winning or the field quietly left to its default.
         let value: serde_json::Value = if text.trim_start().starts_with('{') {
-            serde_json::from_str(text).map_err(|e| {
-                ValidationError::new("", format!("is not valid JSON: {e}"), "fix the JSON syntax")
-            })?
+            let mut de = serde_json::Deserializer::from_str(text);
+            Strict
+                .deserialize(&mut de)
+                .and_then(|v| de.end().map(|()| v))
+                .map_err(|e| {
+                    ValidationError::new(
+                        "",
+                        format!("is not valid JSON: {e}"),
+                        "fix the JSON syntax",
+                    )
+                })?
         } else {
-            serde_norway::from_str(text).map_err(|e| {
-                ValidationError::new("", format!("is not valid YAML: {e}"), "fix the YAML syntax")
-            })?
+            Strict
+                .deserialize(serde_norway::Deserializer::from_str(text))
+                .map_err(|e| {
+                    ValidationError::new(
+                        "",
+                        format!("is not valid YAML: {e}"),
+                        "fix the YAML syntax",
+                    )
+                })?
         };
         match value {
             serde_json::Value::Object(map) => Ok(Self(map)),
@@ -181,6 +198,86 @@ impl RawJob {
                 ),
             )),
         }
+    }
+}
+
+/// Reads a JSON or YAML document into a JSON value, refusing a key given twice in one mapping
+/// and a number that is not finite.
+struct Strict;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict {
+    type Value = serde_json::Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON or YAML value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        serde_json::Number::from_f64(v)
+            .map(serde_json::Value::Number)
+            .ok_or_else(|| E::custom(format!("{v} is not a finite number")))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        serde::de::DeserializeSeed::deserialize(self, d)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(Strict)? {
+            items.push(item);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key {key:?} is given twice"
+                )));
+            }
+            let value = map.next_value_seed(Strict)?;
+            out.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(out))
     }
 }
 
@@ -219,13 +316,19 @@ pub fn parse_duration(value: &serde_json::Value) -> Result<Duration, String> {
         let n: u64 = number
             .parse()
             .map_err(|_| format!("{text:?}: {expected}"))?;
-        total += n * unit;
+        total = n
+            .checked_mul(unit)
+            .and_then(|add| total.checked_add(add))
+            .ok_or_else(|| format!("{text:?} is longer than any job can run"))?;
         number.clear();
     }
     if !number.is_empty() {
-        total += number
+        let n = number
             .parse::<u64>()
             .map_err(|_| format!("{text:?}: {expected}"))?;
+        total = total
+            .checked_add(n)
+            .ok_or_else(|| format!("{text:?} is longer than any job can run"))?;
     }
     if text.trim().is_empty() {
         return Err(expected.to_owned());
@@ -283,6 +386,18 @@ mod tests {
         for bad in [json!("soon"), json!(""), json!(-1), json!("5d")] {
             assert!(parse_duration(&bad).is_err(), "{bad} was accepted");
         }
+        // Too long for any arithmetic: an error, not a panic or a wrapped-around timeout.
+        for huge in [
+            "99999999999999999999h",
+            "18446744073709551615h",
+            "5124095576030432h1s",
+        ] {
+            let e = parse_duration(&json!(huge)).unwrap_err();
+            assert!(
+                e.contains("longer than any job") || e.contains("expected"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
@@ -313,5 +428,21 @@ mod tests {
         assert_eq!(yaml.0, json.0);
         let err = RawJob::parse("- a\n- b\n").unwrap_err();
         assert!(err.problem.contains("mapping"), "{err}");
+    }
+
+    #[test]
+    fn a_key_given_twice_or_a_number_that_is_not_finite_is_refused() {
+        for (text, says) in [
+            ("{\"id\": \"a\", \"id\": \"b\"}", "given twice"),
+            ("id: a\nid: b\n", "id"),
+            ("id: a\nvariables: { n: 1, n: 2 }\n", "given twice"),
+            ("id: a\nvariables: { n: .nan }\n", "not a finite number"),
+            ("id: a\nvariables: { n: -.inf }\n", "not a finite number"),
+        ] {
+            let e = RawJob::parse(text).unwrap_err();
+            assert!(e.to_string().contains(says), "{text:?}: {e}");
+        }
+        let ok = RawJob::parse("id: a\nvariables: { n: 1.5, m: [1, null], s: x }\n").unwrap();
+        assert_eq!(ok.0["variables"]["n"], 1.5);
     }
 }

@@ -147,7 +147,7 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
             Err(_) => {
                 errors.push(ValidationError::new(
                     "on_failure",
-                    format!("{value} is not a failure policy"),
+                    format!("{} is not a failure policy", quoted(value)),
                     format!("use one of {}", OnFailure::NAMES.join(", ")),
                 ));
                 None
@@ -260,7 +260,7 @@ fn retry_policy(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Opt
                 Some(n) => policy.attempts = n as u32,
                 None => errors.push(ValidationError::new(
                     field,
-                    format!("{v} is not a number of attempts"),
+                    format!("{} is not a number of attempts", quoted(v)),
                     "use a whole number from 1 (no retry) to 20",
                 )),
             },
@@ -310,7 +310,11 @@ fn secret_strings(value: &Value) -> Vec<String> {
         Value::Object(map) => map.values().flat_map(secret_strings).collect(),
         Value::Number(n) => {
             let text = n.to_string();
-            if text.len() >= 4 { vec![text] } else { Vec::new() }
+            if text.len() >= 4 {
+                vec![text]
+            } else {
+                Vec::new()
+            }
         }
     }
 }
@@ -473,9 +477,9 @@ fn check_variables(
             continue;
         }
         let shown = if var.sensitive {
-            "(sensitive value)".to_owned()
+            crate::redact::MASK.to_owned()
         } else {
-            value.to_string()
+            quoted(&value)
         };
         if let Err((problem, fix)) = check_constraint(&var.constraint, var.var_type, &value, &shown)
         {
@@ -496,7 +500,7 @@ fn check_variables(
             if declared.get(name).is_some_and(|v| v.sensitive) {
                 crate::redact::MASK.to_owned()
             } else {
-                value.to_string()
+                quoted(value)
             }
         };
         let condition: Vec<String> = rule
@@ -580,6 +584,18 @@ fn check_constraint(
         }
     }
     Ok(())
+}
+
+/// A value as an error quotes it: at most 64 characters of it, so that a rejection stays small
+/// (it must fit in a queue message) whatever the value.
+fn quoted(value: &Value) -> String {
+    let text = value.to_string();
+    let chars = text.chars().count();
+    if chars <= 64 {
+        return text;
+    }
+    let head: String = text.chars().take(60).collect();
+    format!("{head}… ({chars} characters)")
 }
 
 /// "did you mean …" when a close name exists, else `otherwise`.

@@ -182,7 +182,7 @@ impl Bucket for S3Bucket {
             .client
             .copy_object()
             .bucket(&self.bucket)
-            .copy_source(format!("{}/{from}", self.bucket))
+            .copy_source(copy_source(&self.bucket, from))
             .key(to);
         if let Some(metadata) = metadata {
             req = req
@@ -574,9 +574,35 @@ fn condition_failure_item(e: &UpdateError) -> Option<&HashMap<String, AttributeV
     }
 }
 
+/// `CopySource` names the object URL-encoded (`bucket/key`, `/` kept): a key with a space, a
+/// `+` or non-ASCII text would otherwise name another object, or none.
+fn copy_source(bucket: &str, key: &str) -> String {
+    let mut out = String::with_capacity(bucket.len() + key.len() + 1);
+    for b in format!("{bucket}/{key}").bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_source_is_url_encoded_but_its_slashes() {
+        assert_eq!(
+            copy_source("b", "p q/a+b/ü.json"),
+            "b/p%20q/a%2Bb/%C3%BC.json"
+        );
+        assert_eq!(
+            copy_source("b", "states/acme/x_1.tfstate"),
+            "b/states/acme/x_1.tfstate"
+        );
+    }
 
     #[test]
     fn a_lease_item_reads_back_as_the_lease_it_records() {

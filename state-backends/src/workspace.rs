@@ -21,7 +21,7 @@ pub struct InvalidName {
 }
 
 /// The rule names follow, for error messages.
-pub const NAME_RULE: &str = "use 1 to 63 characters: lowercase letters, digits, '-', '_' or '.', starting with a letter or digit";
+pub const NAME_RULE: &str = "use 1 to 63 characters: lowercase letters, digits, '-', '_' or '.', starting with a letter or digit and not ending with '.'";
 
 impl WorkspaceId {
     /// A workspace id from a tenant and a workspace name.
@@ -74,6 +74,10 @@ pub fn check_name(value: &str) -> Result<(), InvalidName> {
     {
         return err("may only contain lowercase letters, digits, '-', '_' and '.'");
     }
+    // Azure Blob drops a trailing dot from each segment: `a.` and `a` would share a folder.
+    if value.ends_with('.') {
+        return err("must not end with '.'");
+    }
     Ok(())
 }
 
@@ -112,7 +116,17 @@ mod tests {
 
     #[test]
     fn refuses_names_that_could_escape_a_folder() {
-        for bad in ["", "..", ".hidden", "a/b", "UPPER", "a b", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "..",
+            ".hidden",
+            "a/b",
+            "UPPER",
+            "a b",
+            "a.",
+            "v1.2.",
+            &"x".repeat(64),
+        ] {
             assert!(check_name(bad).is_err(), "{bad:?} was accepted");
         }
         assert!("acme".parse::<WorkspaceId>().is_err());

@@ -819,3 +819,32 @@ async fn a_terraform_older_than_the_floor_is_refused_before_the_state_is_touched
     let ws: state_backends::WorkspaceId = "acme/old".parse().unwrap();
     assert!(sb.fs_store().lease(&ws).await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_job_file_that_is_not_text_is_an_invalid_job_not_a_runner_error() {
+    let sb = Sandbox::new();
+    let path = sb.dir.path().join("binary.yaml");
+    std::fs::write(&path, [0xff, 0xfe, b'i', b'd']).unwrap();
+    let run = sb.run(&["run", path.to_str().unwrap()]);
+    run.expect_code(65);
+    assert!(run.stderr().contains("UTF-8"), "{}", run.stderr());
+
+    // In a queue, it ends in failed/ with why, instead of staying there forever.
+    std::fs::copy(&path, sb.queue.join("binary.yaml")).unwrap();
+    sb.run(&[
+        "serve",
+        "-q",
+        "--queue",
+        sb.queue.to_str().unwrap(),
+        "--once",
+        "--poll-ms",
+        "50",
+    ])
+    .expect_code(0);
+    assert!(sb.queue.join("failed/binary.yaml").exists());
+    let rejected: Value = serde_json::from_slice(
+        &std::fs::read(sb.queue.join("failed/binary.yaml.result.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rejected["status"], "rejected");
+}

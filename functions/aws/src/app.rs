@@ -142,7 +142,18 @@ impl App {
                     .build(),
             )
             .build();
-        let started_by: String = job_id.chars().take(36).collect();
+        // ECS takes up to 36 letters, digits, '-' and '_' here; a job id may have more.
+        let started_by: String = job_id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(36)
+            .collect();
         let out = self
             .ecs
             .run_task()

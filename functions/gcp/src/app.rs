@@ -153,11 +153,19 @@ impl App {
                     json!({ "error": format!("message.data is not base64: {e}") }),
                 );
             }
+            // A message of attributes only: delivered again it would never be a job, so it is
+            // acknowledged with a rejection, like any message that cannot be one.
             None => {
-                return answer(
-                    StatusCode::BAD_REQUEST,
-                    json!({ "error": "message.data is missing: the message carries no job" }),
+                let record = trigger::rejection(
+                    &id,
+                    vec![trigger::problem(
+                        "message.data",
+                        "is missing: the message carries no job",
+                        "publish the job envelope as the message's data",
+                    )],
                 );
+                self.publish_result(&record).await;
+                return answer(StatusCode::OK, record);
             }
         };
         tracing::info!(message_id = %id, subscription = %push.subscription, "job message");

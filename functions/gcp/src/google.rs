@@ -25,10 +25,13 @@ impl Own {
                     .map_err(|e| format!("this service has no credentials of its own: {e}"))?,
             )
         };
-        Ok(Self {
-            credentials,
-            http: reqwest::Client::new(),
-        })
+        // A call that hangs must not hold a request (or a sweep) past its deadline.
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
+        Ok(Self { credentials, http })
     }
 
     /// POSTs `body` to `url` and returns the answer's JSON.

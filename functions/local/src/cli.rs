@@ -304,8 +304,16 @@ pub(crate) fn load_job(
     path: &Path,
     templates: &Path,
 ) -> anyhow::Result<Result<ValidatedJob, Vec<ValidationError>>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read job file {}", path.display()))?;
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read job file {}", path.display()))?;
+    // Not text: an invalid job (exit 65, `failed/` in a queue), not a runner error.
+    let Ok(text) = String::from_utf8(bytes) else {
+        return Ok(Err(vec![ValidationError::new(
+            "",
+            "is not UTF-8 text",
+            "save the job file as UTF-8 (YAML or JSON)",
+        )]));
+    };
     let raw = match RawJob::parse(&text) {
         Ok(raw) => raw,
         Err(e) => return Ok(Err(vec![e])),

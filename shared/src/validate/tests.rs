@@ -176,3 +176,15 @@ fn free_text_searches_strings_and_long_numbers_never_booleans_or_short_numbers()
         vec!["x-secret".to_owned(), "12345".to_owned()]
     );
 }
+
+#[test]
+fn a_huge_value_is_quoted_short_so_the_rejection_stays_small() {
+    let huge = "x".repeat(5 * 1024 * 1024);
+    let errors = check(&format!(
+        "id: j1\ntenant: acme\nworkspace: demo\noperation: apply\ntemplate: {{ name: k8s, version: 1.0.0 }}\nvariables: {{ region: \"{huge}\", name: good-name }}\n"
+    ))
+    .unwrap_err();
+    let all = serde_json::to_string(&errors).unwrap();
+    assert!(all.len() < 4096, "{} bytes of rejection", all.len());
+    assert!(all.contains("characters)"), "{all}");
+}
