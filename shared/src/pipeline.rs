@@ -308,8 +308,11 @@ async fn hand_off<T: Trigger + ?Sized>(
             trigger.report(&record).await;
             Fate::HandedOff(record)
         }
-        // The staged copy stays: the next delivery stages it afresh.
-        Err(why) => Fate::again(format!("could not hand the job off: {why}")),
+        // No task will read it: the next delivery stages it afresh under a name of its own.
+        Err(why) => {
+            reference.unstage(&*store).await;
+            Fate::again(format!("could not hand the job off: {why}"))
+        }
     }
 }
 
@@ -374,7 +377,7 @@ async fn run<T: Trigger + ?Sized>(
         // Nothing will change by trying again (a record in the store Terrace cannot read): the
         // job ends here, with a record that says why, rather than being delivered until it is
         // dead-lettered without a word.
-        Err(e) if !e.is_retryable() => {
+        Err(e) if e.is_permanent() => {
             let record = json!({
                 "schema": crate::result::RESULT_SCHEMA,
                 "status": "failed",
@@ -495,11 +498,11 @@ pub async fn task<T: Trigger + ?Sized>(
     };
     // The staged copy holds the job's variables: it goes once the job has a final result, or
     // once a fresh copy is on the queue (a later hand-off stages it again).
-    if matches!(
-        fate,
-        Fate::Ran(_) | Fate::Rejected(_) | Fate::Requeued { .. }
-    ) {
-        r.unstage(&*store).await;
+    match fate {
+        // Final: every staging of the job goes, earlier ones whose task never ran included.
+        Fate::Ran(_) | Fate::Rejected(_) => r.unstage_all(&*store).await,
+        Fate::Requeued { .. } => r.unstage(&*store).await,
+        _ => {}
     }
     fate
 }

@@ -441,6 +441,7 @@ impl JobResult {
             cleanup.left = texts(&cleanup.left);
             cleanup.reverted = texts(&cleanup.reverted);
             cleanup.rolled_back_to = cleanup.rolled_back_to.as_ref().map(text);
+            cleanup.error = cleanup.error.as_ref().map(text);
         }
         if let Some(unsaved) = &mut out.unsaved_state {
             unsaved.error = unsaved.error.as_ref().map(text);
@@ -573,9 +574,16 @@ mod tests {
             outputs: BTreeMap::new(),
             state_versions: Vec::new(),
             attempts: Vec::new(),
-            cleanup: None,
+            cleanup: Some(Cleanup {
+                error: Some("destroy failed: password 2026 refused".into()),
+                ..Cleanup::default()
+            }),
             recovered: Vec::new(),
-            unsaved_state: None,
+            unsaved_state: Some(UnsavedState {
+                artifact: "runs/j/errored.tfstate".into(),
+                pushed_as: None,
+                error: Some("push refused: 2026".into()),
+            }),
             error: Some(JobError {
                 category: Category::Provider,
                 step: "plan".into(),
@@ -588,6 +596,10 @@ mod tests {
         let redacted = result.redacted(&redactor);
         let error = redacted.error.as_ref().unwrap();
         assert_eq!(error.message, format!("the password {MASK} is wrong"));
+        let all = serde_json::to_string(&redacted).unwrap();
+        for text in ["password 2026", "refused: 2026"] {
+            assert!(!all.contains(text), "{text} in {all}");
+        }
         assert_eq!(redacted.started_at, at, "times are not text");
         assert_eq!(redacted.steps, result.steps, "step names are not secrets");
         let written = serde_json::to_vec(&redacted).unwrap();

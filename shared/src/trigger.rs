@@ -190,6 +190,27 @@ impl<T> JobRef<T> {
         }
     }
 
+    /// Deletes every staged copy of this job (stagings of earlier deliveries whose task never
+    /// ran included), once the job has a final result. Failures are logged.
+    pub async fn unstage_all(&self, store: &dyn state_backends::StateStore) {
+        let Ok(ws) = self.ws() else { return };
+        let names = match store.artifacts(&ws, &self.job_id).await {
+            Ok(names) => names,
+            Err(e) => {
+                tracing::warn!(job_id = %self.job_id, error = %e, "could not list the job's staged messages");
+                return;
+            }
+        };
+        for name in names
+            .iter()
+            .filter(|n| n.as_str() == REQUEST || is_staged_name(n))
+        {
+            if let Err(e) = store.delete_artifact(&ws, &self.job_id, name).await {
+                tracing::warn!(job_id = %self.job_id, name, error = %e, "could not delete a staged job message");
+            }
+        }
+    }
+
     /// The staged message's name.
     pub fn name(&self) -> &str {
         if self.staged.is_empty() {

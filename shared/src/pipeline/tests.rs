@@ -28,6 +28,7 @@ struct Fake {
     store_fails: bool,
     requeue_fails: bool,
     hands_off: bool,
+    task_fails: bool,
     shutdown: CancellationToken,
 }
 
@@ -54,6 +55,7 @@ impl Fake {
             store_fails: false,
             requeue_fails: false,
             hands_off: true,
+            task_fails: false,
             shutdown: CancellationToken::new(),
         }
     }
@@ -130,6 +132,9 @@ impl Trigger for Fake {
     }
 
     async fn start_task(&self, reference: &JobRef<Bucket>, _: Duration) -> Result<Value, String> {
+        if self.task_fails {
+            return Err("the platform's API cannot be reached".into());
+        }
         let reference = serde_json::to_string(reference).unwrap();
         self.started.lock().unwrap().push(reference);
         Ok(json!({ "status": "handed-off" }))
@@ -730,4 +735,34 @@ async fn a_finished_long_job_delivered_again_gets_its_result_not_another_task() 
             .any(|a| a.starts_with("request")),
         "nothing staged"
     );
+}
+
+#[tokio::test]
+async fn a_hand_off_that_fails_leaves_no_staged_copy_behind() {
+    let mut fake = Fake::new();
+    fake.task_fails = true;
+    let fate = handle(
+        &fake,
+        delivery(&message("long", "2h"), Some(Duration::from_secs(600))),
+    )
+    .await;
+    assert!(matches!(fate, Fate::Again { delay: None, .. }), "{fate:?}");
+    let left = fake.store.artifacts(&ws(), "long").await.unwrap();
+    assert!(!left.iter().any(|a| a.starts_with("request")), "{left:?}");
+}
+
+#[tokio::test]
+async fn a_final_result_removes_every_staging_of_the_job() {
+    let fake = Fake::new();
+    let first = staged(&fake, "j1", &message("j1", "2h")).await;
+    let second = staged(&fake, "j1", &message("j1", "2h")).await;
+    fake.store
+        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
+        .await
+        .unwrap();
+    let fate = task(&fake, &second, Duration::ZERO, CancellationToken::new()).await;
+    assert!(matches!(fate, Fate::Ran(_)), "{fate:?}");
+    let left = fake.store.artifacts(&ws(), "j1").await.unwrap();
+    assert!(!left.contains(&name_in(&first)), "{left:?}");
+    assert!(!left.contains(&name_in(&second)), "{left:?}");
 }

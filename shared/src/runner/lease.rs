@@ -109,8 +109,11 @@ impl Runner {
         // where every look is a billed call), never past the wait's end.
         let mut pause = Duration::from_millis(250);
         loop {
+            // The lease is ours for its TTL from no later than this instant (by this machine's
+            // monotonic clock, which no clock step moves).
+            let asked = tokio::time::Instant::now();
             match self.store.acquire_lease(ws, &request).await {
-                Ok(lease) => return Ok(Acquired::Lease(lease)),
+                Ok(lease) => return Ok(Acquired::Lease(lease, asked)),
                 Err(StoreError::LeaseHeld { holder, .. }) => {
                     if !announced {
                         // Its result, rather than a wait, for a finished job delivered again.
@@ -143,7 +146,8 @@ impl Runner {
 
 /// What [`Runner::acquire`] came to.
 pub(super) enum Acquired {
-    Lease(Lease),
+    /// The lease, and when it was asked for.
+    Lease(Lease, tokio::time::Instant),
     /// Held by another job (given up waiting).
     Busy(Box<Lease>),
     /// The job had finished already.
@@ -165,6 +169,8 @@ pub(super) struct Watch {
     pub(super) store: Arc<dyn StateStore>,
     pub(super) ws: WorkspaceId,
     pub(super) lease: Lease,
+    /// When the lease was asked for: it holds until `granted + ttl` at least.
+    pub(super) granted: tokio::time::Instant,
     pub(super) ttl: Duration,
     pub(super) timeout: Duration,
     /// The job's stop: terraform gets SIGINT.
@@ -194,6 +200,7 @@ pub(super) async fn watch(w: Watch) {
         store,
         ws,
         mut lease,
+        granted,
         ttl,
         timeout,
         stop,
@@ -215,12 +222,21 @@ pub(super) async fn watch(w: Watch) {
     let margin = fence_margin(ttl);
     // Until when the lease is known to be ours, by this clock: as granted, then a renewal
     // asked at `t` and granted holds it until `t + ttl` at least.
-    let left: Duration = (lease.expires_at - time::OffsetDateTime::now_utc())
-        .try_into()
-        .unwrap_or(Duration::ZERO);
-    let mut confirmed_until = tokio::time::Instant::now() + left;
-    let mut renew = tokio::time::interval((ttl / 3).max(Duration::from_millis(100)));
-    renew.tick().await;
+    let mut confirmed_until = granted + ttl;
+    // Renewed every third of the TTL, the first time no later than half way to the give-up
+    // time (the job did some work under the lease before the watchdog started).
+    let every = (ttl / 3).max(Duration::from_millis(100));
+    let now = tokio::time::Instant::now();
+    let first = every.min(
+        confirmed_until
+            .checked_sub(margin)
+            .unwrap_or(now)
+            .saturating_duration_since(now)
+            / 2,
+    );
+    let mut renew = tokio::time::interval_at(now + first, every);
+    // After a failed renewal, the next try comes sooner than the next period.
+    let soon = (ttl / 12).clamp(Duration::from_millis(50), Duration::from_secs(5));
     let fence = |why: String| {
         let why = format!(
             "{why}; the lease could not be confirmed before it would expire, so terraform is stopped and no more writes are made"
@@ -257,7 +273,10 @@ pub(super) async fn watch(w: Watch) {
                         logger.runner("", &format!("lease lost: {why}; stopping terraform")).await;
                         break;
                     }
-                    Ok(Err(e)) => tracing::warn!(error = %e, "could not renew the lease; will retry"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "could not renew the lease; will retry");
+                        renew.reset_after(soon);
+                    }
                     Err(_) => {
                         let why = fence("renewing the lease did not answer".into());
                         logger.runner("", &why).await;
@@ -340,7 +359,7 @@ mod tests {
             .await
             .unwrap();
         releaser.await.unwrap();
-        let Acquired::Lease(lease) = acquired else {
+        let Acquired::Lease(lease, _) = acquired else {
             panic!("no lease")
         };
         assert_eq!(lease.owner, "j1");
@@ -403,6 +422,7 @@ mod tests {
         let task = tokio::spawn(watch(Watch {
             store,
             ws: ws(),
+            granted: tokio::time::Instant::now(),
             lease,
             ttl,
             timeout,
@@ -517,6 +537,25 @@ mod tests {
             .expect("stopped at the deadline");
         assert_eq!(dog.reason.get(), Some(&StopReason::Timeout));
         assert!(!dog.lost.is_cancelled());
+        dog.task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_store_that_fails_for_a_while_is_retried_soon_and_the_job_goes_on() {
+        let store = Arc::new(MemoryStore::new());
+        let ttl = Duration::from_secs(6);
+        let lease = hold(&store, "j1", ttl).await;
+        store.set_renewals(Renewals::Fail);
+        let dog = start(store.clone(), lease.clone(), ttl, Duration::from_secs(60));
+        // Renewals at 2 s and 4 s fail; at one try per period the next (6 s) would come after
+        // the give-up time (5 s). Tried again soon after a failure, one succeeds in time.
+        tokio::time::sleep(Duration::from_millis(4200)).await;
+        store.set_renewals(Renewals::Answer);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!dog.lost.is_cancelled(), "{:?}", dog.reason);
+        assert!(!dog.stop.is_cancelled());
+        let now = store.lease(&ws()).await.unwrap().unwrap();
+        assert!(now.expires_at > lease.expires_at, "renewed");
         dog.task.abort();
     }
 }

@@ -135,6 +135,12 @@ impl RunError {
             RunError::Workspace(_) | RunError::Record { .. } => false,
         }
     }
+
+    /// Whether the job can never run as things stand (a record in the store Terrace cannot
+    /// read, a name it cannot use), whatever the store does next.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, RunError::Workspace(_) | RunError::Record { .. })
+    }
 }
 
 /// Runs jobs against one store.
@@ -231,8 +237,8 @@ impl Runner {
         let _probe = tokio_util::task::AbortOnDropHandle::new(probe);
         // A job delivered again is found done under the lease (see `run_leased`), or, when the
         // workspace is busy, before waiting for it.
-        let lease = match self.acquire(&ws, job, &cancel).await? {
-            Acquired::Lease(lease) => lease,
+        let (lease, granted) = match self.acquire(&ws, job, &cancel).await? {
+            Acquired::Lease(lease, granted) => (lease, granted),
             Acquired::Busy(holder) => return Ok(RunOutcome::Busy { holder }),
             Acquired::Done(previous) => return Ok(RunOutcome::AlreadyDone(previous)),
         };
@@ -240,7 +246,11 @@ impl Runner {
         // (an error, a panic), the lease is released here.
         let leased = tokio::spawn({
             let (runner, job, ws, lease) = (self.clone(), job.clone(), ws.clone(), lease.clone());
-            async move { runner.run_leased(&job, &ws, &lease, cancel).await }
+            async move {
+                runner
+                    .run_leased(&job, &ws, (&lease, granted), cancel)
+                    .await
+            }
         })
         .await;
         let released = self.store.release_lease(&ws, &lease).await;
@@ -248,7 +258,15 @@ impl Runner {
             Ok(outcome) => outcome?,
             Err(e) => return Err(RunError::Task(e.to_string())),
         };
-        released?;
+        match (&outcome, released) {
+            (_, Ok(())) => {}
+            // The job's result is written: a lease that could not be released frees itself
+            // at expiry, and the job's fate does not change.
+            (RunOutcome::Finished(_), Err(e)) => {
+                tracing::warn!(workspace = %ws, error = %e, "could not release the lease; it frees itself at expiry");
+            }
+            (_, Err(e)) => return Err(e.into()),
+        }
         Ok(outcome)
     }
 
@@ -257,7 +275,7 @@ impl Runner {
         &self,
         job: &ValidatedJob,
         ws: &WorkspaceId,
-        lease: &Lease,
+        (lease, granted): (&Lease, tokio::time::Instant),
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         let j = &job.job;
@@ -305,6 +323,7 @@ impl Runner {
             store: self.store.clone(),
             ws: ws.clone(),
             lease: lease.clone(),
+            granted,
             ttl: self.config.lease_ttl,
             timeout: j.timeout,
             stop: stop.clone(),

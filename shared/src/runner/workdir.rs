@@ -28,7 +28,11 @@ impl Workdir {
 
     /// Keeps the folder after the job (it holds what could not be saved elsewhere).
     pub(super) fn keep(self) -> PathBuf {
-        let _ = std::fs::write(self.dir.path().join(KEPT_FILE), b"");
+        if let Err(e) = std::fs::write(self.dir.path().join(KEPT_FILE), b"") {
+            // A sweep deletes only folders with a lock file: without one, it stays too.
+            tracing::error!(error = %e, "could not mark the workdir kept; removing its lock file instead");
+            let _ = std::fs::remove_file(self.dir.path().join(LOCK_FILE));
+        }
         self.dir.keep()
     }
 }
@@ -51,8 +55,11 @@ pub(super) fn prepare_workdir(
         }
         None => builder.tempdir()?,
     };
-    let lock = std::fs::File::create(dir.path().join(LOCK_FILE))?;
+    // Locked before it takes its name, so a sweep never finds it unlocked.
+    let fresh = dir.path().join(".terrace-lock.new");
+    let lock = std::fs::File::create(&fresh)?;
     lock.try_lock().map_err(std::io::Error::other)?;
+    std::fs::rename(&fresh, dir.path().join(LOCK_FILE))?;
     copy_template(&job.template.dir, dir.path())?;
     {
         use std::os::unix::fs::DirBuilderExt;
