@@ -293,6 +293,14 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
         versions,
         "nothing ran again"
     );
+
+    // A job file done with keeps its identifiers, not its secrets.
+    let kept = std::fs::read_to_string(sb.queue.join("done/b1.yaml")).unwrap();
+    assert!(!kept.contains("correct-horse-battery-staple"), "{kept}");
+    assert!(kept.contains(shared::redact::MASK), "{kept}");
+    let kept = shared::job::RawJob::parse(&kept).unwrap();
+    assert_eq!(kept.0["id"], "b1");
+    assert_eq!(kept.0["variables"]["cluster_name"], "beta");
 }
 
 #[tokio::test]

@@ -102,7 +102,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                     Ok(Ok(v)) => v,
                     Ok(Err(errors)) => {
                         let report = serde_json::json!({ "status": "rejected", "errors": errors });
-                        match finish(q, &path, "failed", &report) {
+                        match finish(q, &path, "failed", &report, &g.templates) {
                             Ok(()) => eprintln!(
                                 "{name}: invalid job, moved to failed/ ({} problem(s))",
                                 errors.len()
@@ -172,7 +172,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                 };
                 let Some((name, ws)) = claimed.remove(&id) else { continue };
                 active.remove(&ws);
-                if let Err(e) = settle(q, &name, done, &mut not_before) {
+                if let Err(e) = settle(q, &name, done, &mut not_before, &g.templates) {
                     eprintln!("{name}: could not move it out of running/: {e:#}");
                 }
             }
@@ -189,6 +189,7 @@ fn settle(
     name: &str,
     done: Finished,
     not_before: &mut HashMap<String, Instant>,
+    templates: &Path,
 ) -> anyhow::Result<()> {
     let running = q.join("running").join(name);
     match done.verdict {
@@ -207,6 +208,7 @@ fn settle(
                 &running,
                 folder,
                 &done.result.unwrap_or(serde_json::Value::Null),
+                templates,
             )?;
             eprintln!("{name}: {folder}");
         }
@@ -330,7 +332,13 @@ fn queued_files(q: &Path) -> anyhow::Result<Vec<String>> {
 }
 
 /// Moves a job file to `folder` and writes its result beside it.
-fn finish(q: &Path, from: &Path, folder: &str, result: &serde_json::Value) -> anyhow::Result<()> {
+fn finish(
+    q: &Path,
+    from: &Path,
+    folder: &str,
+    result: &serde_json::Value,
+    templates: &Path,
+) -> anyhow::Result<()> {
     let name = from.file_name().expect("job files have names");
     let to = q.join(folder).join(name);
     let mut result_name = name.to_owned();
@@ -339,8 +347,51 @@ fn finish(q: &Path, from: &Path, folder: &str, result: &serde_json::Value) -> an
         q.join(folder).join(result_name),
         serde_json::to_vec_pretty(result)?,
     )?;
+    // The job's sensitive values do not stay in the folder once it is done with.
+    if let Some(masked) = std::fs::read_to_string(from)
+        .ok()
+        .and_then(|text| masked_job(&text, templates, from))
+    {
+        std::fs::write(from, masked)?;
+    }
     std::fs::rename(from, to)?;
     Ok(())
+}
+
+/// A job file's text with the values of its template's sensitive variables masked (as JSON
+/// for a `.json` file, YAML otherwise); `None` when nothing is to be masked or the file's
+/// template cannot be read (then it is kept as it is).
+fn masked_job(text: &str, templates: &Path, path: &Path) -> Option<String> {
+    let mut job = shared::job::RawJob::parse(text).ok()?;
+    let template = job.0.get("template")?;
+    let template = shared::template::Template::load(
+        templates,
+        template.get("name")?.as_str()?,
+        template.get("version")?.as_str()?,
+    )
+    .ok()?;
+    let variables = job.0.get_mut("variables")?.as_object_mut()?;
+    let mut masked = false;
+    for (name, value) in variables.iter_mut() {
+        if template
+            .spec
+            .variables
+            .get(name)
+            .is_some_and(|v| v.sensitive)
+        {
+            *value = Value::String(shared::redact::MASK.to_owned());
+            masked = true;
+        }
+    }
+    if !masked {
+        return None;
+    }
+    let doc = Value::Object(job.0);
+    if path.extension().is_some_and(|e| e == "json") {
+        serde_json::to_string_pretty(&doc).ok()
+    } else {
+        serde_norway::to_string(&doc).ok()
+    }
 }
 
 /// Jobs left in `running/` by a server that died go back to the queue; their runs are either
