@@ -393,7 +393,8 @@ async fn sigterm_interrupts_a_running_job_releases_its_lease_and_the_redelivery_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_longer_than_a_request_is_staged_for_a_cloud_run_job_whose_task_runs_it() {
+async fn a_job_longer_than_a_request_goes_to_a_cloud_run_job_a_failed_start_leaves_nothing_staged_and_the_task_runs_it()
+ {
     let w = World::new().await;
     // Nothing listens there: the Cloud Run Admin API cannot be reached.
     let admin = format!("http://127.0.0.1:{}", tests::gcp::free_port());
@@ -417,22 +418,20 @@ async fn a_job_longer_than_a_request_is_staged_for_a_cloud_run_job_whose_task_ru
         answer.body
     );
 
-    // The message is staged byte for byte; nothing ran here.
+    // Nothing ran here, and the hand-off that failed left no staged copy (with the job's
+    // variables) behind: the redelivery stages it afresh.
     let store = w.store().await;
-    let name = store
-        .artifacts(&ws("long"), "g-8")
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|a| a.starts_with("request-"))
-        .expect("staged");
-    let staged = store
-        .artifact(&ws("long"), "g-8", &name)
-        .await
-        .unwrap()
-        .expect("staged");
-    assert_eq!(serde_json::from_slice::<Value>(&staged).unwrap(), message);
+    let left = store.artifacts(&ws("long"), "g-8").await.unwrap();
+    assert!(!left.iter().any(|a| a.starts_with("request")), "{left:?}");
     assert!(store.versions(&ws("long")).await.unwrap().is_empty());
+
+    // Staged as a hand-off that reached the Admin API stages it, byte for byte.
+    let staged = message.to_string().into_bytes();
+    let name = "request-0123456789abcdef.json";
+    store
+        .put_artifact(&ws("long"), "g-8", name, staged.clone().into())
+        .await
+        .unwrap();
 
     // The execution's entry point runs it from the reference alone.
     let reference = json!({
