@@ -90,7 +90,8 @@ pub trait Trigger: Send + Sync {
         None
     }
 
-    /// The customer's store (for the job's workspace `ws`, when there is one).
+    /// The customer's store. `ws` is given when a job is about to run there, so the trigger
+    /// may start reaching it (AWS reads its lease, assuming the role meanwhile).
     ///
     /// # Errors
     /// Why it cannot be reached now, as a sentence (the message is delivered again).
@@ -165,19 +166,6 @@ pub enum Fate {
 }
 
 impl Fate {
-    /// The fate's name, for logs and the fate table.
-    #[must_use]
-    pub fn name(&self) -> &'static str {
-        match self {
-            Fate::Ran(_) => "ran",
-            Fate::Rejected(_) => "rejected",
-            Fate::HandedOff(_) => "handed-off",
-            Fate::Requeued { .. } => "requeued",
-            Fate::Again { .. } => "again",
-            Fate::Interrupted(_) => "interrupted",
-        }
-    }
-
     fn again(why: impl Into<String>) -> Self {
         Fate::Again {
             why: why.into(),
@@ -201,22 +189,27 @@ pub struct Delivery<'a> {
     pub cancel: CancellationToken,
 }
 
-/// The message as an envelope: JSON, or JSON in base64 (what many senders put on queues).
+/// A message's body as `T`: JSON, or JSON in base64 (what many senders put on queues).
+///
+/// # Errors
+/// Why it is not JSON (as read without base64).
+pub fn json_or_base64<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice::<T>(body).or_else(|json_error| {
+        std::str::from_utf8(body)
+            .ok()
+            .and_then(|text| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(text.trim())
+                    .ok()
+            })
+            .and_then(|bytes| serde_json::from_slice::<T>(&bytes).ok())
+            .ok_or(json_error)
+    })
+}
+
+/// The message as an envelope.
 fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, String> {
-    match serde_json::from_slice::<Envelope<T>>(body) {
-        Ok(e) => Ok(e),
-        Err(json_error) => {
-            let decoded = std::str::from_utf8(body)
-                .ok()
-                .and_then(|text| {
-                    base64::engine::general_purpose::STANDARD
-                        .decode(text.trim())
-                        .ok()
-                })
-                .and_then(|bytes| serde_json::from_slice::<Envelope<T>>(&bytes).ok());
-            decoded.ok_or_else(|| format!("the message is not a job envelope: {json_error}"))
-        }
-    }
+    json_or_base64(body).map_err(|e| format!("the message is not a job envelope: {e}"))
 }
 
 /// Checks a message: its envelope, target and job, and whether it fits in the time left.
@@ -289,7 +282,7 @@ async fn hand_off<T: Trigger + ?Sized>(
     body: &[u8],
 ) -> Fate {
     let id = &job.job.id;
-    let store = match trigger.store(&envelope.target, id, Some(ws)).await {
+    let store = match trigger.store(&envelope.target, id, None).await {
         Ok(store) => store,
         Err(why) => return Fate::again(why),
     };
@@ -434,7 +427,7 @@ pub async fn task<T: Trigger + ?Sized>(
     let mut tries = 0;
     let (store, staged) = loop {
         tries += 1;
-        let store = match trigger.store(&r.target, &r.job_id, Some(&ws)).await {
+        let store = match trigger.store(&r.target, &r.job_id, None).await {
             Ok(store) => store,
             Err(why) if tries < TASK_TRIES => {
                 tracing::warn!(error = %why, tries, "cannot reach the store; trying again");
@@ -509,12 +502,10 @@ pub async fn task<T: Trigger + ?Sized>(
 
 /// The final result of `job_id`, if it has one.
 async fn final_result(store: &dyn StateStore, ws: &WorkspaceId, job_id: &str) -> Option<Value> {
-    let raw = store
-        .artifact(ws, job_id, crate::runner::RESULT_FILE)
+    let result = crate::runner::previous_result(store, ws, job_id)
         .await
         .ok()??;
-    let result: Value = serde_json::from_slice(&raw).ok()?;
-    is_final(&result).then_some(result)
+    serde_json::to_value(result).ok()
 }
 
 /// Puts a task's job back on the queue after an end that is not final; `trouble` counts

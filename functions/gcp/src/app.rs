@@ -379,14 +379,7 @@ impl Trigger for App {
             .jobs_topic
             .as_deref()
             .ok_or("TERRACE_JOBS_TOPIC is not set")?;
-        let message: Value = serde_json::from_slice(body)
-            .or_else(|_| {
-                let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(text.trim())
-                    .map_err(|e| e.to_string())?;
-                serde_json::from_slice(&bytes).map_err(|e| e.to_string())
-            })
+        let message: Value = pipeline::json_or_base64(body)
             .map_err(|e| format!("the message cannot be published again: {e}"))?;
         let wait = delay.min(self.config.requeue_wait);
         tokio::select! {

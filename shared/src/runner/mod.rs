@@ -153,6 +153,30 @@ pub struct Runner {
     client: Arc<tokio::sync::OnceCell<Client>>,
 }
 
+/// The stored result of a job id in `store`, if it finished before. An `interrupted` job did
+/// not finish: it may run again.
+///
+/// # Errors
+/// Store failures, or a result that does not parse.
+pub async fn previous_result(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+) -> Result<Option<JobResult>, RunError> {
+    match store.artifact(ws, job_id, RESULT_FILE).await? {
+        Some(raw) => {
+            let result: JobResult =
+                serde_json::from_slice(&raw).map_err(|source| RunError::Record {
+                    job_id: job_id.to_owned(),
+                    name: RESULT_FILE,
+                    source,
+                })?;
+            Ok((result.status != Status::Interrupted).then_some(result))
+        }
+        None => Ok(None),
+    }
+}
+
 impl Runner {
     pub fn new(store: Arc<dyn StateStore>, config: RunnerConfig) -> Self {
         // Once per process: what runners killed on this machine left behind.
@@ -196,18 +220,7 @@ impl Runner {
         ws: &WorkspaceId,
         job_id: &str,
     ) -> Result<Option<JobResult>, RunError> {
-        match self.store.artifact(ws, job_id, RESULT_FILE).await? {
-            Some(raw) => {
-                let result: JobResult =
-                    serde_json::from_slice(&raw).map_err(|source| RunError::Record {
-                        job_id: job_id.to_owned(),
-                        name: RESULT_FILE,
-                        source,
-                    })?;
-                Ok((result.status != Status::Interrupted).then_some(result))
-            }
-            None => Ok(None),
-        }
+        previous_result(self.store.as_ref(), ws, job_id).await
     }
 
     /// Runs `job` to its end, or until `cancel` fires or its timeout passes.
