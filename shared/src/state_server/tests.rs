@@ -18,7 +18,8 @@ struct Fixture {
     ws: WorkspaceId,
 }
 
-async fn fixture(ttl: Duration) -> Fixture {
+/// A store with job-1 holding `t/w`'s lease, and the config of a server for it.
+async fn leased(ttl: Duration, max_body: usize) -> (Arc<dyn StateStore>, WorkspaceId, Config) {
     let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
     let ws = WorkspaceId::new("t", "w").unwrap();
     let lease = store
@@ -32,16 +33,22 @@ async fn fixture(ttl: Duration) -> Fixture {
         )
         .await
         .unwrap();
+    let config = Config {
+        store: store.clone(),
+        ws: ws.clone(),
+        fence: lease.fence(),
+        password: "pw".into(),
+        logger: None,
+        lease_lost: CancellationToken::new(),
+        max_body,
+    };
+    (store, ws, config)
+}
+
+async fn fixture(ttl: Duration) -> Fixture {
+    let (store, ws, config) = leased(ttl, MAX_STATE_BYTES).await;
     let shared = Arc::new(Shared {
-        config: Config {
-            store: store.clone(),
-            ws: ws.clone(),
-            fence: lease.fence(),
-            password: "pw".into(),
-            logger: None,
-            lease_lost: tokio_util::sync::CancellationToken::new(),
-            max_body: crate::state_server::MAX_STATE_BYTES,
-        },
+        config,
         password: "pw".into(),
         lock: Mutex::new(None),
         activity: std::sync::Mutex::new(Activity::default()),
@@ -253,30 +260,8 @@ async fn once_the_lease_is_lost_every_write_is_refused_and_nothing_changes() {
 
 /// A server on a socket, with a small body cap, for the tests that need real connections.
 async fn serving(max_body: usize) -> (StateServer, Arc<dyn StateStore>, WorkspaceId) {
-    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
-    let ws = WorkspaceId::new("t", "w").unwrap();
-    let lease = store
-        .acquire_lease(
-            &ws,
-            &LeaseRequest {
-                owner: "job-1".into(),
-                ttl: Duration::from_secs(60),
-                info: serde_json::Value::Null,
-            },
-        )
-        .await
-        .unwrap();
-    let server = StateServer::start(Config {
-        store: store.clone(),
-        ws: ws.clone(),
-        fence: lease.fence(),
-        password: "pw".into(),
-        logger: None,
-        lease_lost: CancellationToken::new(),
-        max_body,
-    })
-    .await
-    .unwrap();
+    let (store, ws, config) = leased(Duration::from_secs(60), max_body).await;
+    let server = StateServer::start(config).await.unwrap();
     (server, store, ws)
 }
 
