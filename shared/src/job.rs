@@ -319,7 +319,7 @@ pub fn parse_duration(value: &serde_json::Value) -> Result<Duration, String> {
         total = n
             .checked_mul(unit)
             .and_then(|add| total.checked_add(add))
-            .ok_or_else(|| format!("{text:?} is longer than any job can run"))?;
+            .ok_or_else(|| format!("{text:?} is longer than any job can run; {expected}"))?;
         number.clear();
     }
     if !number.is_empty() {
@@ -328,7 +328,7 @@ pub fn parse_duration(value: &serde_json::Value) -> Result<Duration, String> {
             .map_err(|_| format!("{text:?}: {expected}"))?;
         total = total
             .checked_add(n)
-            .ok_or_else(|| format!("{text:?} is longer than any job can run"))?;
+            .ok_or_else(|| format!("{text:?} is longer than any job can run; {expected}"))?;
     }
     if text.trim().is_empty() {
         return Err(expected.to_owned());
