@@ -90,12 +90,16 @@ terrace() {
     local job
     job=$(cat <<JSON
 {"job": {"id": "bench-$1", "tenant": "bench", "workspace": "ws-$1", "operation": "apply",
-         "template": {"name": "demo", "version": "1.0.0"}, "variables": $vars},
- "target": {"role_arn": "arn:aws:iam::123456789012:role/terrace", "external_id": "bench",
-            "bucket": "$bucket", "prefix": "terrace", "lease_table": "$table-leases", "region": "us-east-1"}}
+         "template": {"name": "demo", "version": "1.0.0"}, "variables": $vars}}
 JSON
 )
-    TERRACE_JOB="$job" AWS_ENDPOINT_URL="$TERRACE_TEST_MOTO" TERRACE_S3_FORCE_PATH_STYLE=1 \
+    local tenants
+    tenants=$(cat <<JSON
+{"bench": {"role_arn": "arn:aws:iam::123456789012:role/terrace", "external_id": "bench",
+           "bucket": "$bucket", "prefix": "terrace", "lease_table": "$table-leases", "region": "us-east-1"}}
+JSON
+)
+    TERRACE_JOB="$job" TERRACE_TENANTS="$tenants" AWS_ENDPOINT_URL="$TERRACE_TEST_MOTO" TERRACE_S3_FORCE_PATH_STYLE=1 \
         TERRACE_TEMPLATES="$repo_root/templates" TERRACE_TERRAFORM="$tf" \
         TERRACE_TF_CLI_CONFIG="$TF_CLI_CONFIG_FILE" TERRACE_PASS_ENV=TESTCLOUD_ROOT \
         TESTCLOUD_ROOT="$work/cloud-terrace-$1" TERRACE_LOG=warn \

@@ -30,9 +30,29 @@ pub struct DriftPlan {
     pub never_applied: usize,
     /// Workspaces whose records could not be read, with why.
     pub failed: Vec<(WorkspaceId, String)>,
+    /// Workspaces of tenants not registered with this bucket: not checked (a check of theirs
+    /// would run against their own tenant's target, not this bucket).
+    pub unregistered: Vec<WorkspaceId>,
 }
 
 impl DriftPlan {
+    /// Keeps the checks of workspaces of `tenants` (those registered with the swept bucket);
+    /// the others are listed in [`DriftPlan::unregistered`].
+    pub fn only_tenants(&mut self, tenants: &std::collections::BTreeSet<String>) {
+        let (keep, other): (Vec<_>, Vec<_>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .partition(|(ws, _)| tenants.contains(ws.tenant()));
+        self.jobs = keep;
+        self.unregistered
+            .extend(other.into_iter().map(|(ws, _)| ws));
+        let (keep, other): (Vec<_>, Vec<_>) = std::mem::take(&mut self.needs_secrets)
+            .into_iter()
+            .partition(|(ws, _)| tenants.contains(ws.tenant()));
+        self.needs_secrets = keep;
+        self.unregistered
+            .extend(other.into_iter().map(|(ws, _)| ws));
+    }
+
     /// The sweep's report for one bucket: `queued` checks went out; `unqueued` could not be
     /// queued, with why.
     pub fn report(
@@ -55,9 +75,10 @@ impl DriftPlan {
                 serde_json::json!({ "workspace": ws.to_string(), "sensitive_variables": names })
             })
             .collect();
+        let unregistered: Vec<String> = self.unregistered.iter().map(ToString::to_string).collect();
         serde_json::json!({
             "bucket": bucket, "queued": queued, "needs_secrets": needs_secrets,
-            "never_applied": self.never_applied, "failed": failed,
+            "never_applied": self.never_applied, "failed": failed, "unregistered": unregistered,
         })
     }
 }
@@ -154,6 +175,24 @@ mod tests {
                 .await
                 .unwrap();
         }
+    }
+
+    #[tokio::test]
+    async fn a_sweep_checks_only_the_tenants_registered_with_the_bucket() {
+        let store = MemoryStore::new();
+        let ours = WorkspaceId::new("acme", "net").unwrap();
+        let theirs = WorkspaceId::new("beta", "net").unwrap();
+        for ws in [&ours, &theirs] {
+            applied(&store, ws, "j1", serde_json::json!({ "networks": ["a"] })).await;
+        }
+        let mut plan = plan(&store, OffsetDateTime::now_utc()).await.unwrap();
+        assert_eq!(plan.jobs.len(), 2);
+        plan.only_tenants(&["acme".to_owned()].into());
+        let checked: Vec<&WorkspaceId> = plan.jobs.iter().map(|(ws, _)| ws).collect();
+        assert_eq!(checked, [&ours]);
+        assert_eq!(plan.unregistered, [theirs]);
+        let report = plan.report("b", 1, Vec::new());
+        assert_eq!(report["unregistered"], serde_json::json!(["beta/net"]));
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@ pub mod runner;
 pub mod settings;
 pub mod state_server;
 pub mod template;
+pub mod tenants;
 pub mod terraform;
 pub mod trigger;
 pub mod ui;

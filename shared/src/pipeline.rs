@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runner::{RunOutcome, Runner};
 use crate::settings::Runtime;
+use crate::tenants::Tenants;
 use crate::terraform::TerraformConfig;
 use crate::trigger::{JobRef, StagedError, check_job, is_final, problem, rejection};
 use crate::validate::ValidatedJob;
@@ -37,7 +38,10 @@ use crate::validate::ValidatedJob;
 #[serde(deny_unknown_fields)]
 pub struct Envelope<T> {
     pub job: Map<String, Value>,
-    pub target: T,
+    /// The customer's side: from the runner's tenant registry for the job's tenant when the
+    /// trigger has one (a target here must then agree with it), else required.
+    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    pub target: Option<T>,
     /// How many times a handed-off task has put this job back on the queue after trouble that
     /// may pass (waiting for a busy workspace does not count). Set by Terrace, not by senders.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -81,6 +85,17 @@ pub trait Trigger: Send + Sync {
 
     /// Every problem with a message's target, as [`problem`]s.
     fn check_target(&self, target: &Self::Target) -> Vec<Value>;
+
+    /// The operator's tenant registry, which chooses each job's target. `None` only where the
+    /// target is this host itself (the local queue): anywhere else, whoever can enqueue would
+    /// choose the customer's account.
+    fn tenants(&self) -> Option<&Tenants<Self::Target>>;
+
+    /// The fields of a target that only the registry may give (AWS: the ExternalId); a message
+    /// that carries one is rejected.
+    fn registry_only(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     /// What runs a job here (the templates, terraform, the lease's TTL).
     fn runtime(&self) -> &Runtime;
@@ -212,16 +227,50 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, String> {
     json_or_base64(body).map_err(|e| format!("the message is not a job envelope: {e}"))
 }
 
+/// The target a message's job runs against: the registry's for its tenant, else the message's.
+///
+/// # Errors
+/// Every problem, as a rejection lists them.
+fn target_of<T: Trigger + ?Sized>(
+    trigger: &T,
+    envelope: &Envelope<T::Target>,
+) -> Result<Option<T::Target>, Vec<Value>> {
+    match (
+        trigger.tenants(),
+        envelope.job.get("tenant").and_then(Value::as_str),
+    ) {
+        (Some(tenants), Some(tenant)) => tenants
+            .resolve(tenant, envelope.target.as_ref(), trigger.registry_only())
+            .map(Some),
+        // The job's validation says what is wrong with its tenant.
+        (Some(_), None) => Ok(None),
+        (None, _) => match &envelope.target {
+            Some(target) => Ok(Some(target.clone())),
+            None => Err(vec![problem(
+                "target",
+                "is missing",
+                trigger.envelope_fix(),
+            )]),
+        },
+    }
+}
+
 /// Checks a message: its envelope, target and job, and whether it fits in the time left.
 /// Every problem at once.
 fn check<T: Trigger + ?Sized>(
     trigger: &T,
     d: &Delivery<'_>,
-) -> Result<(Envelope<T::Target>, ValidatedJob), Vec<Value>> {
+) -> Result<(T::Target, ValidatedJob), Vec<Value>> {
     let envelope = trigger
         .decode(d.body)
         .map_err(|e| vec![problem("", e, trigger.envelope_fix())])?;
-    let mut problems = trigger.check_target(&envelope.target);
+    let (target, mut problems) = match target_of(trigger, &envelope) {
+        Ok(target) => (target, Vec::new()),
+        Err(problems) => (None, problems),
+    };
+    if let Some(target) = &target {
+        problems.extend(trigger.check_target(target));
+    }
     let job = match check_job(&envelope.job, &trigger.runtime().templates) {
         Ok(job) => Some(job),
         Err(more) => {
@@ -242,15 +291,15 @@ fn check<T: Trigger + ?Sized>(
             &fix,
         ));
     }
-    match job {
-        Some(job) if problems.is_empty() => Ok((envelope, job)),
+    match (target, job) {
+        (Some(target), Some(job)) if problems.is_empty() => Ok((target, job)),
         _ => Err(problems),
     }
 }
 
 /// Sees one message through: check, hand off or run, report.
 pub async fn handle<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
-    let (envelope, job) = match check(trigger, &d) {
+    let (target, job) = match check(trigger, &d) {
         Ok(checked) => checked,
         Err(problems) => return reject(trigger, rejection(d.message_id, problems)).await,
     };
@@ -262,9 +311,9 @@ pub async fn handle<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
         }
     };
     if d.time_left.is_some_and(|left| job.job.timeout > left) {
-        return hand_off(trigger, &envelope, &job, &ws, d.body).await;
+        return hand_off(trigger, &target, &job, &ws, d.body).await;
     }
-    run(trigger, &envelope, &job, &ws, &d).await
+    run(trigger, &target, &job, &ws, &d).await
 }
 
 async fn reject<T: Trigger + ?Sized>(trigger: &T, record: Value) -> Fate {
@@ -276,13 +325,13 @@ async fn reject<T: Trigger + ?Sized>(trigger: &T, record: Value) -> Fate {
 /// Stages the message in the customer's store and starts a task for it.
 async fn hand_off<T: Trigger + ?Sized>(
     trigger: &T,
-    envelope: &Envelope<T::Target>,
+    target: &T::Target,
     job: &ValidatedJob,
     ws: &WorkspaceId,
     body: &[u8],
 ) -> Fate {
     let id = &job.job.id;
-    let store = match trigger.store(&envelope.target, id, None).await {
+    let store = match trigger.store(target, id, None).await {
         Ok(store) => store,
         Err(why) => return Fate::again(why),
     };
@@ -291,7 +340,10 @@ async fn hand_off<T: Trigger + ?Sized>(
         trigger.report(&result).await;
         return Fate::Ran(result);
     }
-    let reference = match JobRef::stage(envelope.target.clone(), ws, id, body, &*store).await {
+    // The task reads what only the registry gives from its own registry: none of it travels
+    // through the platform's API with the reference.
+    let shown = crate::tenants::without(target, trigger.registry_only());
+    let reference = match JobRef::stage(shown, ws, id, body, &*store).await {
         Ok(reference) => reference,
         Err(why) => return Fate::again(why),
     };
@@ -312,7 +364,7 @@ async fn hand_off<T: Trigger + ?Sized>(
 /// Runs a checked job against the customer's store.
 async fn run<T: Trigger + ?Sized>(
     trigger: &T,
-    envelope: &Envelope<T::Target>,
+    target: &T::Target,
     job: &ValidatedJob,
     ws: &WorkspaceId,
     d: &Delivery<'_>,
@@ -323,8 +375,8 @@ async fn run<T: Trigger + ?Sized>(
     config.lease_wait = d.lease_wait;
     config.shutdown = trigger.shutdown().cloned();
     let (store, keep) = tokio::join!(
-        trigger.store(&envelope.target, id, Some(ws)),
-        trigger.terraform_access(&envelope.target, job, &mut config.terraform),
+        trigger.store(target, id, Some(ws)),
+        trigger.terraform_access(target, job, &mut config.terraform),
     );
     let (store, keep) = match (store, keep) {
         (Ok(store), Ok(keep)) => (store, keep),
@@ -422,12 +474,22 @@ pub async fn task<T: Trigger + ?Sized>(
             return reject(trigger, record).await;
         }
     };
+    // The runner made the reference from its registry: a target that is not the registry's
+    // was not made by it.
+    let target = match trigger.tenants() {
+        None => r.target.clone(),
+        Some(tenants) => match tenants.resolve(&r.tenant, Some(&r.target), trigger.registry_only())
+        {
+            Ok(target) => target,
+            Err(problems) => return reject(trigger, rejection("task", problems)).await,
+        },
+    };
     // A task is not retried by every platform (ECS runs it once): trouble reading its job is
     // tried a few times here before it gives up.
     let mut tries = 0;
     let (store, staged) = loop {
         tries += 1;
-        let store = match trigger.store(&r.target, &r.job_id, None).await {
+        let store = match trigger.store(&target, &r.job_id, None).await {
             Ok(store) => store,
             Err(why) if tries < TASK_TRIES => {
                 tracing::warn!(error = %why, tries, "cannot reach the store; trying again");

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::job::{self, FIELDS, Job, OnFailure, Operation, RawJob, RetryPolicy, TemplateRef};
 use crate::template::{Constraint, Template, VarType};
 
-mod quote;
+pub(crate) mod quote;
 use quote::{quoted, suggest};
 
 /// The longest deadline a job may ask for.

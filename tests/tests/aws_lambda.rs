@@ -60,10 +60,17 @@ impl World {
         }
     }
 
+    /// The function's tenant registry: `acme` is the customer whose role and bucket these are.
+    fn tenants(&self) -> String {
+        let mut registered = self.target();
+        registered["external_id"] = json!("ext-7f3a");
+        json!({ "acme": registered }).to_string()
+    }
+
+    /// `acme`'s target as a message may show it (never with the ExternalId).
     fn target(&self) -> Value {
         json!({
             "role_arn": "arn:aws:iam::123456789012:role/terrace",
-            "external_id": "ext-7f3a",
             "bucket": self.bucket,
             "prefix": "states",
             "lease_table": self.table,
@@ -79,7 +86,6 @@ impl World {
                 "variables": { "cluster_name": workspace, "region": "eu-west-1", "admin_password": "correct-horse-battery" },
                 "timeout": timeout,
             },
-            "target": self.target(),
         })
         .to_string()
     }
@@ -92,6 +98,7 @@ impl World {
             .env("AWS_REGION", "us-east-1")
             .env("AWS_ACCESS_KEY_ID", "testing")
             .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("TERRACE_TENANTS", self.tenants())
             .env("TERRACE_TEMPLATES", &self.sb.templates)
             .env("TERRACE_TERRAFORM", terraform())
             .env("TERRACE_TF_CLI_CONFIG", &self.sb.cli_config)
@@ -285,17 +292,20 @@ async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
         .await
         .unwrap();
 
-    let mut no_external_id: Value =
-        serde_json::from_str(&w.envelope("d-1", "lam-d", "5m")).unwrap();
-    no_external_id["target"]
-        .as_object_mut()
-        .unwrap()
-        .remove("external_id");
+    // Whoever can enqueue tries another bucket with an ExternalId of their own, and a tenant
+    // the function does not know.
+    let mut elsewhere: Value = serde_json::from_str(&w.envelope("d-1", "lam-d", "5m")).unwrap();
+    elsewhere["target"] = w.target();
+    elsewhere["target"]["bucket"] = json!("someone-elses-bucket");
+    elsewhere["target"]["external_id"] = json!("guessed");
+    let mut unknown: Value = serde_json::from_str(&w.envelope("e-1", "lam-e", "5m")).unwrap();
+    unknown["job"]["tenant"] = json!("mallory");
     let bodies = [
         w.envelope("a-1", "lam-a", "5m"),
         w.envelope("b-1", "lam-b", "5m"),
         "this is not a job".to_owned(),
-        no_external_id.to_string(),
+        elsewhere.to_string(),
+        unknown.to_string(),
     ];
     let (event, ids) = w.batch(&bodies).await;
     let response = api
@@ -348,16 +358,33 @@ async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
             .unwrap()
             .contains("not a job envelope")
     );
-    let no_id = find(&|r| r["message_id"] == ids[3].as_str())
-        .expect("a rejection for the missing ExternalId");
-    assert!(
-        no_id["errors"][0]["problem"]
-            .as_str()
+    let fields = |r: &Value| -> Vec<String> {
+        r["errors"]
+            .as_array()
             .unwrap()
-            .contains("external_id"),
-        "{no_id}"
+            .iter()
+            .map(|e| e["field"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let elsewhere = find(&|r| r["message_id"] == ids[3].as_str())
+        .expect("a rejection for the target that is not the tenant's");
+    assert_eq!(
+        fields(&elsewhere),
+        ["target.bucket", "target.external_id"],
+        "{elsewhere}"
     );
-    assert_eq!(results.len(), 3, "{results:?}");
+    assert!(
+        !elsewhere.to_string().contains(&w.bucket),
+        "the rejection names the registered bucket: {elsewhere}"
+    );
+    let unknown = find(&|r| r["message_id"] == ids[4].as_str())
+        .expect("a rejection for the unregistered tenant");
+    assert_eq!(fields(&unknown), ["tenant"], "{unknown}");
+    assert!(
+        w.keys("states/acme/lam-d/").await.is_empty() && w.keys("states/mallory/").await.is_empty(),
+        "nothing of the refused jobs was written"
+    );
+    assert_eq!(results.len(), 4, "{results:?}");
     // So SQS does not hand it straight back.
     let visible = w
         .sqs
@@ -409,7 +436,7 @@ async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
     // The scheduled backup sweep copies the two workspaces that changed.
     let sweep = api
         .invoke(
-            json!({ "terrace": "backup-sweep", "targets": [w.target()] }),
+            json!({ "terrace": "backup-sweep" }),
             Duration::from_secs(60),
         )
         .await
@@ -445,7 +472,7 @@ async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_t
 
     let sweep = api
         .invoke(
-            json!({ "terrace": "drift-sweep", "targets": [w.target()] }),
+            json!({ "terrace": "drift-sweep", "tenants": ["acme"] }),
             Duration::from_secs(60),
         )
         .await

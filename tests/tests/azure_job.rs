@@ -43,6 +43,11 @@ impl World {
         json!({ "container_url": self.container_url(), "prefix": "states" })
     }
 
+    /// The job's tenant registry: `acme`'s is this world's container.
+    fn tenants(&self) -> String {
+        json!({ "acme": self.target() }).to_string()
+    }
+
     fn message(&self, id: &str, workspace: &str) -> Value {
         json!({
             "job": {
@@ -51,7 +56,6 @@ impl World {
                 "variables": { "networks": ["blue", "green"] },
                 "timeout": "5m",
             },
-            "target": self.target(),
         })
     }
 
@@ -63,6 +67,7 @@ impl World {
         let mut cmd = Command::new(workspace_bin("terrace-azure"));
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TERRACE_TENANTS", self.tenants())
             .env("TERRACE_QUEUE_URL", self.jobs.plain())
             .env("TERRACE_RESULTS_QUEUE_URL", self.results.plain())
             .env("TERRACE_AZURE_SAS", azure::sas())
@@ -94,7 +99,7 @@ impl World {
 
     fn sweep(&self, kind: &str) -> Value {
         let out = self
-            .command(&[("TERRACE_SWEEP_TARGETS", &json!([self.target()]).to_string())])
+            .command(&[("TERRACE_SWEEP_TENANTS", "acme")])
             .args(["sweep", kind])
             .output()
             .unwrap();
@@ -186,15 +191,22 @@ async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
     let w = World::new().await;
     let mut invalid = w.message("az-2", "bad");
     invalid["job"]["variables"] = json!({ "networks": "not-a-list" });
+    invalid["target"] = w.target();
     invalid["target"]["container_url"] = json!("ftp://elsewhere");
-    for text in ["this is not json".to_owned(), invalid.to_string()] {
+    let mut unknown = w.message("az-3", "bad");
+    unknown["job"]["tenant"] = json!("mallory");
+    for text in [
+        "this is not json".to_owned(),
+        invalid.to_string(),
+        unknown.to_string(),
+    ] {
         w.jobs.send(&text).await;
         let out = w.run(&[]);
         assert!(out.status.success(), "{out:?}");
     }
     assert_eq!(w.jobs.count().await, 0, "both left the jobs queue");
     let poisoned = records(w.poison.peek().await);
-    assert_eq!(poisoned.len(), 2, "{poisoned:?}");
+    assert_eq!(poisoned.len(), 3, "{poisoned:?}");
     assert_eq!(poisoned[0]["status"], "rejected");
     assert_eq!(poisoned[0]["message"], "this is not json");
     assert!(
@@ -214,8 +226,25 @@ async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
     assert!(fields.contains(&"target.container_url"), "{fields:?}");
     assert!(fields.contains(&"variables.networks"), "{fields:?}");
     assert_eq!(poisoned[1]["message"], invalid.to_string());
+    assert_eq!(
+        poisoned[2]["errors"][0]["field"], "tenant",
+        "{}",
+        poisoned[2]
+    );
     // Nothing was written.
     assert!(w.store().workspaces().await.unwrap().is_empty());
+
+    // Without the operator's tenant registry the job does not start: a message alone would
+    // choose the customer's account.
+    let out = w
+        .command(&[])
+        .env_remove("TERRACE_TENANTS")
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("TERRACE_TENANTS is not set"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

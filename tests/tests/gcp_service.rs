@@ -33,7 +33,26 @@ impl World {
     }
 
     async fn start(&self) -> Service {
-        Service::start(&self.sb, &self.jwks, &[]).await
+        self.start_with(&[]).await
+    }
+
+    /// The service, with `acme` registered to this world's bucket, and `extra` settings.
+    async fn start_with(&self, extra: &[(&str, &str)]) -> Service {
+        let tenants = self.tenants();
+        let mut env = vec![("TERRACE_TENANTS", tenants.as_str())];
+        env.extend_from_slice(extra);
+        Service::start(&self.sb, &self.jwks, &env).await
+    }
+
+    fn command(&self, extra: &[(&str, &str)]) -> std::process::Command {
+        let mut cmd = Service::command(&self.sb, &self.jwks, extra);
+        cmd.env("TERRACE_TENANTS", self.tenants());
+        cmd
+    }
+
+    /// The service's tenant registry: `acme`'s is this world's bucket.
+    fn tenants(&self) -> String {
+        json!({ "acme": self.target() }).to_string()
     }
 
     fn target(&self) -> Value {
@@ -52,7 +71,6 @@ impl World {
                 "variables": { "cluster_name": workspace, "region": "eu-west-1", "admin_password": "correct-horse-battery" },
                 "timeout": "5m",
             },
-            "target": self.target(),
         })
     }
 
@@ -115,7 +133,7 @@ async fn a_pushed_job_runs_once_and_its_state_and_log_land_in_the_bucket() {
     let sweep = post_json(
         &format!("{}/sweeps/backup", service.url),
         &[("authorization", &w.key.bearer())],
-        &json!({ "targets": [w.target()] }),
+        &json!({}),
     )
     .await;
     assert_eq!(sweep.status, 200, "{}", sweep.body);
@@ -210,12 +228,7 @@ async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing
         assert_eq!(answer.status, status, "{case}: {}", answer.body);
         assert!(answer.body.contains("error"), "{case}: {}", answer.body);
     }
-    let sweep = post_json(
-        &format!("{}/sweeps/backup", service.url),
-        &[],
-        &json!({ "targets": [w.target()] }),
-    )
-    .await;
+    let sweep = post_json(&format!("{}/sweeps/backup", service.url), &[], &json!({})).await;
     assert_eq!(sweep.status, 401, "the sweep needs a token too");
 
     let store = w.store().await;
@@ -224,7 +237,8 @@ async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing
 
     // Without a list of the callers' service accounts, the service does not start: anyone can
     // get a Google-signed token for any audience.
-    let out = Service::command(&w.sb, &w.jwks, &[("TERRACE_PUSH_SERVICE_ACCOUNTS", "")])
+    let out = w
+        .command(&[("TERRACE_PUSH_SERVICE_ACCOUNTS", "")])
         .env("PORT", tests::gcp::free_port().to_string())
         .stderr(std::process::Stdio::piped())
         .output()
@@ -272,20 +286,28 @@ async fn malformed_envelopes_get_400_and_invalid_jobs_are_acknowledged_with_thei
     .await;
     assert_eq!(not_base64.status, 400, "{}", not_base64.body);
 
-    // A push that is well formed but can never be a job: acknowledged, with why.
+    // A push that is well formed but can never be a job: acknowledged, with why. A message
+    // cannot choose another service account to impersonate than its tenant's.
     let mut bad_target = w.message("g-3", "bad");
-    bad_target["target"]["service_account"] = json!("terrace");
+    bad_target["target"] = w.target();
+    bad_target["target"]["service_account"] = json!("owner@victim.iam.gserviceaccount.com");
     let answer = post_json(&url, &auth, &push_envelope("m-3", &bad_target)).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     let record: Value = serde_json::from_str(&answer.body).unwrap();
     assert_eq!(record["status"], "rejected");
     assert_eq!(record["message_id"], "m-3");
+    assert_eq!(record["errors"][0]["field"], "target.service_account");
     assert!(
-        record["errors"][0]["problem"]
-            .as_str()
-            .unwrap()
-            .contains("target.service_account")
+        !answer.body.contains("terrace@acme-prod"),
+        "the rejection names the registered account: {}",
+        answer.body
     );
+    let mut unknown = w.message("g-3b", "bad");
+    unknown["job"]["tenant"] = json!("mallory");
+    let answer = post_json(&url, &auth, &push_envelope("m-3b", &unknown)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let record: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(record["errors"][0]["field"], "tenant", "{record}");
 
     let mut bad_job = w.message("g-4", "bad");
     bad_job["job"]["variables"]["region"] = json!("mars-north-1");
@@ -346,7 +368,9 @@ async fn a_busy_workspace_is_answered_429_and_the_job_runs_once_the_lease_is_fre
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_interrupts_a_running_job_releases_its_lease_and_the_redelivery_runs_it() {
     let w = World::new().await;
-    let slow = Service::start(&w.sb, &w.jwks, &[("TESTCLOUD_CREATE_DELAY_MS", "20000")]).await;
+    let slow = w
+        .start_with(&[("TESTCLOUD_CREATE_DELAY_MS", "20000")])
+        .await;
     let envelope = push_envelope("m-7", &w.message("g-7", "stopped"));
     let store = w.store().await;
 
@@ -399,16 +423,13 @@ async fn a_job_longer_than_a_request_goes_to_a_cloud_run_job_a_failed_start_leav
     // Nothing listens there: the Cloud Run Admin API cannot be reached.
     let admin = format!("http://127.0.0.1:{}", tests::gcp::free_port());
     let job = "projects/platform/locations/europe-west1/jobs/terrace";
-    let service = Service::start(
-        &w.sb,
-        &w.jwks,
-        &[
+    let service = w
+        .start_with(&[
             ("TERRACE_REQUEST_TIMEOUT", "120"),
             ("TERRACE_CLOUD_RUN_JOB", job),
             ("TERRACE_CLOUD_RUN_ENDPOINT", &admin),
-        ],
-    )
-    .await;
+        ])
+        .await;
     let message = w.message("g-8", "long");
     let answer = w.push(&service, &push_envelope("m-8", &message)).await;
     assert_eq!(answer.status, 503, "delivered again: {}", answer.body);
@@ -439,7 +460,8 @@ async fn a_job_longer_than_a_request_goes_to_a_cloud_run_job_a_failed_start_leav
         "sha256": state_backends::sha256_hex(&staged), "staged": name,
     });
     // A task takes no requests: it needs none of the token settings.
-    let out = Service::command(&w.sb, &w.jwks, &[])
+    let out = w
+        .command(&[])
         .arg("task")
         .env_remove("TERRACE_PUSH_AUDIENCE")
         .env_remove("TERRACE_PUSH_SERVICE_ACCOUNTS")
@@ -462,10 +484,8 @@ async fn the_drift_sweep_plans_a_check_per_applied_workspace_and_reports_what_it
     // No Pub/Sub emulator exists: the topic's API is unreachable, so the sweep must say which
     // checks it could not queue (and a result that cannot be published must not fail a job).
     let pubsub = format!("http://127.0.0.1:{}", tests::gcp::free_port());
-    let service = Service::start(
-        &w.sb,
-        &w.jwks,
-        &[
+    let service = w
+        .start_with(&[
             (
                 "TERRACE_JOBS_TOPIC",
                 "projects/platform/topics/terrace-jobs",
@@ -475,9 +495,8 @@ async fn the_drift_sweep_plans_a_check_per_applied_workspace_and_reports_what_it
                 "projects/platform/topics/terrace-results",
             ),
             ("TERRACE_PUBSUB_ENDPOINT", &pubsub),
-        ],
-    )
-    .await;
+        ])
+        .await;
     let fleet = json!({
         "job": {
             "id": "f-1", "tenant": "acme", "workspace": "nets", "operation": "apply",
@@ -500,7 +519,7 @@ async fn the_drift_sweep_plans_a_check_per_applied_workspace_and_reports_what_it
     let sweep = post_json(
         &format!("{}/sweeps/drift", service.url),
         &[("authorization", &w.key.bearer())],
-        &json!({ "targets": [w.target()] }),
+        &json!({ "tenants": ["acme"] }),
     )
     .await;
     assert_eq!(sweep.status, 500, "{}", sweep.body);
@@ -522,13 +541,25 @@ async fn the_drift_sweep_plans_a_check_per_applied_workspace_and_reports_what_it
         "{sweep}"
     );
 
-    let unauthorized = post_json(
+    let unauthorized = post_json(&format!("{}/sweeps/drift", service.url), &[], &json!({})).await;
+    assert_eq!(unauthorized.status, 401);
+
+    // A sweep covers registered tenants only: a bucket cannot be named in the request.
+    let unknown = post_json(
         &format!("{}/sweeps/drift", service.url),
-        &[],
+        &[("authorization", &w.key.bearer())],
+        &json!({ "tenants": ["mallory"] }),
+    )
+    .await;
+    assert_eq!(unknown.status, 400, "{}", unknown.body);
+    assert!(unknown.body.contains("not registered"), "{}", unknown.body);
+    let named = post_json(
+        &format!("{}/sweeps/drift", service.url),
+        &[("authorization", &w.key.bearer())],
         &json!({ "targets": [w.target()] }),
     )
     .await;
-    assert_eq!(unauthorized.status, 401);
+    assert_eq!(named.status, 400, "{}", named.body);
 }
 
 /// A service wired to the Pub/Sub emulator: jobs pushed from a topic through a relay that adds
@@ -548,17 +579,14 @@ impl World {
         let dead_topic = pubsub::topic("dead").await;
         let results = pubsub::pull_subscription(&results_topic).await;
         let dead = pubsub::pull_subscription(&dead_topic).await;
-        let service = Service::start(
-            &self.sb,
-            &self.jwks,
-            &[
+        let service = self
+            .start_with(&[
                 ("TERRACE_JOBS_TOPIC", &jobs),
                 ("TERRACE_RESULTS_TOPIC", &results_topic),
                 ("TERRACE_PUBSUB_ENDPOINT", &pubsub::endpoint()),
                 ("TERRACE_REQUEUE_WAIT", "1"),
-            ],
-        )
-        .await;
+            ])
+            .await;
         let relay = Relay::start(&service.url, self.key.bearer()).await;
         pubsub::push_subscription(&jobs, &relay.url, &dead_topic, 5).await;
         Wired {

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use shared::pipeline::{Keep, Trigger};
 use shared::settings::Runtime;
+use shared::tenants::Tenants;
 use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
@@ -196,7 +197,17 @@ impl Trigger for App {
     type Target = Target;
 
     fn envelope_fix(&self) -> &'static str {
-        "send {\"job\": {…}, \"target\": {\"role_arn\", \"external_id\", \"bucket\", …}}"
+        "send {\"job\": {…}} for a tenant in the runner's registry (a \"target\" there must agree with the registry's)"
+    }
+
+    fn tenants(&self) -> Option<&Tenants<Target>> {
+        Some(&self.config.tenants)
+    }
+
+    /// The ExternalId is the customer's guard against a confused deputy: it must come from
+    /// the operator, never from whoever can enqueue.
+    fn registry_only(&self) -> &'static [&'static str] {
+        &["external_id"]
     }
 
     fn check_target(&self, target: &Target) -> Vec<Value> {

@@ -3,6 +3,9 @@
 use std::time::Duration;
 
 use shared::settings::{ConfigError, Runtime, list, seconds, var};
+use shared::tenants::Tenants;
+
+use crate::access::Target;
 
 /// Where a job too long for Lambda runs instead: an ECS Fargate task of the same image.
 #[derive(Clone, Debug)]
@@ -18,6 +21,8 @@ pub struct Handoff {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub runtime: Runtime,
+    /// `TERRACE_TENANTS`: each tenant's role, ExternalId and bucket (see `shared::tenants`).
+    pub tenants: Tenants<Target>,
     /// The jobs queue, to keep a running job's message invisible and to delay a busy one.
     pub jobs_queue_url: Option<String>,
     /// Where every result and every rejection is sent.
@@ -60,6 +65,10 @@ impl Config {
         };
         Ok(Self {
             runtime: Runtime::from_env()?,
+            tenants: Tenants::from_env(
+                |t: &Target| t.check().err().map(|e| e.to_string()).into_iter().collect(),
+                r#"{"acme": {"role_arn": "arn:aws:iam::123456789012:role/terrace", "external_id": "…", "bucket": "acme-states"}}"#,
+            )?,
             jobs_queue_url: var("TERRACE_JOBS_QUEUE_URL"),
             results_queue_url: var("TERRACE_RESULTS_QUEUE_URL"),
             s3_path_style: var("TERRACE_S3_FORCE_PATH_STYLE")

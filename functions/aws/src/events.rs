@@ -1,6 +1,7 @@
 //! What the function does with each kind of invocation: a Lambda event (an SQS batch of jobs,
 //! or a scheduled sweep) and `terrace-aws task` (one handed-off job). Callable in-process.
 
+use std::collections::BTreeSet;
 use std::process::ExitCode;
 
 use aws_lambda_events::event::sqs::SqsEvent;
@@ -14,12 +15,14 @@ use crate::access::Target;
 use crate::app::App;
 use crate::sqs;
 
-/// A scheduled event from EventBridge Scheduler (its input is ours).
+/// A scheduled event from EventBridge Scheduler (its input is ours). It sweeps the buckets of
+/// the registered tenants (`tenants`, or all of them), never a bucket named here.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Scheduled {
     terrace: String,
     #[serde(default)]
-    targets: Vec<Target>,
+    tenants: Vec<String>,
 }
 
 /// One Lambda invocation: an SQS batch, or a scheduled sweep.
@@ -36,21 +39,25 @@ pub async fn handle(app: &App, event: LambdaEvent<Value>) -> Result<Value, Error
         return Ok(serde_json::to_value(response)?);
     }
     let scheduled: Scheduled = serde_json::from_value(event.payload).map_err(|e| {
-        format!("not an SQS batch nor a Terrace schedule ({{\"terrace\": \"backup-sweep\" or \"drift-sweep\", \"targets\": […]}}): {e}")
+        format!("not an SQS batch nor a Terrace schedule ({{\"terrace\": \"backup-sweep\" or \"drift-sweep\"}}, and optionally \"tenants\": [names] to sweep only those; buckets come from the tenant registry): {e}")
     })?;
+    let targets = app.config.tenants.grouped(&scheduled.tenants)?;
     match scheduled.terrace.as_str() {
-        "backup-sweep" => Ok(backup_sweep(app, &scheduled.targets).await),
-        "drift-sweep" => Ok(drift_sweep(app, &scheduled.targets).await),
+        "backup-sweep" => Ok(backup_sweep(app, &targets).await),
+        "drift-sweep" => Ok(drift_sweep(app, &targets).await),
         other => Err(
             format!("unknown scheduled task {other:?}; known: backup-sweep, drift-sweep").into(),
         ),
     }
 }
 
+/// Each registered target, once, with the tenants registered to it.
+type Targets = [(Target, BTreeSet<String>)];
+
 /// The hourly backup sweep over each customer's bucket.
-async fn backup_sweep(app: &App, targets: &[Target]) -> Value {
+async fn backup_sweep(app: &App, targets: &Targets) -> Value {
     let mut reports = Vec::new();
-    for target in targets {
+    for (target, _) in targets {
         let store = app.store_for(target, "backup-sweep").await;
         let report =
             shared::backup::bucket_report(&target.bucket, store, OffsetDateTime::now_utc()).await;
@@ -62,10 +69,10 @@ async fn backup_sweep(app: &App, targets: &[Target]) -> Value {
 
 /// The drift sweep: a `drift-check` job for each workspace of each customer's bucket, put on
 /// the function's own job queue so each runs like any other job.
-async fn drift_sweep(app: &App, targets: &[Target]) -> Value {
+async fn drift_sweep(app: &App, targets: &Targets) -> Value {
     let mut reports = Vec::new();
-    for target in targets {
-        let report = match drift_target(app, target).await {
+    for (target, tenants) in targets {
+        let report = match drift_target(app, target, tenants).await {
             Ok(report) => report,
             Err(e) => json!({ "bucket": target.bucket, "error": e }),
         };
@@ -75,20 +82,26 @@ async fn drift_sweep(app: &App, targets: &[Target]) -> Value {
     json!({ "drift_sweep": reports })
 }
 
-async fn drift_target(app: &App, target: &Target) -> Result<Value, String> {
+async fn drift_target(
+    app: &App,
+    target: &Target,
+    tenants: &BTreeSet<String>,
+) -> Result<Value, String> {
     let Some(queue) = &app.config.jobs_queue_url else {
         return Err("TERRACE_JOBS_QUEUE_URL is not set: the drift checks have no queue".into());
     };
     let store = app.store_for(target, "drift-sweep").await?;
-    let plan = shared::drift::plan(&*store, OffsetDateTime::now_utc())
+    let mut plan = shared::drift::plan(&*store, OffsetDateTime::now_utc())
         .await
         .map_err(|e| e.to_string())?;
+    plan.only_tenants(tenants);
     let mut queued = 0;
     let mut unqueued: Vec<(String, String)> = Vec::new();
     for chunk in plan.jobs.chunks(10) {
         let mut entries = Vec::new();
         for (i, (_, job)) in chunk.iter().enumerate() {
-            let body = json!({ "job": job.0, "target": target }).to_string();
+            // The job's tenant names its target: the registry's, this one.
+            let body = json!({ "job": job.0 }).to_string();
             entries.push(
                 aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
                     .id(i.to_string())

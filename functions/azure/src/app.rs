@@ -7,6 +7,7 @@
 //! workspace or trouble that may pass leaves it, invisible until it should be tried again; a
 //! job interrupted by SIGTERM leaves it visible at once.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use azure_core::credentials::TokenCredential;
 use serde_json::{Value, json};
 use shared::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::settings::Runtime;
+use shared::tenants::Tenants;
 use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
@@ -27,8 +29,8 @@ use crate::access::{self, Target};
 use crate::config::Config;
 use crate::queue::{Queue, Received};
 
-/// What a timer execution gets in `TERRACE_SWEEP_TARGETS`.
-pub type Targets = Vec<Target>;
+/// Each registered target a sweep covers, once, with the tenants registered to it.
+pub type Targets = [(Target, BTreeSet<String>)];
 
 /// The largest poison record sent: a queue message holds 64 KiB, and the client escapes the
 /// text for XML.
@@ -271,7 +273,7 @@ impl App {
     /// `terrace-azure sweep backup`: the hourly backup sweep over each customer's container.
     pub async fn backup_sweep(&self, targets: &Targets) -> Vec<Value> {
         let mut reports = Vec::new();
-        for target in targets {
+        for (target, _) in targets {
             let store = self.store_for(target);
             let report = shared::backup::bucket_report(
                 &target.container_url,
@@ -289,8 +291,8 @@ impl App {
     /// jobs queue so each runs like any other job.
     pub async fn drift_sweep(&self, targets: &Targets) -> Vec<Value> {
         let mut reports = Vec::new();
-        for target in targets {
-            let report = match self.drift_target(target).await {
+        for (target, tenants) in targets {
+            let report = match self.drift_target(target, tenants).await {
                 Ok(report) => report,
                 Err(e) => json!({ "bucket": target.container_url, "error": e }),
             };
@@ -300,16 +302,22 @@ impl App {
         reports
     }
 
-    async fn drift_target(&self, target: &Target) -> Result<Value, String> {
+    async fn drift_target(
+        &self,
+        target: &Target,
+        tenants: &BTreeSet<String>,
+    ) -> Result<Value, String> {
         let store = self.store_for(target)?;
-        let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc())
+        let mut plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc())
             .await
             .map_err(|e| e.to_string())?;
+        plan.only_tenants(tenants);
         let jobs = self.queue(&self.config.queue_url)?;
         let mut queued = 0;
         let mut unqueued = Vec::new();
         for (ws, job) in &plan.jobs {
-            let message = json!({ "job": job.0, "target": target });
+            // The job's tenant names its target: the registry's, this one.
+            let message = json!({ "job": job.0 });
             match jobs.send(&message.to_string(), Duration::ZERO).await {
                 Ok(()) => queued += 1,
                 Err(e) => unqueued.push((ws.to_string(), e)),
@@ -324,7 +332,11 @@ impl Trigger for App {
     type Target = Target;
 
     fn envelope_fix(&self) -> &'static str {
-        "send {\"job\": {…}, \"target\": {\"container_url\", \"tenant_id\", \"client_id\", …}} as JSON (or base64 of it)"
+        "send {\"job\": {…}} for a tenant in the runner's registry (a \"target\" there must agree with the registry's), as JSON or base64 of it"
+    }
+
+    fn tenants(&self) -> Option<&Tenants<Target>> {
+        Some(&self.config.tenants)
     }
 
     fn check_target(&self, target: &Target) -> Vec<Value> {

@@ -2,11 +2,19 @@
 
 use std::time::Duration;
 
-use shared::settings::{ConfigError, Runtime, seconds, var};
+use shared::settings::{ConfigError, Runtime, list, seconds, var};
+use shared::tenants::Tenants;
+
+use crate::access::Target;
 
 #[derive(Clone, Debug)]
 pub struct Config {
     pub runtime: Runtime,
+    /// `TERRACE_TENANTS`: each tenant's container, tenant ID and app registration (see
+    /// `shared::tenants`).
+    pub tenants: Tenants<Target>,
+    /// `TERRACE_SWEEP_TENANTS`: the registered tenants a scheduled sweep covers (all when unset).
+    pub sweep_tenants: Vec<String>,
     /// `TERRACE_QUEUE_URL`: the jobs queue (`https://ACCOUNT.queue.core.windows.net/QUEUE`).
     pub queue_url: String,
     /// `TERRACE_POISON_QUEUE_URL`: where messages that can never run go, with an error record
@@ -56,8 +64,20 @@ impl Config {
         if visibility < Duration::from_secs(3) {
             return Err("TERRACE_VISIBILITY_TIMEOUT must be 3 s or more".into());
         }
+        let sas = var("TERRACE_AZURE_SAS").map(|s| s.trim_start_matches('?').to_owned());
+        let emulator = sas.is_some();
         Ok(Self {
             runtime: Runtime::from_env()?,
+            tenants: Tenants::from_env(
+                |t: &Target| {
+                    t.check(emulator)
+                        .into_iter()
+                        .map(|(field, problem, fix)| format!("{field} {problem}: {fix}"))
+                        .collect()
+                },
+                r#"{"acme": {"container_url": "https://ACCOUNT.blob.core.windows.net/states", "tenant_id": "…", "client_id": "…"}}"#,
+            )?,
+            sweep_tenants: list("TERRACE_SWEEP_TENANTS"),
             queue_url,
             poison_queue_url,
             results_queue_url: var("TERRACE_RESULTS_QUEUE_URL"),
@@ -66,7 +86,7 @@ impl Config {
             replica_timeout: seconds("TERRACE_REPLICA_TIMEOUT", 1800)?,
             margin: seconds("TERRACE_DEADLINE_MARGIN", 30)?,
             retry_delay: seconds("TERRACE_RETRY_DELAY", 30)?,
-            sas: var("TERRACE_AZURE_SAS").map(|s| s.trim_start_matches('?').to_owned()),
+            sas,
             managed_identity: var("TERRACE_MANAGED_IDENTITY_CLIENT_ID"),
         })
     }

@@ -2,7 +2,7 @@
 //! (started by KEDA's azure-queue scaler when the jobs queue has messages) takes one message,
 //! runs its job and exits; see `app` for what happens to the message. A scheduled execution
 //! runs `terrace-azure sweep backup` (hourly) or `terrace-azure sweep drift` over the
-//! customers' containers in `TERRACE_SWEEP_TARGETS`.
+//! containers of the registered tenants (`TERRACE_SWEEP_TENANTS`, or all of them).
 //!
 //! On SIGTERM (the replica stopping) it interrupts the running job (terraform gets SIGINT, the
 //! lease is released, the result says `interrupted`) and makes the message visible again.
@@ -18,20 +18,15 @@ pub mod queue;
 
 use std::process::ExitCode;
 
-use crate::app::{App, Targets};
+use crate::app::App;
 
-/// `terrace-azure sweep backup|drift`: a scheduled execution's sweep over the customers'
-/// containers in `TERRACE_SWEEP_TARGETS`; its report on stdout.
+/// `terrace-azure sweep backup|drift`: a scheduled execution's sweep over the containers of
+/// the registered tenants (`TERRACE_SWEEP_TENANTS`, or all); its report on stdout.
 pub async fn sweep(app: &App, kind: &str) -> ExitCode {
-    let targets: Targets = match std::env::var("TERRACE_SWEEP_TARGETS")
-        .map_err(|_| "TERRACE_SWEEP_TARGETS is not set".to_owned())
-        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-    {
+    let targets = match app.config.tenants.grouped(&app.config.sweep_tenants) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!(
-                "terrace-azure: TERRACE_SWEEP_TARGETS must be a JSON list of targets ({{\"container_url\", \"tenant_id\", \"client_id\", …}}): {e}"
-            );
+            eprintln!("terrace-azure: TERRACE_SWEEP_TENANTS: {e}");
             return ExitCode::from(78);
         }
     };

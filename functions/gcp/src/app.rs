@@ -8,6 +8,7 @@
 //! instance is shutting down). A request that is not a push envelope at all gets 400; one
 //! without a valid token, 401 or 403.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use shared::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::settings::Runtime;
+use shared::tenants::Tenants;
 use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
@@ -51,12 +53,17 @@ struct PushMessage {
     message_id_snake: Option<String>,
 }
 
-/// What Cloud Scheduler POSTs to a sweep.
-#[derive(Debug, Deserialize)]
+/// What Cloud Scheduler POSTs to a sweep: the registered tenants to sweep (all when none or
+/// the body is empty). The buckets come from the tenant registry, never from the request.
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Sweep {
-    targets: Vec<Target>,
+    #[serde(default)]
+    tenants: Vec<String>,
 }
+
+/// Each registered target, once, with the tenants registered to it.
+type Targets = Vec<(Target, BTreeSet<String>)>;
 
 pub struct App {
     pub config: Config,
@@ -237,13 +244,13 @@ impl App {
     /// `POST /sweeps/drift`: a `drift-check` job for each applied workspace of each customer's
     /// bucket, published to the jobs topic, so each runs like any other job.
     pub async fn drift_sweep(&self, headers: &HeaderMap, body: &[u8]) -> Response {
-        let sweep = match self.sweep_request(headers, body).await {
+        let targets = match self.sweep_request(headers, body).await {
             Ok(s) => s,
             Err(refused) => return refused,
         };
         let mut reports = Vec::new();
-        for target in &sweep.targets {
-            let report = match self.drift_target(target).await {
+        for (target, tenants) in &targets {
+            let report = match self.drift_target(target, tenants).await {
                 Ok(report) => report,
                 Err(e) => json!({ "bucket": target.bucket, "error": e }),
             };
@@ -253,20 +260,26 @@ impl App {
         sweep_answer("drift_sweep", reports)
     }
 
-    async fn drift_target(&self, target: &Target) -> Result<Value, String> {
+    async fn drift_target(
+        &self,
+        target: &Target,
+        tenants: &BTreeSet<String>,
+    ) -> Result<Value, String> {
         let topic = self
             .config
             .jobs_topic
             .as_deref()
             .ok_or("TERRACE_JOBS_TOPIC is not set: the drift checks have no topic")?;
         let store = self.store_for(target).await?;
-        let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc())
+        let mut plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc())
             .await
             .map_err(|e| e.to_string())?;
+        plan.only_tenants(tenants);
+        // The job's tenant names its target: the registry's, this one.
         let messages: Vec<Value> = plan
             .jobs
             .iter()
-            .map(|(_, job)| json!({ "job": job.0, "target": target }))
+            .map(|(_, job)| json!({ "job": job.0 }))
             .collect();
         let published =
             google::publish(&self.own, &self.config.pubsub_endpoint, topic, &messages).await;
@@ -283,27 +296,36 @@ impl App {
         })
     }
 
-    /// A scheduler's call: its token, then its body.
-    async fn sweep_request(&self, headers: &HeaderMap, body: &[u8]) -> Result<Sweep, Response> {
+    /// A scheduler's call: its token, then its body; the registered targets it sweeps.
+    async fn sweep_request(&self, headers: &HeaderMap, body: &[u8]) -> Result<Targets, Response> {
         if let Err(refusal) = self.verifier.verify(headers).await {
             return Err(answer(refusal.status, json!({ "error": refusal.reason })));
         }
-        serde_json::from_slice(body).map_err(|e| {
-            answer(
-                StatusCode::BAD_REQUEST,
-                json!({ "error": format!("not a sweep request: {e}"), "fix": "POST {\"targets\": [{\"service_account\", \"bucket\", …}]}" }),
-            )
-        })
+        let fix = "POST {} to sweep every registered tenant, or {\"tenants\": [names]} for some";
+        let sweep: Sweep = if body.iter().all(u8::is_ascii_whitespace) {
+            Sweep::default()
+        } else {
+            serde_json::from_slice(body).map_err(|e| {
+                answer(
+                    StatusCode::BAD_REQUEST,
+                    json!({ "error": format!("not a sweep request: {e}"), "fix": fix }),
+                )
+            })?
+        };
+        self.config
+            .tenants
+            .grouped(&sweep.tenants)
+            .map_err(|e| answer(StatusCode::BAD_REQUEST, json!({ "error": e, "fix": fix })))
     }
 
     /// `POST /sweeps/backup`: the hourly backup sweep over each customer's bucket.
     pub async fn backup_sweep(&self, headers: &HeaderMap, body: &[u8]) -> Response {
-        let sweep = match self.sweep_request(headers, body).await {
+        let targets = match self.sweep_request(headers, body).await {
             Ok(s) => s,
             Err(refused) => return refused,
         };
         let mut reports = Vec::new();
-        for target in &sweep.targets {
+        for (target, _) in &targets {
             let store = self.store_for(target).await;
             let report = shared::backup::bucket_report(
                 &target.bucket,
@@ -323,7 +345,11 @@ impl Trigger for App {
     type Target = Target;
 
     fn envelope_fix(&self) -> &'static str {
-        "publish {\"job\": {…}, \"target\": {\"service_account\", \"bucket\", …}}"
+        "publish {\"job\": {…}} for a tenant in the runner's registry (a \"target\" there must agree with the registry's)"
+    }
+
+    fn tenants(&self) -> Option<&Tenants<Target>> {
+        Some(&self.config.tenants)
     }
 
     fn check_target(&self, target: &Target) -> Vec<Value> {

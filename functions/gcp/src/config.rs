@@ -3,12 +3,17 @@
 use std::time::Duration;
 
 use shared::settings::{ConfigError, Runtime, list, seconds, var};
+use shared::tenants::Tenants;
+
+use crate::access::Target;
 
 use crate::oidc::OidcConfig;
 
 #[derive(Clone, Debug)]
 pub struct Config {
     pub runtime: Runtime,
+    /// `TERRACE_TENANTS`: each tenant's service account and bucket (see `shared::tenants`).
+    pub tenants: Tenants<Target>,
     /// `PORT`, set by Cloud Run (default 8080).
     pub port: u16,
     pub oidc: OidcConfig,
@@ -64,6 +69,10 @@ impl Config {
         };
         Ok(Self {
             runtime: Runtime::from_env()?,
+            tenants: Tenants::from_env(
+                |t: &Target| t.check().err().into_iter().collect(),
+                r#"{"acme": {"service_account": "terrace@acme-prod.iam.gserviceaccount.com", "bucket": "acme-states"}}"#,
+            )?,
             port,
             oidc: OidcConfig {
                 audience,

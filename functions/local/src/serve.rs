@@ -265,13 +265,18 @@ impl Trigger for Folder {
         let job = shared::job::RawJob::parse(text).map_err(|e| e.to_string())?;
         Ok(Envelope {
             job: job.0,
-            target: Here {},
+            target: Some(Here {}),
             requeued: 0,
         })
     }
 
     fn check_target(&self, _: &Here) -> Vec<Value> {
         Vec::new()
+    }
+
+    /// The target is this machine: there is no other account a message could name.
+    fn tenants(&self) -> Option<&shared::tenants::Tenants<Here>> {
+        None
     }
 
     fn runtime(&self) -> &Runtime {

@@ -16,6 +16,9 @@ use crate::runner::RESULT_FILE;
 #[serde(deny_unknown_fields)]
 struct Bucket {
     bucket: String,
+    /// Given only by the registry (like an ExternalId).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
 }
 
 /// A trigger whose queue, results channel and task starter are lists.
@@ -30,6 +33,9 @@ struct Fake {
     hands_off: bool,
     task_fails: bool,
     shutdown: CancellationToken,
+    tenants: Option<Tenants<Bucket>>,
+    /// The buckets the store was opened for.
+    opened: Mutex<Vec<String>>,
 }
 
 impl Fake {
@@ -57,6 +63,8 @@ impl Fake {
             hands_off: true,
             task_fails: false,
             shutdown: CancellationToken::new(),
+            tenants: None,
+            opened: Mutex::default(),
         }
     }
 
@@ -85,6 +93,14 @@ impl Trigger for Fake {
         }
     }
 
+    fn tenants(&self) -> Option<&Tenants<Bucket>> {
+        self.tenants.as_ref()
+    }
+
+    fn registry_only(&self) -> &'static [&'static str] {
+        &["key"]
+    }
+
     fn runtime(&self) -> &Runtime {
         &self.runtime
     }
@@ -95,10 +111,11 @@ impl Trigger for Fake {
 
     async fn store(
         &self,
-        _: &Bucket,
+        target: &Bucket,
         _: &str,
         _: Option<&WorkspaceId>,
     ) -> Result<Arc<dyn StateStore>, String> {
+        self.opened.lock().unwrap().push(target.bucket.clone());
         if self.store_fails {
             return Err("the role cannot be assumed now".into());
         }
@@ -387,7 +404,10 @@ fn name_in(reference: &str) -> String {
 /// Stages `body` for a task, as a hand-off does, and returns the reference.
 async fn staged(fake: &Fake, id: &str, body: &[u8]) -> String {
     let reference = JobRef::stage(
-        Bucket { bucket: "b".into() },
+        Bucket {
+            bucket: "b".into(),
+            key: None,
+        },
         &ws(),
         id,
         body,
@@ -766,3 +786,5 @@ async fn a_final_result_removes_every_staging_of_the_job() {
     assert!(!left.contains(&name_in(&first)), "{left:?}");
     assert!(!left.contains(&name_in(&second)), "{left:?}");
 }
+
+mod registry;
