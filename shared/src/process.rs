@@ -15,6 +15,17 @@ pub fn init_json_logs() {
         .init();
 }
 
+/// Makes this process non-dumpable: its `/proc/<pid>` files (`environ`, `mem`, `maps`, …)
+/// become root's, and no process without `CAP_SYS_PTRACE` can read them or attach to it. So
+/// terraform, its providers and provisioners, running as children, cannot read the function's
+/// environment, which holds or points to the function's own credentials. (Terraform itself is
+/// dumpable again after its exec, which is harmless: it holds only this job's access.)
+pub fn non_dumpable() {
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::error!(error = %e, "could not make the runner non-dumpable: terraform may read its environment");
+    }
+}
+
 /// Cancels `token` when the process gets SIGTERM (how every platform stops a container before
 /// it kills it), logging `what` happens then.
 pub fn cancel_on_sigterm(token: &CancellationToken, what: &'static str) {

@@ -5,7 +5,92 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::runner::RunnerConfig;
-use crate::terraform::TerraformConfig;
+use crate::terraform::{RunAs, TerraformConfig};
+
+/// The variables that hold a cloud function's own credentials, or lead to them (an endpoint,
+/// a token file): a function refuses to pass any of them to terraform, which gets the
+/// customer's access from the runner instead.
+pub const RUNNER_CREDENTIALS: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_LAMBDA_RUNTIME_API",
+    "IDENTITY_ENDPOINT",
+    "IDENTITY_HEADER",
+    "MSI_ENDPOINT",
+    "MSI_SECRET",
+    "AZURE_CLIENT_ID",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_CLIENT_CERTIFICATE_PATH",
+    "AZURE_FEDERATED_TOKEN_FILE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE",
+    "CLOUDSDK_AUTH_CREDENTIAL_FILE_OVERRIDE",
+];
+
+/// `TERRACE_TERRAFORM_USER`: the user terraform runs as (`UID[:GID]`, or `root` to keep the
+/// runner's). Unset: `default_unprivileged` gives `nobody` when the runner is root.
+///
+/// # Errors
+/// A value that is not one, or a user to switch to when the runner cannot switch.
+fn terraform_user(default_unprivileged: bool) -> Result<Option<RunAs>, ConfigError> {
+    user_from(
+        var("TERRACE_TERRAFORM_USER").as_deref(),
+        default_unprivileged,
+        nix::unistd::geteuid().as_raw(),
+    )
+}
+
+/// [`terraform_user`] for the setting `value` and a runner running as `euid`.
+fn user_from(
+    value: Option<&str>,
+    default_unprivileged: bool,
+    euid: u32,
+) -> Result<Option<RunAs>, ConfigError> {
+    let root = euid == 0;
+    let Some(value) = value else {
+        return Ok((default_unprivileged && root).then_some(RunAs::NOBODY));
+    };
+    let value = value.trim();
+    if value == "root" {
+        return Ok(None);
+    }
+    let malformed = || ConfigError::Malformed {
+        name: "TERRACE_TERRAFORM_USER".into(),
+        value: value.to_owned(),
+        expected: "UID[:GID] (e.g. 65534:65534), or root",
+    };
+    let (uid, gid) = match value.split_once(':') {
+        Some((u, g)) => (
+            u.parse().map_err(|_| malformed())?,
+            g.parse().map_err(|_| malformed())?,
+        ),
+        None => {
+            let uid = value.parse().map_err(|_| malformed())?;
+            (uid, uid)
+        }
+    };
+    if uid == 0 {
+        return Ok(None);
+    }
+    if !root {
+        return Err(format!(
+            "TERRACE_TERRAFORM_USER={value} needs the runner to run as root, to switch users; it runs as uid {euid}: unset it (terraform runs as the runner's own, unprivileged user)"
+        )
+        .into());
+    }
+    Ok(Some(RunAs { uid, gid }))
+}
 
 /// A variable's value; unset and blank are the same.
 pub fn var(name: &str) -> Option<String> {
@@ -112,6 +197,7 @@ impl Runtime {
                 settings: Vec::new(),
                 late_secrets: crate::redact::LateSecrets::default(),
                 grace: seconds("TERRACE_GRACE", 30)?,
+                user: terraform_user(false)?,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
             task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
@@ -128,6 +214,40 @@ impl Runtime {
         })
     }
 
+    /// What a cloud function (whose identity can reach every customer) requires of how
+    /// terraform runs: as `nobody` when the runner is root (unless `TERRACE_TERRAFORM_USER`
+    /// says otherwise), and with none of the function's own credentials passed through.
+    ///
+    /// # Errors
+    /// `TERRACE_PASS_ENV` naming a credential, or a plugin cache terraform's user cannot be
+    /// given.
+    pub fn isolate_terraform(mut self) -> Result<Self, ConfigError> {
+        if let Some(name) = self
+            .terraform
+            .pass_env
+            .iter()
+            .find(|n| RUNNER_CREDENTIALS.contains(&n.as_str()))
+        {
+            return Err(format!(
+                "TERRACE_PASS_ENV names {name}, which holds or leads to this function's own credentials: remove it (terraform gets the customer's access from the runner, never the function's)"
+            )
+            .into());
+        }
+        self.terraform.user = terraform_user(true)?;
+        if let (Some(cache), Some(user)) = (&self.terraform.plugin_cache, self.terraform.user) {
+            std::fs::create_dir_all(cache)
+                .and_then(|()| user.give(cache, &[]))
+                .map_err(|e| {
+                    format!(
+                        "TERRACE_PLUGIN_CACHE={}: cannot give it to terraform's user {}: {e}",
+                        cache.display(),
+                        user.uid
+                    )
+                })?;
+        }
+        Ok(self)
+    }
+
     /// A runner's settings: these, with the function's own defaults for the rest.
     pub fn runner_config(&self) -> RunnerConfig {
         RunnerConfig {
@@ -139,5 +259,73 @@ impl Runtime {
             max_state_bytes: self.max_state_bytes,
             ..RunnerConfig::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_function_running_as_root_runs_terraform_as_nobody_unless_told() {
+        assert_eq!(user_from(None, true, 0).unwrap(), Some(RunAs::NOBODY));
+        assert_eq!(
+            user_from(None, true, 1000).unwrap(),
+            None,
+            "not root: its own user"
+        );
+        assert_eq!(
+            user_from(None, false, 0).unwrap(),
+            None,
+            "the local runner: you"
+        );
+        assert_eq!(
+            user_from(Some("1001:1002"), true, 0).unwrap(),
+            Some(RunAs {
+                uid: 1001,
+                gid: 1002
+            })
+        );
+        assert_eq!(
+            user_from(Some("1001"), true, 0).unwrap(),
+            Some(RunAs {
+                uid: 1001,
+                gid: 1001
+            })
+        );
+        assert_eq!(user_from(Some("root"), true, 0).unwrap(), None);
+        let bad = user_from(Some("nobody"), true, 0).unwrap_err().to_string();
+        assert!(
+            bad.contains("TERRACE_TERRAFORM_USER") && bad.contains("UID[:GID]"),
+            "{bad}"
+        );
+        let unswitchable = user_from(Some("1001"), true, 1000).unwrap_err().to_string();
+        assert!(
+            unswitchable.contains("needs the runner to run as root"),
+            "{unswitchable}"
+        );
+    }
+
+    #[test]
+    fn a_function_refuses_to_pass_its_own_credentials_to_terraform() {
+        let mut runtime = Runtime {
+            templates: PathBuf::new(),
+            terraform: TerraformConfig {
+                pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
+                ..TerraformConfig::default()
+            },
+            lease_ttl: Duration::from_secs(60),
+            task_lease_wait: Duration::from_secs(1),
+            client_cache: None,
+            console: false,
+            max_state_bytes: 1,
+        };
+        let e = runtime.clone().isolate_terraform().unwrap_err().to_string();
+        assert!(
+            e.contains("TERRACE_PASS_ENV names AWS_SECRET_ACCESS_KEY"),
+            "{e}"
+        );
+        runtime.terraform.pass_env = vec!["TESTCLOUD_ROOT".into()];
+        assert!(runtime.isolate_terraform().is_ok());
     }
 }

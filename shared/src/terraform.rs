@@ -50,6 +50,58 @@ pub struct TerraformConfig {
     pub late_secrets: crate::redact::LateSecrets,
     /// How long terraform has to stop after SIGINT before the process group is killed.
     pub grace: Duration,
+    /// The user terraform runs as, when not the runner's own: a runner running as root runs
+    /// terraform (and every provider and provisioner) as an unprivileged user, which cannot
+    /// read the runner's memory, environment or files.
+    pub user: Option<RunAs>,
+}
+
+/// An unprivileged user and group terraform runs as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl RunAs {
+    /// `nobody:nogroup` on Debian and most images.
+    pub const NOBODY: RunAs = RunAs {
+        uid: 65534,
+        gid: 65534,
+    };
+
+    /// Gives `path`, and everything under it, to this user (symbolic links themselves, never
+    /// what they point to), except the names in `keep`.
+    ///
+    /// # Errors
+    /// The first file that cannot be given.
+    pub fn give(self, path: &Path, keep: &[&str]) -> std::io::Result<()> {
+        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))?;
+        if std::fs::symlink_metadata(path)?.is_dir() {
+            for entry in std::fs::read_dir(path)? {
+                let entry = entry?;
+                if keep.iter().any(|k| entry.file_name() == *k) {
+                    continue;
+                }
+                self.give(&entry.path(), &[])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TerraformConfig {
+    /// Makes `path` (and everything under it) terraform's, when terraform runs as a user of
+    /// its own; `keep`: names directly under `path` that stay the runner's.
+    ///
+    /// # Errors
+    /// The first file that cannot be given.
+    pub fn give(&self, path: &Path, keep: &[&str]) -> std::io::Result<()> {
+        match self.user {
+            Some(user) => user.give(path, keep),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Default for TerraformConfig {
@@ -63,6 +115,7 @@ impl Default for TerraformConfig {
             settings: Vec::new(),
             late_secrets: crate::redact::LateSecrets::default(),
             grace: Duration::from_secs(30),
+            user: None,
         }
     }
 }
@@ -253,6 +306,10 @@ pub async fn run(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(user) = config.user {
+        // Set in the child before exec; std drops the supplementary groups too, as root.
+        cmd.uid(user.uid).gid(user.gid);
+    }
     die_with_runner(&mut cmd);
     let mut child = cmd.spawn().map_err(|source| SpawnError {
         binary: config.binary.display().to_string(),

@@ -173,10 +173,17 @@ impl Sandbox {
         for d in [&cloud, &templates, &queue] {
             std::fs::create_dir_all(d).expect("sandbox folders");
         }
+        // A cloud function running as root runs terraform as `nobody`: it reads the CLI
+        // config and the test cloud, and the provider writes the test cloud.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))
+            .expect("sandbox permissions");
+        std::fs::set_permissions(&cloud, std::fs::Permissions::from_mode(0o777))
+            .expect("test cloud permissions");
         let repo = repo_root();
         std::os::unix::fs::symlink(repo.join("templates/demo"), templates.join("demo"))
             .expect("link demo");
-        for name in ["leaky", "fleet", "tiers", "awscreds"] {
+        for name in ["leaky", "fleet", "tiers", "awscreds", "probe"] {
             std::os::unix::fs::symlink(
                 repo.join("tests/templates").join(name),
                 templates.join(name),
@@ -333,7 +340,12 @@ impl Sandbox {
 
     /// Configures the test cloud's fault injection (`faults.json`, see the provider's `faults`).
     pub fn faults(&self, faults: serde_json::Value) {
-        std::fs::write(self.cloud.join("faults.json"), faults.to_string()).expect("faults.json");
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.cloud.join("faults.json");
+        std::fs::write(&path, faults.to_string()).expect("faults.json");
+        // The provider counts the faults down, as terraform's user (see `Sandbox::new`).
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
+            .expect("faults.json permissions");
     }
 
     /// The test cloud's fault configuration as it stands (the counts go down as faults fire).
@@ -360,6 +372,53 @@ impl Sandbox {
             }
         }
         out
+    }
+
+    /// What the `probe` template's provisioner recorded for the network `name`: `uid`,
+    /// `runner_environ` (`readable` or `denied`), `own_env` (its variables' names).
+    pub fn probe(&self, name: &str) -> BTreeMap<String, String> {
+        let path = self.cloud.join(format!("{name}-probe.txt"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("the probe left no record at {}: {e}", path.display()));
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    /// Asserts that the probe `name` (run by a cloud function) got nothing of the runner's:
+    /// the runner's environment was unreadable, terraform ran as `nobody` when the runner was
+    /// root, and terraform's own environment held none of `secrets` nor any variable that holds
+    /// or leads to a function's credentials, but those of `customers` (what the runner sets
+    /// itself for the customer's access, e.g. the AWS config file of its broker).
+    pub fn assert_probe_got_nothing(&self, name: &str, secrets: &[&str], customers: &[&str]) {
+        let report = self.probe(name);
+        assert_eq!(
+            report.get("runner_environ").map(String::as_str),
+            Some("denied"),
+            "terraform read the runner's environment: {report:?}"
+        );
+        if nix::unistd::geteuid().is_root() {
+            assert_eq!(
+                report.get("uid").map(String::as_str),
+                Some("65534"),
+                "a runner running as root runs terraform as nobody: {report:?}"
+            );
+        }
+        let own: Vec<&str> = report
+            .get("own_env")
+            .map(|names| names.split(',').filter(|n| !n.is_empty()).collect())
+            .unwrap_or_default();
+        assert!(
+            own.contains(&"PATH"),
+            "the probe recorded its variables: {report:?}"
+        );
+        for name in shared::settings::RUNNER_CREDENTIALS.iter().chain(secrets) {
+            assert!(
+                customers.contains(name) || !own.contains(name),
+                "terraform's environment holds {name}: {own:?}"
+            );
+        }
     }
 
     /// The names of the test cloud's resources, sorted.

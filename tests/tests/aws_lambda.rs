@@ -534,6 +534,47 @@ async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_t
     );
 }
 
+/// A job whose provisioner tries to read the runner's environment (see the `probe` template).
+fn probe_job(id: &str, name: &str) -> String {
+    json!({
+        "job": {
+            "id": id, "tenant": "acme", "workspace": name, "operation": "apply",
+            "template": { "name": "probe", "version": "1.0.0" },
+            "variables": { "name": name }, "timeout": "5m",
+        },
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provisioner_gets_nothing_of_the_functions_own_credentials() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    // What Lambda and ECS put in a function's environment, besides the keys above.
+    let _function = w.start_with(
+        &api,
+        &[
+            ("AWS_SESSION_TOKEN", "function-session-token"),
+            (
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "/v2/credentials/function-guid",
+            ),
+        ],
+    );
+    let (event, _) = w.batch(&[probe_job("p-1", "lam-probe")]).await;
+    let response = api.invoke(event, Duration::from_secs(600)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let results = w.results().await;
+    assert_eq!(results[0]["status"], "succeeded", "{results:?}");
+    // The config file of the job's own broker: its credential_process serves the customer's
+    // session only.
+    w.sb.assert_probe_got_nothing(
+        "lam-probe",
+        &[],
+        &["AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terraform_gets_a_session_of_its_own_through_credential_process_never_static_keys() {
     let w = World::new().await;

@@ -120,6 +120,46 @@ fn records(texts: Vec<String>) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provisioner_gets_nothing_of_the_jobs_own_identity() {
+    let w = World::new().await;
+    let probe = |id: &str, name: &str| {
+        json!({
+            "job": {
+                "id": id, "tenant": "acme", "workspace": name, "operation": "apply",
+                "template": { "name": "probe", "version": "1.0.0" },
+                "variables": { "name": name }, "timeout": "5m",
+            },
+        })
+        .to_string()
+    };
+    // What Container Apps puts in a job's environment for its managed identity.
+    let identity = [
+        ("IDENTITY_ENDPOINT", "http://localhost:42356/msi/token"),
+        ("IDENTITY_HEADER", "the-identity-header-secret"),
+    ];
+    w.jobs.send(&probe("p-1", "az-probe")).await;
+    let out = w.run(&identity);
+    assert!(out.status.success(), "{out:?}");
+    let result = records(w.results.peek().await).pop().unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    w.sb.assert_probe_got_nothing("az-probe", &[], &[]);
+
+    // A runner that is not root runs terraform as its own user: then only its being
+    // non-dumpable keeps its environment from terraform.
+    use std::os::unix::process::CommandExt;
+    w.jobs.send(&probe("p-2", "az-probe-2")).await;
+    let mut cmd = w.command(&identity);
+    if nix::unistd::geteuid().is_root() {
+        cmd.uid(65534).gid(65534);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let result = records(w.results.peek().await).pop().unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    w.sb.assert_probe_got_nothing("az-probe-2", &[], &[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_job_runs_once_and_its_message_is_deleted() {
     let w = World::new().await;
     let message = w.message("az-1", "net").to_string();

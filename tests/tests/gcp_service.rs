@@ -94,6 +94,28 @@ fn ws(name: &str) -> WorkspaceId {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provisioner_gets_nothing_of_the_services_own_credentials() {
+    let w = World::new().await;
+    let service = w
+        .start_with(&[(
+            "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE",
+            "/run/secrets/service-token",
+        )])
+        .await;
+    let probe = json!({
+        "job": {
+            "id": "p-1", "tenant": "acme", "workspace": "probe", "operation": "apply",
+            "template": { "name": "probe", "version": "1.0.0" },
+            "variables": { "name": "run-probe" }, "timeout": "5m",
+        },
+    });
+    let answer = w.push(&service, &push_envelope("m-p", &probe)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
+    w.sb.assert_probe_got_nothing("run-probe", &["TERRACE_PUSH_SERVICE_ACCOUNTS"], &[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pushed_job_runs_once_and_its_state_and_log_land_in_the_bucket() {
     let w = World::new().await;
     let service = w.start().await;

@@ -261,6 +261,9 @@ impl Trigger for App {
         )
         .await
         .map_err(|e| e.to_string())?;
+        terraform
+            .give(credentials.dir(), &[])
+            .map_err(|e| format!("cannot give terraform its AWS config: {e}"))?;
         terraform.env.clone_from(&credentials.env);
         terraform.settings.clone_from(&credentials.settings);
         terraform.late_secrets = credentials.late.clone();

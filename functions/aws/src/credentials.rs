@@ -134,7 +134,15 @@ pub struct ForTerraform {
     /// The sessions' secrets, as the broker hands them out, for the job's redactor.
     pub late: shared::redact::LateSecrets,
     server: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+impl ForTerraform {
+    /// The folder of terraform's AWS config file (the runner's own, 0700, until given to
+    /// terraform's user).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
 }
 
 impl Drop for ForTerraform {
@@ -232,7 +240,7 @@ pub async fn for_terraform(
         settings,
         late: broker.late.clone(),
         server,
-        _dir: dir,
+        dir,
     })
 }
 

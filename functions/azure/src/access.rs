@@ -144,34 +144,6 @@ pub fn customer(
     Ok(credential)
 }
 
-/// Terraform's settings and secrets for the customer's subscription: the azurerm provider
-/// (and `az` in a provisioner) signs in as the customer's app registration with an OIDC
-/// assertion of the job's identity. The assertion is a secret (redacted); the IDs are not.
-///
-/// # Errors
-/// Why no assertion could be had, as a sentence.
-pub async fn terraform(
-    target: &Target,
-    own: &Arc<dyn TokenCredential>,
-) -> Result<(Vec<(String, String)>, Vec<(String, String)>), String> {
-    let (Some(tenant), Some(client)) = (&target.tenant_id, &target.client_id) else {
-        return Err("target.tenant_id and target.client_id are required".into());
-    };
-    let assertion = Federated(own.clone())
-        .secret(None)
-        .await
-        .map_err(|e| format!("no token of this job's managed identity: {e}"))?;
-    let mut settings = vec![
-        ("ARM_TENANT_ID".to_owned(), tenant.clone()),
-        ("ARM_CLIENT_ID".to_owned(), client.clone()),
-        ("ARM_USE_OIDC".to_owned(), "true".to_owned()),
-    ];
-    if let Some(subscription) = &target.subscription_id {
-        settings.push(("ARM_SUBSCRIPTION_ID".to_owned(), subscription.clone()));
-    }
-    Ok((settings, vec![("ARM_OIDC_TOKEN".to_owned(), assertion)]))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

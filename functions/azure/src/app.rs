@@ -371,13 +371,26 @@ impl Trigger for App {
         _job: &ValidatedJob,
         terraform: &mut TerraformConfig,
     ) -> Result<Keep, String> {
-        if self.config.sas.is_none() {
-            let own = self.own.as_ref().ok_or("this job has no identity")?;
-            let (settings, secrets) = access::terraform(target, own).await?;
-            terraform.settings = settings;
-            terraform.env = secrets;
+        if self.config.sas.is_some() {
+            return Ok(None);
         }
-        Ok(None)
+        let own = self.own.as_ref().ok_or("this job has no identity")?;
+        let (Some(tenant), Some(client)) = (&target.tenant_id, &target.client_id) else {
+            return Err("target.tenant_id and target.client_id are required".into());
+        };
+        // Tokens of the customer's app, from this job's broker: never the job's own assertion,
+        // which could sign in to any customer's app that trusts this runner.
+        let access = crate::broker::for_terraform(
+            access::customer(target, own.clone())?,
+            tenant,
+            client,
+            target.subscription_id.as_deref(),
+        )
+        .await?;
+        terraform.settings.clone_from(&access.settings);
+        terraform.env.clone_from(&access.env);
+        terraform.late_secrets = access.late.clone();
+        Ok(Some(Box::new(access)))
     }
 
     async fn report(&self, record: &Value) {

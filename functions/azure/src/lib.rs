@@ -13,6 +13,7 @@
 
 pub mod access;
 pub mod app;
+pub mod broker;
 pub mod config;
 pub mod queue;
 

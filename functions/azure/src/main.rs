@@ -10,6 +10,7 @@ use azure::{access, config};
 #[tokio::main]
 async fn main() -> ExitCode {
     shared::process::init_json_logs();
+    shared::process::non_dumpable();
     let config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {

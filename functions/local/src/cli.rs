@@ -277,6 +277,8 @@ pub(crate) fn runtime(g: &Global) -> Runtime {
             settings: Vec::new(),
             late_secrets: shared::redact::LateSecrets::default(),
             grace: Duration::from_secs(g.grace),
+            // On one machine terraform runs as you, with your own credentials.
+            user: None,
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
         task_lease_wait: Duration::ZERO,

@@ -185,6 +185,7 @@ impl Runner {
             self.config.work_root.as_deref(),
             &previous,
             s.server.endpoint(),
+            self.config.terraform.user,
         )
         .map_err(|e| format!("cannot prepare the workdir: {e}"))?;
         let r = Steps {

@@ -30,7 +30,7 @@ use crate::result::{
 };
 use crate::rollback;
 use crate::state_server::{self, StateServer};
-use crate::terraform::{self, Command, Outcome, PlanMode, TerraformConfig};
+use crate::terraform::{self, Command, Outcome, PlanMode, RunAs, TerraformConfig};
 use crate::validate::ValidatedJob;
 
 mod cleanup;
@@ -524,8 +524,13 @@ impl Runner {
         }
         let (client, server, before) = prepared?;
         report.client = Some(client);
-        let workdir = prepare_workdir(self.config.work_root.as_deref(), job, server.endpoint())
-            .map_err(|e| internal("prepare", format!("cannot prepare the workdir: {e}")))?;
+        let workdir = prepare_workdir(
+            self.config.work_root.as_deref(),
+            job,
+            server.endpoint(),
+            self.config.terraform.user,
+        )
+        .map_err(|e| internal("prepare", format!("cannot prepare the workdir: {e}")))?;
         let dir = workdir.path();
 
         let steps = Steps {

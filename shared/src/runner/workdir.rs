@@ -42,6 +42,7 @@ pub(super) fn prepare_workdir(
     root: Option<&Path>,
     job: &ValidatedJob,
     endpoint: &state_server::Endpoint,
+    user: Option<RunAs>,
 ) -> std::io::Result<Workdir> {
     let prefix = format!("{PREFIX}{}-", job.job.id);
     let mut builder = tempfile::Builder::new();
@@ -83,6 +84,11 @@ pub(super) fn prepare_workdir(
         pass = endpoint.password,
     );
     write_private(&dir.path().join(BACKEND_CONFIG), hcl.as_bytes())?;
+    // Terraform's user, when it has one of its own, owns its workdir (and its secrets, still
+    // 0600); the lock stays the runner's.
+    if let Some(user) = user {
+        user.give(dir.path(), &[LOCK_FILE])?;
+    }
     Ok(Workdir { dir, _lock: lock })
 }
 
@@ -163,6 +169,43 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn terraforms_own_user_owns_its_workdir_but_not_the_lock() {
+        use std::os::unix::fs::MetadataExt;
+        // Giving files to another user takes root (as the functions run on most hosts).
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let endpoint = state_server::Endpoint {
+            address: "http://127.0.0.1:9/state".into(),
+            username: "terrace".into(),
+            password: "pw-0123".into(),
+        };
+        let dir = prepare_workdir(
+            Some(root.path()),
+            &demo_job("w2"),
+            &endpoint,
+            Some(RunAs::NOBODY),
+        )
+        .unwrap();
+        let path = dir.path();
+        for name in [
+            "",
+            "main.tf",
+            ".home",
+            "terrace.auto.tfvars.json",
+            BACKEND_CONFIG,
+        ] {
+            let meta = std::fs::metadata(path.join(name)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{name:?}");
+        }
+        let secret = std::fs::metadata(path.join(BACKEND_CONFIG)).unwrap();
+        assert_eq!(secret.mode() & 0o777, 0o600, "still private to its owner");
+        let lock = std::fs::metadata(path.join(LOCK_FILE)).unwrap();
+        assert_eq!(lock.uid(), 0, "the lock stays the runner's");
+    }
+
+    #[test]
     fn the_workdir_holds_the_template_the_variables_and_a_private_backend_config() {
         let root = tempfile::tempdir().unwrap();
         let endpoint = state_server::Endpoint {
@@ -171,7 +214,7 @@ pub(super) mod tests {
             password: "pw-0123".into(),
         };
         let job = demo_job("w1");
-        let dir = prepare_workdir(Some(root.path()), &job, &endpoint).unwrap();
+        let dir = prepare_workdir(Some(root.path()), &job, &endpoint, None).unwrap();
         let path = dir.path();
         assert!(path.starts_with(root.path()));
         assert!(path.join("main.tf").exists(), "the template's files");
@@ -218,12 +261,12 @@ pub(super) mod tests {
             username: "terrace".into(),
             password: "pw".into(),
         };
-        let live = prepare_workdir(Some(root.path()), &demo_job("live"), &endpoint).unwrap();
-        let kept = prepare_workdir(Some(root.path()), &demo_job("kept"), &endpoint)
+        let live = prepare_workdir(Some(root.path()), &demo_job("live"), &endpoint, None).unwrap();
+        let kept = prepare_workdir(Some(root.path()), &demo_job("kept"), &endpoint, None)
             .unwrap()
             .keep();
         // A runner killed outright: its workdir stays, and nothing holds its lock.
-        let dead = prepare_workdir(Some(root.path()), &demo_job("dead"), &endpoint)
+        let dead = prepare_workdir(Some(root.path()), &demo_job("dead"), &endpoint, None)
             .unwrap()
             .dir
             .keep();
