@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod sensitivity;
+
 /// The file in a template folder that declares its variables.
 pub const SPEC_FILE: &str = "template.yaml";
 
@@ -159,6 +161,7 @@ impl Template {
         spec.check()
             .map_err(|message| TemplateError::Invalid { path, message })?;
         check_no_backend(&dir)?;
+        sensitivity::check(&spec, &dir)?;
         Ok(Self { dir, spec })
     }
 }

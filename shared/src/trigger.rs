@@ -33,6 +33,46 @@ pub fn check_job(job: &Map<String, Value>, templates: &Path) -> Result<Validated
     })
 }
 
+/// A message's text as a dead-letter record may keep it: its job's sensitive values masked.
+/// The sensitive variables are those its template declares; when the template cannot be read
+/// (a rejected message often names none, or a wrong one), every variable's value is masked,
+/// since nothing says which are secrets. Text that is not a job envelope (JSON, or base64 of
+/// it) is kept as it is: there is no job in it to find values in.
+pub fn masked_message(text: &str, templates: &Path) -> String {
+    let Ok(mut envelope) = crate::pipeline::json_or_base64::<Value>(text.as_bytes()) else {
+        return text.to_owned();
+    };
+    let Some(job) = envelope.get_mut("job").and_then(Value::as_object_mut) else {
+        return text.to_owned();
+    };
+    let template = job.get("template").and_then(|t| {
+        crate::template::Template::load(
+            templates,
+            t.get("name")?.as_str()?,
+            t.get("version")?.as_str()?,
+        )
+        .ok()
+    });
+    let Some(variables) = job.get_mut("variables").and_then(Value::as_object_mut) else {
+        return text.to_owned();
+    };
+    let mut masked = false;
+    for (name, value) in variables.iter_mut() {
+        let sensitive = template
+            .as_ref()
+            .is_none_or(|t| t.spec.variables.get(name).is_some_and(|v| v.sensitive));
+        if sensitive && *value != Value::String(crate::redact::MASK.to_owned()) {
+            *value = Value::String(crate::redact::MASK.to_owned());
+            masked = true;
+        }
+    }
+    if masked {
+        envelope.to_string()
+    } else {
+        text.to_owned()
+    }
+}
+
 /// What a handed-off task (an ECS task, a Cloud Run Job) gets: where the job message is staged
 /// in the customer's store (`runs/<job>/request-<nonce>.json`, a name of its own per staging, so
 /// a task only ever deletes its own), the account (`target`) to read it with, and the SHA-256
@@ -231,4 +271,57 @@ pub fn is_final(result: &serde_json::Value) -> bool {
     result["status"]
         .as_str()
         .is_some_and(|s| s != "interrupted")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+
+    fn templates() -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates")
+    }
+
+    fn message(template: &str) -> String {
+        json!({
+            "job": {
+                "id": "j1", "tenant": "acme", "workspace": "w",
+                "template": { "name": template, "version": "1.0.0" },
+                "variables": { "cluster_name": "demo", "admin_password": "hunter2-hunter2" },
+            },
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_the_job_but_not_its_template_s_secrets() {
+        let kept = masked_message(&message("demo"), &templates());
+        let kept: Value = serde_json::from_str(&kept).unwrap();
+        assert_eq!(
+            kept["job"]["variables"]["admin_password"],
+            crate::redact::MASK
+        );
+        assert_eq!(kept["job"]["variables"]["cluster_name"], "demo");
+        assert_eq!(kept["job"]["id"], "j1");
+        // The same from base64, as many senders put it on queues.
+        let encoded = base64::engine::general_purpose::STANDARD.encode(message("demo"));
+        assert!(!masked_message(&encoded, &templates()).contains("hunter2"));
+    }
+
+    #[test]
+    fn without_its_template_every_value_is_masked() {
+        let kept = masked_message(&message("no-such-template"), &templates());
+        assert!(
+            !kept.contains("hunter2") && !kept.contains("\"demo\""),
+            "{kept}"
+        );
+        assert!(kept.contains("admin_password") && kept.contains("no-such-template"));
+    }
+
+    #[test]
+    fn text_that_is_no_job_is_kept_as_it_is() {
+        assert_eq!(masked_message("not json", &templates()), "not json");
+        let plain = json!({ "job": { "id": "j1" } }).to_string();
+        assert_eq!(masked_message(&plain, &templates()), plain);
+    }
 }

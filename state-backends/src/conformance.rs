@@ -23,6 +23,7 @@ pub async fn run_all(store: Arc<dyn StateStore>) {
     restore_rolls_forward(&*store).await;
     snapshot_copies_only_changes(&*store).await;
     artifacts_round_trip(&*store).await;
+    fenced_artifacts_are_written_only_by_the_lease_holder(&*store).await;
     changes_are_marked_until_cleared(&*store).await;
     workspaces_are_listed(&*store).await;
 }
@@ -286,6 +287,92 @@ pub async fn expired_lease_is_taken_over_and_the_old_holder_is_fenced(store: &dy
         .expect("the successor writes");
     assert_eq!(store.versions(&ws).await.unwrap().len(), 2);
     store.release_lease(&ws, &new).await.unwrap();
+}
+
+pub async fn fenced_artifacts_are_written_only_by_the_lease_holder(store: &dyn StateStore) {
+    let ws = fresh_workspace("fenced-artifacts");
+    let old = store
+        .acquire_lease(&ws, &lease_request("run-1", Duration::from_millis(1500)))
+        .await
+        .unwrap();
+    store
+        .put_artifact_fenced(
+            &ws,
+            "job-1",
+            "result.json",
+            Bytes::from_static(b"one"),
+            &old.fence(),
+        )
+        .await
+        .expect("the holder writes");
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let err = store
+        .put_artifact_fenced(
+            &ws,
+            "job-1",
+            "result.json",
+            Bytes::from_static(b"late"),
+            &old.fence(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::LeaseLost { .. }),
+        "expired writer: {err}"
+    );
+
+    // The same job runs again under a new lease; the old runner's result cannot replace its.
+    let new = store
+        .acquire_lease(&ws, &lease_request("run-2", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    store
+        .put_artifact_fenced(
+            &ws,
+            "job-1",
+            "result.json",
+            Bytes::from_static(b"two"),
+            &new.fence(),
+        )
+        .await
+        .expect("the new holder writes");
+    let err = store
+        .put_artifact_fenced(
+            &ws,
+            "job-1",
+            "result.json",
+            Bytes::from_static(b"stale"),
+            &old.fence(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::LeaseLost { .. }),
+        "stale writer: {err}"
+    );
+    assert_eq!(
+        store
+            .artifact(&ws, "job-1", "result.json")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"two"[..])
+    );
+    store.release_lease(&ws, &new).await.unwrap();
+    let err = store
+        .put_artifact_fenced(
+            &ws,
+            "job-1",
+            "result.json",
+            Bytes::from_static(b"x"),
+            &new.fence(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::LeaseLost { .. }),
+        "released: {err}"
+    );
 }
 
 pub async fn broken_lease_fences_its_holder(store: &dyn StateStore) {

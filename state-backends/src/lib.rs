@@ -295,6 +295,48 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
         data: Bytes,
     ) -> Result<()>;
 
+    /// Writes a run artifact only while `fence` still holds the workspace's lease, so a runner
+    /// that lost its lease cannot overwrite what a later run of the same job wrote (its
+    /// `result.json`, its records). Fenced as state writes are on object stores: the lease is
+    /// read immediately before the write.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the lease has expired, been broken or taken over;
+    /// backend failures.
+    async fn put_artifact_fenced(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        name: &str,
+        data: Bytes,
+        fence: &Fence,
+    ) -> Result<()> {
+        let now = OffsetDateTime::now_utc();
+        let reason = match self.lease(ws).await? {
+            Some(lease) if lease.owner == fence.owner && lease.fence == fence.token => {
+                if lease.is_expired_at(now) {
+                    Some("the lease has expired".to_owned())
+                } else {
+                    None
+                }
+            }
+            Some(lease) => Some(format!(
+                "the lease is now {}'s (fence {})",
+                lease.owner, lease.fence
+            )),
+            None => Some("the lease was released or broken".to_owned()),
+        };
+        if let Some(reason) = reason {
+            return Err(StoreError::LeaseLost {
+                workspace: ws.clone(),
+                owner: fence.owner.clone(),
+                fence: fence.token,
+                reason,
+            });
+        }
+        self.put_artifact(ws, job_id, name, data).await
+    }
+
     /// Reads a run artifact, or `None` when absent.
     ///
     /// # Errors

@@ -235,10 +235,19 @@ async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
     invalid["target"]["container_url"] = json!("ftp://elsewhere");
     let mut unknown = w.message("az-3", "bad");
     unknown["job"]["tenant"] = json!("mallory");
+    // A job whose template has a secret, invalid for another reason.
+    let secret = json!({
+        "job": {
+            "id": "az-4", "tenant": "acme", "workspace": "bad", "operation": "apply",
+            "template": { "name": "demo", "version": "1.0.0" },
+            "variables": { "cluster_name": "x", "region": "mars-1", "admin_password": "poison-5ecret-pw" },
+        },
+    });
     for text in [
         "this is not json".to_owned(),
         invalid.to_string(),
         unknown.to_string(),
+        secret.to_string(),
     ] {
         w.jobs.send(&text).await;
         let out = w.run(&[]);
@@ -246,7 +255,7 @@ async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
     }
     assert_eq!(w.jobs.count().await, 0, "both left the jobs queue");
     let poisoned = records(w.poison.peek().await);
-    assert_eq!(poisoned.len(), 3, "{poisoned:?}");
+    assert_eq!(poisoned.len(), 4, "{poisoned:?}");
     assert_eq!(poisoned[0]["status"], "rejected");
     assert_eq!(poisoned[0]["message"], "this is not json");
     assert!(
@@ -270,6 +279,20 @@ async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
         poisoned[2]["errors"][0]["field"], "tenant",
         "{}",
         poisoned[2]
+    );
+    // The poison queue keeps the job and why it was refused, not its secrets.
+    let kept = poisoned[3]["message"].as_str().unwrap();
+    assert!(!kept.contains("poison-5ecret-pw"), "{kept}");
+    assert!(
+        kept.contains("az-4") && kept.contains("(sensitive value)"),
+        "{kept}"
+    );
+    assert!(
+        poisoned[3]["errors"]
+            .to_string()
+            .contains("variables.region"),
+        "{}",
+        poisoned[3]
     );
     // Nothing was written.
     assert!(w.store().workspaces().await.unwrap().is_empty());

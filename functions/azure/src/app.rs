@@ -220,7 +220,9 @@ impl App {
         mut record: Value,
     ) -> Result<Outcome, String> {
         record["dequeue_count"] = json!(message.dequeue_count);
-        let poisoned = poison_record(&record, &message.text);
+        // Identifiers and errors stay; the job's secrets do not.
+        let text = shared::trigger::masked_message(&message.text, &self.config.runtime.templates);
+        let poisoned = poison_record(&record, &text);
         let poison = self.queue(&self.config.poison_queue_url)?;
         poison.send(&poisoned, Duration::ZERO).await?;
         jobs.delete(&message.id, receipt).await?;

@@ -425,7 +425,8 @@ impl Runner {
         drop(logger);
         pump.finish().await;
 
-        // The result is written redacted, while the lease is still renewed.
+        // The result is written redacted, while the lease is still renewed, and only while it
+        // is still this run's: a runner that lost it never replaces a later run's result.
         let record_error = |source| RunError::Record {
             job_id: j.id.clone(),
             name: RESULT_FILE,
@@ -438,7 +439,7 @@ impl Runner {
             attempt += 1;
             match self
                 .store
-                .put_artifact(ws, &j.id, RESULT_FILE, data.clone())
+                .put_artifact_fenced(ws, &j.id, RESULT_FILE, data.clone(), &lease.fence())
                 .await
             {
                 Err(e) if attempt < 3 && e.is_retryable() => {
@@ -508,8 +509,10 @@ impl Runner {
             let before = addresses(server.current().await);
             Ok::<_, JobError>((client.clone(), server, before))
         };
+        let fence = lease.fence();
         let (recorded, prepared) = tokio::join!(
-            self.store.put_artifact(ws, &j.id, JOB_FILE, record),
+            self.store
+                .put_artifact_fenced(ws, &j.id, JOB_FILE, record, &fence),
             prepare
         );
         if let Err(e) = recorded {

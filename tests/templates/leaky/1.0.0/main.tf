@@ -1,7 +1,8 @@
 # A template that shows a secret everywhere terraform can: in a resource attribute (plan and
-# apply output), in a plain output and in an error-free state. Terraform itself does not mask
-# it (the variable is not marked sensitive here); only Terrace's redaction stands between the
-# secret and the logs and results.
+# apply output), in a plain output and in an error-free state. The variable is sensitive, as its
+# template.yaml says (Terrace refuses a template whose declarations disagree), but the values
+# derived from it are declared `nonsensitive`, so terraform itself does not mask them: only
+# Terrace's redaction stands between the secret and the logs and results.
 terraform {
   required_providers {
     testcloud = {
@@ -18,13 +19,14 @@ variable "name" {
 }
 
 variable "token" {
-  type = string
+  type      = string
+  sensitive = true
 }
 
 resource "testcloud_network" "leak" {
-  name = "${var.name}-${var.token}"
+  name = nonsensitive("${var.name}-${var.token}")
 }
 
 output "connection" {
-  value = "token=${var.token}"
+  value = nonsensitive("token=${var.token}")
 }

@@ -1,0 +1,217 @@
+//! `template.yaml` and the template's terraform files must agree on which variables are
+//! sensitive. If only `template.yaml` says so, terraform prints what it derives from the value
+//! (an attribute built from it, an encoding of it) in clear, beyond what Terrace's redaction of
+//! the literal value can find; if only the terraform files say so, Terrace keeps the value in
+//! clear in the job's record. Either way a secret reaches a log, so such a template is refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::{SPEC_FILE, TemplateError, TemplateSpec};
+
+/// A root-module variable as the terraform files declare it.
+#[derive(Debug, PartialEq, Eq)]
+struct Declared {
+    /// The file that declares it.
+    file: String,
+    sensitive: bool,
+}
+
+/// Refuses a template whose `template.yaml` and terraform files disagree on a variable's
+/// `sensitive`.
+///
+/// # Errors
+/// [`TemplateError::Invalid`] naming the variable, both files and the fix; or a terraform file
+/// that cannot be read.
+pub(super) fn check(spec: &TemplateSpec, dir: &Path) -> Result<(), TemplateError> {
+    let declared = declared(dir)?;
+    let mut problems = Vec::new();
+    for (name, var) in &spec.variables {
+        let Some(tf) = declared.get(name) else {
+            continue;
+        };
+        match (var.sensitive, tf.sensitive) {
+            (true, false) => problems.push(format!(
+                "variables.{name} is sensitive in {SPEC_FILE} but not in {}: add `sensitive = true` to its `variable \"{name}\"` block, or terraform prints what it derives from the value in clear",
+                tf.file
+            )),
+            (false, true) => problems.push(format!(
+                "variables.{name} is sensitive in {} but not in {SPEC_FILE}: add `sensitive: true` to it there, or its value is kept in clear in the job's record",
+                tf.file
+            )),
+            _ => {}
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(TemplateError::Invalid {
+            path: dir.join(SPEC_FILE),
+            message: problems.join("; "),
+        })
+    }
+}
+
+/// The root module's variables, from every `*.tf` and `*.tf.json` file in `dir`.
+fn declared(dir: &Path) -> Result<BTreeMap<String, Declared>, TemplateError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| TemplateError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut files: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    files.sort();
+    let mut out = BTreeMap::new();
+    for path in files {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let json = name.ends_with(".tf.json");
+        if !json && !name.ends_with(".tf") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let invalid = |message: String| TemplateError::Invalid {
+            path: path.clone(),
+            message,
+        };
+        let found = if json {
+            from_json(&text).map_err(|e| invalid(format!("is not terraform JSON: {e}")))?
+        } else {
+            from_hcl(&text).map_err(|e| invalid(format!("is not valid HCL: {e}")))?
+        };
+        for (var, sensitive) in found {
+            out.insert(
+                var,
+                Declared {
+                    file: name.clone(),
+                    sensitive,
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// `variable "NAME" { sensitive = true }` blocks of a `.tf` file: (name, sensitive).
+fn from_hcl(text: &str) -> Result<Vec<(String, bool)>, hcl::Error> {
+    let body = hcl::parse(text)?;
+    Ok(body
+        .blocks()
+        .filter(|b| b.identifier() == "variable")
+        .filter_map(|b| {
+            let name = b.labels().first()?.as_str().to_owned();
+            let sensitive = b
+                .body()
+                .attributes()
+                .find(|a| a.key() == "sensitive")
+                .is_some_and(|a| a.expr() == &hcl::Expression::Bool(true));
+            Some((name, sensitive))
+        })
+        .collect())
+}
+
+/// The `variable` object of a `.tf.json` file: (name, sensitive).
+fn from_json(text: &str) -> Result<Vec<(String, bool)>, serde_json::Error> {
+    let doc: serde_json::Value = serde_json::from_str(text)?;
+    let mut out = Vec::new();
+    // `"variable": {"name": {…}}`, or a list of such objects.
+    let groups: Vec<&serde_json::Value> = match &doc["variable"] {
+        serde_json::Value::Array(items) => items.iter().collect(),
+        other => vec![other],
+    };
+    for group in groups {
+        for (name, decl) in group.as_object().into_iter().flatten() {
+            out.push((
+                name.clone(),
+                decl["sensitive"] == serde_json::Value::Bool(true),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Template;
+
+    /// A template `t/1.0.0` whose `template.yaml` declares `token` (sensitive or not) and whose
+    /// terraform files are `files`.
+    fn template(sensitive: bool, files: &[(&str, &str)]) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t/1.0.0");
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(
+            t.join("template.yaml"),
+            format!(
+                "variables:\n  token: {{ type: string, sensitive: {sensitive} }}\n  name: {{ type: string }}\n"
+            ),
+        )
+        .unwrap();
+        for (name, text) in files {
+            std::fs::write(t.join(name), text).unwrap();
+        }
+        let outcome = match Template::load(dir.path(), "t", "1.0.0") {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        };
+        (dir, outcome)
+    }
+
+    const SENSITIVE: &str = r#"
+variable "token" {
+  type      = string
+  sensitive = true
+  validation {
+    condition     = length(var.token) > 3 && !strcontains(var.token, "}")
+    error_message = <<-EOT
+      The token { is too short }.
+    EOT
+  }
+}
+variable "name" { type = string }
+"#;
+    const PLAIN: &str = "variable \"token\" {\n  type = string\n}\nvariable \"name\" {}\n";
+
+    #[test]
+    fn agreeing_declarations_load() {
+        assert_eq!(template(true, &[("variables.tf", SENSITIVE)]).1, "");
+        assert_eq!(template(false, &[("variables.tf", PLAIN)]).1, "");
+    }
+
+    #[test]
+    fn a_secret_only_template_yaml_knows_is_refused_naming_the_file_and_the_fix() {
+        let (_dir, e) = template(true, &[("variables.tf", PLAIN)]);
+        assert!(
+            e.contains("variables.token is sensitive in template.yaml but not in variables.tf")
+                && e.contains("add `sensitive = true`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_secret_only_terraform_knows_is_refused() {
+        let (_dir, e) = template(false, &[("main.tf", SENSITIVE)]);
+        assert!(
+            e.contains("variables.token is sensitive in main.tf but not in template.yaml"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn json_declarations_count_too() {
+        let json = r#"{"variable": {"token": {"type": "string", "sensitive": true}}}"#;
+        assert_eq!(template(true, &[("variables.tf.json", json)]).1, "");
+        let (_dir, e) = template(false, &[("variables.tf.json", json)]);
+        assert!(e.contains("sensitive in variables.tf.json"), "{e}");
+    }
+
+    #[test]
+    fn a_terraform_file_that_does_not_parse_is_named() {
+        let (_dir, e) = template(false, &[("main.tf", "variable \"token\" {\n")]);
+        assert!(e.contains("main.tf") && e.contains("not valid HCL"), "{e}");
+    }
+}
