@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test fmt lint ci bench bench-overhead bench-http-backend bench-s3 bench-state-server clean
+.PHONY: tools demo test fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-state-server clean
 
 tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -19,7 +19,15 @@ lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
-ci: test lint
+deny: ## licenses, bans and sources of every dependency (deny.toml); offline-safe
+	scripts/install-cargo-deny.sh
+	.cache/cargo-deny/bin/cargo-deny check licenses bans sources
+
+deny-advisories: ## the RustSec advisories: needs the advisory database from github.com
+	scripts/install-cargo-deny.sh
+	.cache/cargo-deny/bin/cargo-deny check advisories
+
+ci: test lint deny
 
 bench: bench-state-server bench-overhead bench-http-backend bench-s3 ## the benchmarks
 

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::logs::Logger;
 
-mod bounded;
+mod connections;
 
 /// The user name terraform presents; the password is random per job.
 pub const USERNAME: &str = "terrace";
@@ -73,6 +73,9 @@ pub struct Config {
     pub lease_lost: CancellationToken,
     /// The largest request body accepted (413 beyond it).
     pub max_body: usize,
+    /// A connection whose next request's head has not arrived within this is closed
+    /// ([`HEADER_READ_TIMEOUT`]).
+    pub header_read_timeout: std::time::Duration,
 }
 
 /// The default largest state the server accepts: the largest real states are tens of MB.
@@ -81,6 +84,10 @@ pub const MAX_STATE_BYTES: usize = 256 << 20;
 /// At most this many connections at once (terraform keeps one or two); more wait to be
 /// accepted, so a flood cannot grow the server's memory.
 pub const MAX_CONNECTIONS: usize = 16;
+
+/// A connection whose next request's head has not arrived within this is closed, so one that
+/// never sends a request, or idles, cannot hold a place for long.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 struct Shared {
     config: Config,
@@ -142,17 +149,8 @@ impl StateServer {
         let stop = CancellationToken::new();
         let app = router(shared.clone());
         let stopped = stop.clone();
-        let listener = bounded::Bounded {
-            inner: listener,
-            permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
-        };
-        let task = tokio::spawn(async move {
-            let serve =
-                axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned());
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "state server failed");
-            }
-        });
+        let timeout = shared.config.header_read_timeout;
+        let task = tokio::spawn(connections::serve(listener, app, timeout, stopped));
         Ok(Self {
             endpoint: Endpoint {
                 address: format!("http://{addr}/state"),

@@ -15,8 +15,13 @@ pub fn moto() -> String {
 
 /// An AWS configuration for moto: its endpoint, a region and static test credentials.
 pub async fn sdk_config() -> aws_config::SdkConfig {
+    sdk_config_at(&moto()).await
+}
+
+/// An AWS configuration for the moto at `endpoint`.
+pub async fn sdk_config_at(endpoint: &str) -> aws_config::SdkConfig {
     aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(moto())
+        .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("testing", "testing", None, None, "moto"))
         .load()
@@ -90,6 +95,67 @@ pub async fn lease_table() -> String {
         .await
         .expect("create table in moto");
     name
+}
+
+/// A moto server of one test's own, which the test may stop and start again (SIGSTOP: every
+/// request hangs, as a store that stops answering). Killed when dropped.
+pub struct PrivateMoto {
+    pub endpoint: String,
+    child: std::process::Child,
+}
+
+impl PrivateMoto {
+    /// Starts one on a free port (moto installed by `scripts/install-moto.sh`), and waits until
+    /// it answers.
+    pub async fn start() -> Self {
+        let repo = crate::repo_root();
+        let out = std::process::Command::new(repo.join("scripts/install-moto.sh"))
+            .output()
+            .expect("scripts/install-moto.sh runs");
+        let server = String::from_utf8(out.stdout).expect("a path");
+        let python = std::path::Path::new(server.trim())
+            .parent()
+            .expect("moto's virtualenv")
+            .join("python");
+        let port = crate::gcp::free_port();
+        let child = std::process::Command::new(python)
+            .arg(repo.join("scripts/moto-server.py"))
+            .args(["127.0.0.1", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto starts");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return Self { endpoint, child };
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("the private moto did not start on port {port}");
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).expect("signal moto");
+    }
+
+    /// Stops answering: every request hangs until [`PrivateMoto::resume`].
+    pub fn freeze(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+impl Drop for PrivateMoto {
+    fn drop(&mut self) {
+        self.resume();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Counts the HTTP requests a client sends (retries included).

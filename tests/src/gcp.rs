@@ -79,13 +79,20 @@ impl SigningKey {
 
 /// Serves `{"keys": [...]}` on loopback until dropped; returns its URL.
 pub async fn serve_jwks(keys: Vec<Value>) -> (String, tokio::task::JoinHandle<()>) {
+    serve_changing_jwks(std::sync::Arc::new(std::sync::Mutex::new(keys))).await
+}
+
+/// Serves `{"keys": [...]}`, whatever `keys` holds at each request (keys published and
+/// withdrawn), on loopback until dropped; returns its URL.
+pub async fn serve_changing_jwks(
+    keys: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+) -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/certs", listener.local_addr().unwrap());
-    let body = json!({ "keys": keys });
     let app = axum::Router::new().route(
         "/certs",
         axum::routing::get(move || {
-            let body = body.clone();
+            let body = json!({ "keys": keys.lock().unwrap().clone() });
             async move { axum::Json(body) }
         }),
     );

@@ -78,6 +78,7 @@ pub async fn leased_state_server(
         logger: None,
         lease_lost: tokio_util::sync::CancellationToken::new(),
         max_body: shared::state_server::MAX_STATE_BYTES,
+        header_read_timeout: shared::state_server::HEADER_READ_TIMEOUT,
     })
     .await
     .expect("the state server starts")

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use state_backends::{LeaseRequest, StateStore, WorkspaceId};
-use tests::gcp::{AUDIENCE, PUSHER, Service, SigningKey, push_envelope, serve_jwks};
+use tests::gcp::{
+    AUDIENCE, PUSHER, Service, SigningKey, push_envelope, serve_changing_jwks, serve_jwks,
+};
 use tests::http::{Answer, post_json};
 use tests::pubsub::{self, Relay};
 use tests::{Sandbox, gcs};
@@ -267,6 +269,36 @@ async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing
         .unwrap();
     assert_eq!(out.status.code(), Some(78), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("TERRACE_PUSH_SERVICE_ACCOUNTS"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signing_key_google_withdraws_stops_being_accepted_once_the_cached_keys_age_out() {
+    let w = World::new().await;
+    let published = std::sync::Arc::new(std::sync::Mutex::new(vec![w.key.jwk.clone()]));
+    let (jwks, _server) = serve_changing_jwks(published.clone()).await;
+    let tenants = w.tenants();
+    let service = Service::start(
+        &w.sb,
+        &jwks,
+        &[
+            ("TERRACE_TENANTS", tenants.as_str()),
+            ("TERRACE_OIDC_KEYS_MAX_AGE", "1"),
+        ],
+    )
+    .await;
+    let url = format!("{}/sweeps/backup", service.url);
+    let bearer = w.key.bearer();
+    let auth = [("authorization", bearer.as_str())];
+    let before = post_json(&url, &auth, &json!({})).await;
+    assert_eq!(before.status, 200, "{}", before.body);
+
+    // Google withdraws the key; the service's cached copy ages out within a second (and a
+    // refetch is tried at most every 30 s: the first try comes after the age).
+    published.lock().unwrap().clear();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let after = post_json(&url, &auth, &json!({})).await;
+    assert_eq!(after.status, 401, "{}", after.body);
+    assert!(after.body.contains("is not Google's"), "{}", after.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -38,7 +38,17 @@ pub type JobRef = trigger::JobRef<Target>;
 
 impl App {
     pub async fn new(config: Config) -> Self {
-        let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        // Every AWS call gives up in time: a store that stops answering must not hold a job
+        // (its result, its lease's release, its message's return) forever. The runner fences
+        // itself long before, whatever the calls do.
+        let timeouts = aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .operation_attempt_timeout(config.call_timeout)
+            .build();
+        let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .timeout_config(timeouts)
+            .load()
+            .await;
         Self {
             sqs: aws_sdk_sqs::Client::new(&aws),
             ecs: aws_sdk_ecs::Client::new(&aws),

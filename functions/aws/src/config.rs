@@ -37,6 +37,9 @@ pub struct Config {
     /// Terraform's session for the customer account is replaced when it has less than this
     /// left (see `credentials`).
     pub refresh_credentials_before: Duration,
+    /// `TERRACE_CALL_TIMEOUT` (60 s): how long one attempt of an AWS call may take (the SDK
+    /// tries up to three times).
+    pub call_timeout: Duration,
 }
 
 impl Config {
@@ -78,6 +81,7 @@ impl Config {
             keep_invisible_every: seconds("TERRACE_KEEP_INVISIBLE_EVERY", 30)?
                 .max(Duration::from_secs(1)),
             refresh_credentials_before: seconds("TERRACE_REFRESH_CREDENTIALS_BEFORE", 600)?,
+            call_timeout: seconds("TERRACE_CALL_TIMEOUT", 60)?.max(Duration::from_secs(1)),
         })
     }
 }

@@ -86,6 +86,7 @@ impl Config {
                     }
                     allowed
                 },
+                keys_max_age: seconds("TERRACE_OIDC_KEYS_MAX_AGE", 3600)?,
             },
             request_timeout: seconds("TERRACE_REQUEST_TIMEOUT", 300)?,
             margin: seconds("TERRACE_DEADLINE_MARGIN", 30)?,

@@ -1,6 +1,7 @@
 //! Who may call the service: every request carries a Google-signed OIDC token (Pub/Sub push
 //! and Cloud Scheduler both send one), checked before anything else. Its signature against
-//! Google's published keys (JWKS, cached, fetched again for a key it does not know), its
+//! Google's published keys (JWKS, cached for `TERRACE_OIDC_KEYS_MAX_AGE`, an hour, so a key
+//! Google withdraws stops being accepted; fetched again sooner for a key it does not know), its
 //! issuer, its audience (this service), its expiry, and, when configured, the service account
 //! it was issued to.
 
@@ -24,6 +25,9 @@ pub struct OidcConfig {
     /// The service accounts allowed to call (the token's `email`, verified). Required: any
     /// Google account can get a Google-signed token for any audience.
     pub service_accounts: Vec<String>,
+    /// How long fetched keys are used before they are fetched again (a key Google withdrew is
+    /// refused from then on).
+    pub keys_max_age: Duration,
 }
 
 /// Why a request was refused: 401 (no valid token) or 403 (a valid token, not for us).
@@ -55,10 +59,11 @@ pub struct Claims {
     pub email_verified: Option<bool>,
 }
 
-/// The keys, and when they were last fetched.
+/// The keys, when they were last fetched, and when a fetch was last tried.
 struct Keys {
     set: JwkSet,
     fetched: Option<Instant>,
+    tried: Option<Instant>,
 }
 
 pub struct Verifier {
@@ -67,8 +72,14 @@ pub struct Verifier {
     keys: RwLock<Keys>,
 }
 
-/// A key the cache does not know is fetched again at most this often.
+/// The keys are fetched again at most this often (for a key the cache does not know, or after
+/// a failed fetch).
 const REFETCH_AFTER: Duration = Duration::from_secs(30);
+
+/// When the keys cannot be fetched again, the old ones are used for at most this long after
+/// their own fetch (Google's endpoint being down should not stop every job at once), then every
+/// request is refused.
+const STALE_LIMIT: Duration = Duration::from_secs(6 * 3600);
 
 impl Verifier {
     pub fn new(config: OidcConfig) -> Self {
@@ -82,31 +93,52 @@ impl Verifier {
             keys: RwLock::new(Keys {
                 set: JwkSet { keys: Vec::new() },
                 fetched: None,
+                tried: None,
             }),
         }
     }
 
     async fn key(&self, kid: &str) -> Result<DecodingKey, Refusal> {
         let find = |set: &JwkSet| set.find(kid).map(DecodingKey::from_jwk);
-        if let Some(key) = find(&self.keys.read().await.set) {
-            return key.map_err(|e| unauthorized(format!("signing key {kid}: {e}")));
+        let fresh = |keys: &Keys| {
+            keys.fetched
+                .is_some_and(|t| t.elapsed() < self.config.keys_max_age)
+        };
+        {
+            let keys = self.keys.read().await;
+            if fresh(&keys)
+                && let Some(key) = find(&keys.set)
+            {
+                return key.map_err(|e| unauthorized(format!("signing key {kid}: {e}")));
+            }
         }
         let mut keys = self.keys.write().await;
-        let stale = keys.fetched.is_none_or(|t| t.elapsed() >= REFETCH_AFTER);
-        if stale {
-            // Counted as a fetch even when it fails: made-up key ids cannot make every request
-            // fetch again.
-            keys.fetched = Some(Instant::now());
+        let unknown = find(&keys.set).is_none();
+        let aged = !fresh(&keys);
+        // Keys that aged out are fetched again at once; otherwise (a key id the cache does not
+        // know, a fetch that failed) at most every REFETCH_AFTER: made-up key ids, or an
+        // endpoint that is down, cannot make every request fetch again.
+        let last_failed = keys.tried != keys.fetched;
+        let may_try =
+            (aged && !last_failed) || keys.tried.is_none_or(|t| t.elapsed() >= REFETCH_AFTER);
+        if (unknown || aged) && may_try {
+            keys.tried = Some(Instant::now());
             match self.fetch().await {
-                Ok(set) => keys.set = set,
+                Ok(set) => {
+                    keys.set = set;
+                    keys.fetched = keys.tried;
+                }
                 Err(e) => {
                     tracing::error!(error = %e, url = %self.config.jwks_url, "cannot fetch the token signing keys");
-                    return Err(Refusal {
-                        status: StatusCode::SERVICE_UNAVAILABLE,
-                        reason: "the token signing keys cannot be fetched".into(),
-                    });
                 }
             }
+        }
+        let usable = keys.fetched.is_some_and(|t| t.elapsed() < STALE_LIMIT);
+        if !usable {
+            return Err(Refusal {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                reason: "the token signing keys cannot be fetched".into(),
+            });
         }
         match find(&keys.set) {
             Some(key) => key.map_err(|e| unauthorized(format!("signing key {kid}: {e}"))),

@@ -156,6 +156,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 logger: None,
                 lease_lost: tokio_util::sync::CancellationToken::new(),
                 max_body: shared::state_server::MAX_STATE_BYTES,
+                header_read_timeout: shared::state_server::HEADER_READ_TIMEOUT,
             })
             .await?;
             let pushed = server.push(data.into()).await;

@@ -503,6 +503,7 @@ impl Runner {
                 logger: Some(logger.clone()),
                 lease_lost: lost.clone(),
                 max_body: self.config.max_state_bytes,
+                header_read_timeout: crate::state_server::HEADER_READ_TIMEOUT,
             })
             .await
             .map_err(|e| internal("prepare", format!("cannot start the state server: {e}")))?;

@@ -41,6 +41,7 @@ async fn leased(ttl: Duration, max_body: usize) -> (Arc<dyn StateStore>, Workspa
         logger: None,
         lease_lost: CancellationToken::new(),
         max_body,
+        header_read_timeout: HEADER_READ_TIMEOUT,
     };
     (store, ws, config)
 }
@@ -260,7 +261,15 @@ async fn once_the_lease_is_lost_every_write_is_refused_and_nothing_changes() {
 
 /// A server on a socket, with a small body cap, for the tests that need real connections.
 async fn serving(max_body: usize) -> (StateServer, Arc<dyn StateStore>, WorkspaceId) {
-    let (store, ws, config) = leased(Duration::from_secs(60), max_body).await;
+    serving_with(max_body, HEADER_READ_TIMEOUT).await
+}
+
+async fn serving_with(
+    max_body: usize,
+    header_read_timeout: Duration,
+) -> (StateServer, Arc<dyn StateStore>, WorkspaceId) {
+    let (store, ws, mut config) = leased(Duration::from_secs(60), max_body).await;
+    config.header_read_timeout = header_read_timeout;
     let server = StateServer::start(config).await.unwrap();
     (server, store, ws)
 }
@@ -341,4 +350,32 @@ async fn connections_beyond_the_bound_wait_until_one_closes() {
         Some("HTTP/1.1 401 Unauthorized"),
         "served once a connection closed"
     );
+}
+
+#[tokio::test]
+async fn connections_that_never_send_a_request_are_closed_and_give_their_place_back() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, _, _) = serving_with(MAX_STATE_BYTES, Duration::from_millis(300)).await;
+    let addr = host(&server);
+    let mut stalled = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        conn.write_all(b"GET /state HTTP/1.1\r\n").await.unwrap(); // never finished
+        stalled.push(conn);
+    }
+    // Closed by the server once the head is late: each read ends (EOF or an error answer).
+    for conn in &mut stalled {
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut buf))
+            .await
+            .expect("the server closed the stalled connection")
+            .ok();
+    }
+    // Their places are free again, with every stalled socket still open on this side.
+    let probe = "GET /state HTTP/1.1\r\nhost: x\r\n\r\n";
+    assert_eq!(
+        status_line(&addr, probe).await.as_deref(),
+        Some("HTTP/1.1 401 Unauthorized")
+    );
+    drop(stalled);
 }
