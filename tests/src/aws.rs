@@ -127,7 +127,10 @@ impl PrivateMoto {
             .expect("moto starts");
         let endpoint = format!("http://127.0.0.1:{port}");
         for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
                 return Self { endpoint, child };
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;

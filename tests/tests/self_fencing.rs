@@ -167,12 +167,18 @@ async fn a_function_whose_store_stops_answering_mid_job_fences_itself_and_gives_
         .env("AWS_ACCESS_KEY_ID", "testing")
         .env("AWS_SECRET_ACCESS_KEY", "testing")
         .env("TERRACE_S3_FORCE_PATH_STYLE", "1")
-        .env("TERRACE_TENANTS", serde_json::json!({ "acme": target }).to_string())
+        .env(
+            "TERRACE_TENANTS",
+            serde_json::json!({ "acme": target }).to_string(),
+        )
         .env("TERRACE_JOB", job.to_string())
         .env("TERRACE_TEMPLATES", &sb.templates)
         .env("TERRACE_TERRAFORM", tests::terraform())
         .env("TERRACE_TF_CLI_CONFIG", &sb.cli_config)
-        .env("TERRACE_PASS_ENV", "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS")
+        .env(
+            "TERRACE_PASS_ENV",
+            "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS",
+        )
         .env("TESTCLOUD_ROOT", &sb.cloud)
         // Each create takes 4 s: the store stops answering while terraform applies.
         .env("TESTCLOUD_CREATE_DELAY_MS", "4000")
@@ -206,7 +212,10 @@ async fn a_function_whose_store_stops_answering_mid_job_fences_itself_and_gives_
     let log = String::from_utf8_lossy(&out.stderr);
     // It could neither record an end nor put the job back: a retry of the task may.
     assert_eq!(out.status.code(), Some(75), "{log}");
-    assert!(log.contains("could not be confirmed"), "fenced itself: {log}");
+    assert!(
+        log.contains("the lease could not be confirmed before it would expire"),
+        "fenced itself, and says so in the host's log: {log}"
+    );
     assert!(took < Duration::from_secs(100), "gave up after {took:?}");
     // Nothing was written once the store stopped (no version at all: the apply never ended),
     // and the workspace can be taken again within a lease's time (the calls the frozen store

@@ -237,6 +237,8 @@ pub(super) async fn watch(w: Watch) {
     let mut renew = tokio::time::interval_at(now + first, every);
     // After a failed renewal, the next try comes sooner than the next period.
     let soon = (ttl / 12).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    // The owner and fence stay the same across renewals.
+    let (owner, fence_token) = (lease.owner.clone(), lease.fence);
     let fence = |why: String| {
         let why = format!(
             "{why}; the lease could not be confirmed before it would expire, so terraform is stopped and no more writes are made"
@@ -244,6 +246,8 @@ pub(super) async fn watch(w: Watch) {
         let _ = reason.set(StopReason::LeaseLost(why.clone()));
         lost.cancel();
         stop.cancel();
+        // In the host's log too: the job's own log may be in the store that stopped answering.
+        tracing::error!(workspace = %ws, owner = %owner, fence = fence_token, "{why}");
         why
     };
     loop {
@@ -270,6 +274,7 @@ pub(super) async fn watch(w: Watch) {
                         let _ = reason.set(StopReason::LeaseLost(why.clone()));
                         lost.cancel();
                         stop.cancel();
+                        tracing::error!(workspace = %ws, owner = %lease.owner, fence = lease.fence, "lease lost: {why}; stopping terraform");
                         logger.runner("", &format!("lease lost: {why}; stopping terraform")).await;
                         break;
                     }
