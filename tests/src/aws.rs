@@ -125,13 +125,17 @@ impl PrivateMoto {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("moto starts");
-        let endpoint = format!("http://127.0.0.1:{port}");
+        // Dropped (killed and waited for) on every path out of here.
+        let moto = Self {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            child,
+        };
         for _ in 0..200 {
             if tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
                 .is_ok()
             {
-                return Self { endpoint, child };
+                return moto;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
