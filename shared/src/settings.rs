@@ -38,12 +38,23 @@ pub const RUNNER_CREDENTIALS: &[&str] = &[
     "CLOUDSDK_AUTH_CREDENTIAL_FILE_OVERRIDE",
 ];
 
-/// `TERRACE_TERRAFORM_USER`: the user terraform runs as (`UID[:GID]`, or `root` to keep the
-/// runner's). Unset: `default_unprivileged` gives `nobody` when the runner is root.
+/// Who terraform runs as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    /// The runner's own user.
+    Runner,
+    /// One user for every job.
+    One(RunAs),
+    /// A user of each job's own (see [`crate::terraform::JobUser`]).
+    PerJob,
+}
+
+/// `TERRACE_TERRAFORM_USER`: who terraform runs as: `per-job`, `UID[:GID]`, or `root` (the
+/// runner's own). Unset: `default_unprivileged` gives `per-job` when the runner is root.
 ///
 /// # Errors
-/// A value that is not one, or a user to switch to when the runner cannot switch.
-fn terraform_user(default_unprivileged: bool) -> Result<Option<RunAs>, ConfigError> {
+/// A value that is not one, or users to switch to when the runner cannot switch.
+fn terraform_user(default_unprivileged: bool) -> Result<Who, ConfigError> {
     user_from(
         var("TERRACE_TERRAFORM_USER").as_deref(),
         default_unprivileged,
@@ -56,40 +67,58 @@ fn user_from(
     value: Option<&str>,
     default_unprivileged: bool,
     euid: u32,
-) -> Result<Option<RunAs>, ConfigError> {
+) -> Result<Who, ConfigError> {
     let root = euid == 0;
     let Some(value) = value else {
-        return Ok((default_unprivileged && root).then_some(RunAs::NOBODY));
+        return Ok(if default_unprivileged && root {
+            Who::PerJob
+        } else {
+            Who::Runner
+        });
     };
     let value = value.trim();
-    if value == "root" {
-        return Ok(None);
-    }
-    let malformed = || ConfigError::Malformed {
-        name: "TERRACE_TERRAFORM_USER".into(),
-        value: value.to_owned(),
-        expected: "UID[:GID] (e.g. 65534:65534), or root",
-    };
-    let (uid, gid) = match value.split_once(':') {
-        Some((u, g)) => (
-            u.parse().map_err(|_| malformed())?,
-            g.parse().map_err(|_| malformed())?,
-        ),
-        None => {
-            let uid = value.parse().map_err(|_| malformed())?;
-            (uid, uid)
+    let who = match value {
+        "root" => return Ok(Who::Runner),
+        "per-job" => Who::PerJob,
+        _ => {
+            let malformed = || ConfigError::Malformed {
+                name: "TERRACE_TERRAFORM_USER".into(),
+                value: value.to_owned(),
+                expected: "per-job, UID[:GID] (e.g. 65534:65534), or root",
+            };
+            let (uid, gid) = match value.split_once(':') {
+                Some((u, g)) => (
+                    u.parse().map_err(|_| malformed())?,
+                    g.parse().map_err(|_| malformed())?,
+                ),
+                None => {
+                    let uid = value.parse().map_err(|_| malformed())?;
+                    (uid, uid)
+                }
+            };
+            if uid == 0 {
+                return Ok(Who::Runner);
+            }
+            Who::One(RunAs { uid, gid })
         }
     };
-    if uid == 0 {
-        return Ok(None);
-    }
     if !root {
         return Err(format!(
             "TERRACE_TERRAFORM_USER={value} needs the runner to run as root, to switch users; it runs as uid {euid}: unset it (terraform runs as the runner's own, unprivileged user)"
         )
         .into());
     }
-    Ok(Some(RunAs { uid, gid }))
+    Ok(who)
+}
+
+impl TerraformConfig {
+    fn set_user(&mut self, who: Who) {
+        (self.user, self.per_job_users) = match who {
+            Who::Runner => (None, false),
+            Who::One(user) => (Some(user), false),
+            Who::PerJob => (None, true),
+        };
+    }
 }
 
 /// A variable's value; unset and blank are the same.
@@ -182,7 +211,8 @@ impl Runtime {
     /// # Errors
     /// A setting that is present but malformed, named.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Ok(Self {
+        let who = terraform_user(false)?;
+        let mut runtime = Self {
             templates: var("TERRACE_TEMPLATES")
                 .unwrap_or_else(|| "/opt/terrace/templates".into())
                 .into(),
@@ -197,7 +227,8 @@ impl Runtime {
                 settings: Vec::new(),
                 late_secrets: crate::redact::LateSecrets::default(),
                 grace: seconds("TERRACE_GRACE", 30)?,
-                user: terraform_user(false)?,
+                user: None,
+                per_job_users: false,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
             task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
@@ -211,7 +242,9 @@ impl Runtime {
                     expected: "a number of bytes",
                 })?,
             },
-        })
+        };
+        runtime.terraform.set_user(who);
+        Ok(runtime)
     }
 
     /// What a cloud function (whose identity can reach every customer) requires of how
@@ -233,17 +266,26 @@ impl Runtime {
             )
             .into());
         }
-        self.terraform.user = terraform_user(true)?;
-        if let (Some(cache), Some(user)) = (&self.terraform.plugin_cache, self.terraform.user) {
-            std::fs::create_dir_all(cache)
-                .and_then(|()| user.give(cache, &[]))
-                .map_err(|e| {
-                    format!(
-                        "TERRACE_PLUGIN_CACHE={}: cannot give it to terraform's user {}: {e}",
-                        cache.display(),
-                        user.uid
-                    )
-                })?;
+        self.terraform.set_user(terraform_user(true)?);
+        if let Some(cache) = &self.terraform.plugin_cache {
+            let shared = || -> std::io::Result<()> {
+                std::fs::create_dir_all(cache)?;
+                match (self.terraform.user, self.terraform.per_job_users) {
+                    (Some(user), _) => user.give(cache, &[]),
+                    // Every job's user writes there: open to all, each file its writer's.
+                    (None, true) => {
+                        use std::os::unix::fs::PermissionsExt;
+                        std::fs::set_permissions(cache, std::fs::Permissions::from_mode(0o1777))
+                    }
+                    (None, false) => Ok(()),
+                }
+            };
+            shared().map_err(|e| {
+                format!(
+                    "TERRACE_PLUGIN_CACHE={}: cannot open it to terraform's users: {e}",
+                    cache.display()
+                )
+            })?;
         }
         Ok(self)
     }
@@ -267,39 +309,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_function_running_as_root_runs_terraform_as_nobody_unless_told() {
-        assert_eq!(user_from(None, true, 0).unwrap(), Some(RunAs::NOBODY));
+    fn a_function_running_as_root_gives_each_job_a_user_unless_told() {
+        assert_eq!(user_from(None, true, 0).unwrap(), Who::PerJob);
         assert_eq!(
             user_from(None, true, 1000).unwrap(),
-            None,
+            Who::Runner,
             "not root: its own user"
         );
         assert_eq!(
             user_from(None, false, 0).unwrap(),
-            None,
+            Who::Runner,
             "the local runner: you"
         );
         assert_eq!(
             user_from(Some("1001:1002"), true, 0).unwrap(),
-            Some(RunAs {
+            Who::One(RunAs {
                 uid: 1001,
                 gid: 1002
             })
         );
         assert_eq!(
             user_from(Some("1001"), true, 0).unwrap(),
-            Some(RunAs {
+            Who::One(RunAs {
                 uid: 1001,
                 gid: 1001
             })
         );
-        assert_eq!(user_from(Some("root"), true, 0).unwrap(), None);
+        assert_eq!(user_from(Some("per-job"), false, 0).unwrap(), Who::PerJob);
+        assert_eq!(user_from(Some("root"), true, 0).unwrap(), Who::Runner);
         let bad = user_from(Some("nobody"), true, 0).unwrap_err().to_string();
         assert!(
             bad.contains("TERRACE_TERRAFORM_USER") && bad.contains("UID[:GID]"),
             "{bad}"
         );
-        let unswitchable = user_from(Some("1001"), true, 1000).unwrap_err().to_string();
+        let unswitchable = user_from(Some("per-job"), true, 1000)
+            .unwrap_err()
+            .to_string();
         assert!(
             unswitchable.contains("needs the runner to run as root"),
             "{unswitchable}"

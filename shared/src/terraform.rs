@@ -54,6 +54,102 @@ pub struct TerraformConfig {
     /// terraform (and every provider and provisioner) as an unprivileged user, which cannot
     /// read the runner's memory, environment or files.
     pub user: Option<RunAs>,
+    /// Each job takes a user of its own ([`JobUser`]) and sets [`TerraformConfig::user`] to it:
+    /// what a cloud function running as root does, so jobs side by side cannot reach each
+    /// other, and whatever a job leaves running is killed when it ends.
+    pub per_job_users: bool,
+}
+
+/// The users jobs take, one each at a time: `FIRST_JOB_UID` and the next `JOB_USERS - 1`,
+/// each with a group of the same number. (Within 65536, so they exist in a container's user
+/// namespace too.)
+pub const FIRST_JOB_UID: u32 = 61000;
+pub const JOB_USERS: usize = 64;
+
+/// A user of one job's own, taken from the [`FIRST_JOB_UID`] range for as long as it lives.
+/// Taken machine-wide (a lock file per user, in the temp folder, which the kernel frees if
+/// the runner dies), since several runners may share a machine. Every process running as the
+/// user is killed when it is taken (what a dead runner's job left) and when it is given back
+/// (what this job's providers or provisioners left behind, detached or not), so nothing of one
+/// job meets the next job of that user.
+#[derive(Debug)]
+pub struct JobUser {
+    pub run_as: RunAs,
+    _lock: std::fs::File,
+}
+
+impl JobUser {
+    /// A free user, or `None` when [`JOB_USERS`] jobs run on this machine already.
+    ///
+    /// # Errors
+    /// When the users' lock folder cannot be made or a user's leftovers cannot be killed.
+    pub fn claim() -> std::io::Result<Option<Self>> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = std::env::temp_dir().join("terrace-job-users");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
+        for slot in 0..JOB_USERS {
+            let id = FIRST_JOB_UID + u32::try_from(slot).unwrap_or(0);
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(format!("{id}.lock")))?;
+            if lock.try_lock().is_err() {
+                continue;
+            }
+            let run_as = RunAs { uid: id, gid: id };
+            kill_all_of(run_as)?;
+            return Ok(Some(Self {
+                run_as,
+                _lock: lock,
+            }));
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for JobUser {
+    fn drop(&mut self) {
+        // The lock goes with `self` after this; the next taker kills again anyway.
+        if let Err(e) = kill_all_of(self.run_as) {
+            tracing::error!(uid = self.run_as.uid, error = %e, "could not stop what a job left running");
+        }
+    }
+}
+
+/// Kills every process running as `user` (but init), from a child that becomes `user` and
+/// signals all it may (`kill(-1, SIGKILL)`), which are exactly that user's processes.
+#[allow(unsafe_code)]
+fn kill_all_of(user: RunAs) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.uid(user.uid)
+        .gid(user.gid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: runs in the forked child, after it became `user` and before exec: two system
+    // calls (kill, _exit), both async-signal-safe, and no allocation. It never execs.
+    unsafe {
+        cmd.pre_exec(|| {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(-1),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            nix::libc::_exit(0);
+        });
+    }
+    let status = cmd.status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "the killer ended with {status}"
+        )))
+    }
 }
 
 /// An unprivileged user and group terraform runs as.
@@ -76,7 +172,8 @@ impl RunAs {
     /// # Errors
     /// The first file that cannot be given.
     pub fn give(self, path: &Path, keep: &[&str]) -> std::io::Result<()> {
-        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))?;
+        // Deepest first: a folder stays the runner's (and closed to the user) until everything
+        // in it is given, so the user cannot swap an entry for a link while it is walked.
         if std::fs::symlink_metadata(path)?.is_dir() {
             for entry in std::fs::read_dir(path)? {
                 let entry = entry?;
@@ -86,7 +183,7 @@ impl RunAs {
                 self.give(&entry.path(), &[])?;
             }
         }
-        Ok(())
+        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))
     }
 }
 
@@ -116,6 +213,7 @@ impl Default for TerraformConfig {
             late_secrets: crate::redact::LateSecrets::default(),
             grace: Duration::from_secs(30),
             user: None,
+            per_job_users: false,
         }
     }
 }

@@ -33,17 +33,22 @@ pub fn check_job(job: &Map<String, Value>, templates: &Path) -> Result<Validated
     })
 }
 
-/// A message's text as a dead-letter record may keep it: its job's sensitive values masked.
-/// The sensitive variables are those its template declares; when the template cannot be read
-/// (a rejected message often names none, or a wrong one), every variable's value is masked,
-/// since nothing says which are secrets. Text that is not a job envelope (JSON, or base64 of
-/// it) is kept as it is: there is no job in it to find values in.
+/// A message's text as a dead-letter record may keep it: its ids and its job, with every
+/// variable's value masked but those its template declares not sensitive (a variable it does
+/// not declare, a misspelt secret say, is masked; so is every value when the template cannot
+/// be read). The envelope is written anew from what was read (a key given twice keeps neither
+/// copy's secret). Text that is not a job envelope (JSON, or base64 of it) cannot be searched
+/// for secrets: only its size and SHA-256 are kept.
 pub fn masked_message(text: &str, templates: &Path) -> String {
     let Ok(mut envelope) = crate::pipeline::json_or_base64::<Value>(text.as_bytes()) else {
-        return text.to_owned();
+        return format!(
+            "(not a job envelope: {} bytes, sha256 {})",
+            text.len(),
+            state_backends::sha256_hex(text.as_bytes())
+        );
     };
     let Some(job) = envelope.get_mut("job").and_then(Value::as_object_mut) else {
-        return text.to_owned();
+        return envelope.to_string();
     };
     let template = job.get("template").and_then(|t| {
         crate::template::Template::load(
@@ -53,24 +58,18 @@ pub fn masked_message(text: &str, templates: &Path) -> String {
         )
         .ok()
     });
-    let Some(variables) = job.get_mut("variables").and_then(Value::as_object_mut) else {
-        return text.to_owned();
-    };
-    let mut masked = false;
-    for (name, value) in variables.iter_mut() {
-        let sensitive = template
-            .as_ref()
-            .is_none_or(|t| t.spec.variables.get(name).is_some_and(|v| v.sensitive));
-        if sensitive && *value != Value::String(crate::redact::MASK.to_owned()) {
-            *value = Value::String(crate::redact::MASK.to_owned());
-            masked = true;
+    if let Some(variables) = job.get_mut("variables").and_then(Value::as_object_mut) {
+        for (name, value) in variables.iter_mut() {
+            let plain = template
+                .as_ref()
+                .and_then(|t| t.spec.variables.get(name))
+                .is_some_and(|v| !v.sensitive);
+            if !plain {
+                *value = Value::String(crate::redact::MASK.to_owned());
+            }
         }
     }
-    if masked {
-        envelope.to_string()
-    } else {
-        text.to_owned()
-    }
+    envelope.to_string()
 }
 
 /// What a handed-off task (an ECS task, a Cloud Run Job) gets: where the job message is staged
@@ -287,7 +286,10 @@ mod tests {
             "job": {
                 "id": "j1", "tenant": "acme", "workspace": "w",
                 "template": { "name": template, "version": "1.0.0" },
-                "variables": { "cluster_name": "demo", "admin_password": "hunter2-hunter2" },
+                "variables": {
+                    "cluster_name": "demo", "admin_password": "hunter2-hunter2",
+                    "admin_pasword": "typo-5ecret",
+                },
             },
         })
         .to_string()
@@ -303,6 +305,11 @@ mod tests {
         );
         assert_eq!(kept["job"]["variables"]["cluster_name"], "demo");
         assert_eq!(kept["job"]["id"], "j1");
+        // A name the template does not declare (a misspelt secret) is masked too.
+        assert_eq!(
+            kept["job"]["variables"]["admin_pasword"],
+            crate::redact::MASK
+        );
         // The same from base64, as many senders put it on queues.
         let encoded = base64::engine::general_purpose::STANDARD.encode(message("demo"));
         assert!(!masked_message(&encoded, &templates()).contains("hunter2"));
@@ -319,9 +326,25 @@ mod tests {
     }
 
     #[test]
-    fn text_that_is_no_job_is_kept_as_it_is() {
-        assert_eq!(masked_message("not json", &templates()), "not json");
+    fn text_that_is_no_job_keeps_only_its_size_and_digest() {
+        let cut = r#"{"job": {"variables": {"pw": "hunter2"#;
+        let kept = masked_message(cut, &templates());
+        assert!(!kept.contains("hunter2"), "{kept}");
+        assert!(
+            kept.starts_with(&format!(
+                "(not a job envelope: {} bytes, sha256 ",
+                cut.len()
+            )),
+            "{kept}"
+        );
         let plain = json!({ "job": { "id": "j1" } }).to_string();
         assert_eq!(masked_message(&plain, &templates()), plain);
+    }
+
+    #[test]
+    fn a_variables_key_given_twice_keeps_neither_secret() {
+        let twice = r#"{"job": {"id": "j1", "variables": {"pw": "first-5ecret"}, "variables": {"pw": "second-5ecret"}}}"#;
+        let kept = masked_message(twice, &templates());
+        assert!(!kept.contains("5ecret"), "{kept}");
     }
 }

@@ -388,22 +388,49 @@ impl Sandbox {
     }
 
     /// Asserts that the probe `name` (run by a cloud function) got nothing of the runner's:
-    /// the runner's environment was unreadable, terraform ran as `nobody` when the runner was
-    /// root, and terraform's own environment held none of `secrets` nor any variable that holds
+    /// the runner's environment was unreadable; when the runner was root (`runner_root`),
+    /// terraform ran as a user of the job's own and what it left running was killed when the
+    /// job ended; terraform's own environment held none of `secrets` nor any variable that holds
     /// or leads to a function's credentials, but those of `customers` (what the runner sets
-    /// itself for the customer's access, e.g. the AWS config file of its broker).
-    pub fn assert_probe_got_nothing(&self, name: &str, secrets: &[&str], customers: &[&str]) {
+    /// itself for the customer's access, e.g. the AWS config file of its broker). The probe's
+    /// uid.
+    pub fn assert_probe_got_nothing(
+        &self,
+        name: &str,
+        secrets: &[&str],
+        customers: &[&str],
+        runner_root: bool,
+    ) -> u32 {
         let report = self.probe(name);
+        let leftover: i32 = report["leftover"].parse().expect("a pid");
+        // Killed, it may stay a zombie until whoever adopted it reaps it: not alive.
+        let alive = std::fs::read_to_string(format!("/proc/{leftover}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let state = stat.rsplit_once(") ")?.1.chars().next()?;
+                Some(state != 'Z' && state != 'X')
+            })
+            .unwrap_or(false);
+        // Not left to linger in the test's machine either way.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(leftover),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let uid: u32 = report["uid"].parse().expect("a uid");
         assert_eq!(
             report.get("runner_environ").map(String::as_str),
             Some("denied"),
             "terraform read the runner's environment: {report:?}"
         );
-        if nix::unistd::geteuid().is_root() {
-            assert_eq!(
-                report.get("uid").map(String::as_str),
-                Some("65534"),
-                "a runner running as root runs terraform as nobody: {report:?}"
+        if runner_root {
+            let first = shared::terraform::FIRST_JOB_UID;
+            assert!(
+                (first..first + 64).contains(&uid),
+                "a runner running as root runs terraform as a user of the job's own: {report:?}"
+            );
+            assert!(
+                !alive,
+                "what the job left running (pid {leftover}) outlived it: {report:?}"
             );
         }
         let own: Vec<&str> = report
@@ -420,6 +447,7 @@ impl Sandbox {
                 "terraform's environment holds {name}: {own:?}"
             );
         }
+        uid
     }
 
     /// The names of the test cloud's resources, sorted.

@@ -86,7 +86,8 @@ impl Config {
                     }
                     allowed
                 },
-                keys_max_age: seconds("TERRACE_OIDC_KEYS_MAX_AGE", 3600)?,
+                keys_max_age: seconds("TERRACE_OIDC_KEYS_MAX_AGE", 3600)?
+                    .max(Duration::from_secs(1)),
             },
             request_timeout: seconds("TERRACE_REQUEST_TIMEOUT", 300)?,
             margin: seconds("TERRACE_DEADLINE_MARGIN", 30)?,

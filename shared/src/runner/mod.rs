@@ -435,13 +435,26 @@ impl Runner {
         let redacted = result.redacted(&redactor);
         let data = Bytes::from(serde_json::to_vec_pretty(&redacted).map_err(record_error)?);
         let mut attempt = 0;
+        // A lease lost while the write is under way abandons it: the store's check came before,
+        // and a write that lands later could replace a later run's result. (One already lost
+        // still tries: the check says whether the store still holds it as this run's.)
+        let lost_before = lost.is_cancelled();
+        let fence = lease.fence();
         let written = loop {
             attempt += 1;
-            match self
-                .store
-                .put_artifact_fenced(ws, &j.id, RESULT_FILE, data.clone(), &lease.fence())
-                .await
-            {
+            let write =
+                self.store
+                    .put_artifact_fenced(ws, &j.id, RESULT_FILE, data.clone(), &fence);
+            let outcome = tokio::select! {
+                outcome = write => outcome,
+                () = lost.cancelled(), if !lost_before => Err(StoreError::LeaseLost {
+                    workspace: ws.clone(),
+                    owner: lease.owner.clone(),
+                    fence: lease.fence,
+                    reason: "the lease was lost while the result was being written".into(),
+                }),
+            };
+            match outcome {
                 Err(e) if attempt < 3 && e.is_retryable() => {
                     tracing::warn!(error = %e, attempt, "could not write the result; retrying");
                     tokio::time::sleep(Duration::from_secs(attempt)).await;

@@ -144,10 +144,22 @@ impl Runner {
     /// from terraform. True when it is now the workspace's current state.
     pub(super) async fn keep_unsaved_state(&self, s: &Steps<'_>, report: &mut Report) -> bool {
         let path = s.dir.join(ERRORED_STATE);
-        let Ok(data) = tokio::fs::read(&path).await else {
-            return false;
+        // The workdir is terraform's (its user's, when it has one): what is there is read as
+        // terraform left it, never through a link it made, never beyond a state's size.
+        let read = {
+            let (path, cap) = (path.clone(), self.config.max_state_bytes);
+            tokio::task::spawn_blocking(move || read_own_file(&path, cap)).await
         };
-        let data = Bytes::from(data);
+        let data = match read {
+            Ok(Ok(Some(data))) => Bytes::from(data),
+            Ok(Ok(None)) | Err(_) => return false,
+            Ok(Err(why)) => {
+                s.logger
+                    .runner("apply", &format!("{ERRORED_STATE} is not kept: {why}"))
+                    .await;
+                return false;
+            }
+        };
         let mut unsaved = UnsavedState {
             artifact: format!("runs/{}/{ERRORED_STATE}", s.job_id),
             pushed_as: None,
@@ -396,6 +408,37 @@ pub(super) struct Steps<'a> {
     pub(super) dir: &'a Path,
     pub(super) logger: &'a Logger,
     pub(super) stop: &'a CancellationToken,
+}
+
+/// A regular file in a workdir, read without following a link and only up to `cap` bytes;
+/// `None` when there is none.
+///
+/// # Errors
+/// Why it is not read: a link, a special file (a FIFO would hang the job), too large.
+pub(super) fn read_own_file(path: &Path, cap: usize) -> Result<Option<Vec<u8>>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open it as a plain file: {e}")),
+    };
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("it is not a regular file".into());
+    }
+    let mut data = Vec::new();
+    file.take(u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1))
+        .read_to_end(&mut data)
+        .map_err(|e| e.to_string())?;
+    if data.len() > cap {
+        return Err(format!("it is larger than {cap} bytes"));
+    }
+    Ok(Some(data))
 }
 
 /// A finished step and its outcome.

@@ -28,7 +28,12 @@ impl Workdir {
 
     /// Keeps the folder after the job (it holds what could not be saved elsewhere).
     pub(super) fn keep(self) -> PathBuf {
-        if let Err(e) = std::fs::write(self.dir.path().join(KEPT_FILE), b"") {
+        // Created afresh (never through a link terraform could have left under that name).
+        let marked = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(self.dir.path().join(KEPT_FILE));
+        if let Err(e) = marked {
             // A sweep deletes only folders with a lock file: without one, it stays too.
             tracing::error!(error = %e, "could not mark the workdir kept; removing its lock file instead");
             let _ = std::fs::remove_file(self.dir.path().join(LOCK_FILE));

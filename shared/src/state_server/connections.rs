@@ -11,7 +11,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio_util::sync::CancellationToken;
 
-/// Serves `app` on `listener` until `stop`, then lets open requests finish.
+/// How long open requests may take to finish once the server stops; then they are dropped (a
+/// store call that hangs, or a client trickling a body, cannot hold the job).
+const FINISH_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `stop`, then lets open requests finish (for a while).
 pub(super) async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
@@ -19,8 +23,10 @@ pub(super) async fn serve(
     stop: CancellationToken,
 ) {
     let permits = Arc::new(tokio::sync::Semaphore::new(super::MAX_CONNECTIONS));
-    let open = tokio_util::task::TaskTracker::new();
+    let mut open = tokio::task::JoinSet::new();
     loop {
+        // Connections that ended are reaped as new ones come.
+        while open.try_join_next().is_some() {}
         let permit = tokio::select! {
             permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
             () = stop.cancelled() => break,
@@ -62,6 +68,15 @@ pub(super) async fn serve(
             }
         });
     }
-    open.close();
-    open.wait().await;
+    let finished = tokio::time::timeout(FINISH_WITHIN, async {
+        while open.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            connections = open.len(),
+            "state server connections did not finish in time; dropping them"
+        );
+        open.abort_all();
+    }
 }

@@ -52,24 +52,37 @@ pub(super) fn check(spec: &TemplateSpec, dir: &Path) -> Result<(), TemplateError
     }
 }
 
-/// The root module's variables, from every `*.tf` and `*.tf.json` file in `dir`.
+/// Whether terraform reads `name` as an override file (after all the others, each of its
+/// settings replacing the one it overrides).
+fn is_override(name: &str) -> bool {
+    let stem = name
+        .strip_suffix(".tf.json")
+        .or_else(|| name.strip_suffix(".tf"))
+        .unwrap_or(name);
+    stem == "override" || stem.ends_with("_override")
+}
+
+/// The root module's variables, from every `*.tf` and `*.tf.json` file in `dir`, as terraform
+/// merges them: the primary files, then the override files in name order, whose `sensitive`
+/// (when they set one) replaces the variable's.
 fn declared(dir: &Path) -> Result<BTreeMap<String, Declared>, TemplateError> {
     let entries = std::fs::read_dir(dir).map_err(|source| TemplateError::Read {
         path: dir.to_owned(),
         source,
     })?;
-    let mut files: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    let mut files: Vec<(bool, String, std::path::PathBuf)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_string_lossy().into_owned();
+            (name.ends_with(".tf") || name.ends_with(".tf.json"))
+                .then(|| (is_override(&name), name, path))
+        })
+        .collect();
+    // Primary files first, then overrides; each group in name order.
     files.sort();
     let mut out = BTreeMap::new();
-    for path in files {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let json = name.ends_with(".tf.json");
-        if !json && !name.ends_with(".tf") {
-            continue;
-        }
+    for (overrides, name, path) in files {
         let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
             path: path.clone(),
             source,
@@ -78,44 +91,67 @@ fn declared(dir: &Path) -> Result<BTreeMap<String, Declared>, TemplateError> {
             path: path.clone(),
             message,
         };
-        let found = if json {
+        let found = if name.ends_with(".tf.json") {
             from_json(&text).map_err(|e| invalid(format!("is not terraform JSON: {e}")))?
         } else {
             from_hcl(&text).map_err(|e| invalid(format!("is not valid HCL: {e}")))?
         };
         for (var, sensitive) in found {
-            out.insert(
-                var,
-                Declared {
-                    file: name.clone(),
-                    sensitive,
-                },
-            );
+            let sensitive = sensitive.map_err(|found| {
+                invalid(format!(
+                    "variable {var:?} has `sensitive = {found}`: write true or false"
+                ))
+            })?;
+            match (overrides, sensitive, out.get_mut(&var)) {
+                // An override that does not set it leaves the variable as it was.
+                (true, None, _) => {}
+                (true, Some(sensitive), Some(d)) => {
+                    *d = Declared {
+                        file: name.clone(),
+                        sensitive,
+                    };
+                }
+                (_, sensitive, _) => {
+                    out.insert(
+                        var,
+                        Declared {
+                            file: name.clone(),
+                            sensitive: sensitive.unwrap_or(false),
+                        },
+                    );
+                }
+            }
         }
     }
     Ok(out)
 }
 
-/// `variable "NAME" { sensitive = true }` blocks of a `.tf` file: (name, sensitive).
-fn from_hcl(text: &str) -> Result<Vec<(String, bool)>, hcl::Error> {
+/// What a file says of a variable's `sensitive`: unset, a literal bool, or (as the error) the
+/// expression that is neither.
+type Setting = Result<Option<bool>, String>;
+
+/// `variable "NAME" { sensitive = … }` blocks of a `.tf` file.
+fn from_hcl(text: &str) -> Result<Vec<(String, Setting)>, hcl::Error> {
     let body = hcl::parse(text)?;
     Ok(body
         .blocks()
         .filter(|b| b.identifier() == "variable")
         .filter_map(|b| {
             let name = b.labels().first()?.as_str().to_owned();
-            let sensitive = b
-                .body()
-                .attributes()
-                .find(|a| a.key() == "sensitive")
-                .is_some_and(|a| a.expr() == &hcl::Expression::Bool(true));
-            Some((name, sensitive))
+            let setting = match b.body().attributes().find(|a| a.key() == "sensitive") {
+                None => Ok(None),
+                Some(a) => match a.expr() {
+                    hcl::Expression::Bool(value) => Ok(Some(*value)),
+                    other => Err(hcl::format::to_string(other).unwrap_or_else(|_| "…".into())),
+                },
+            };
+            Some((name, setting))
         })
         .collect())
 }
 
-/// The `variable` object of a `.tf.json` file: (name, sensitive).
-fn from_json(text: &str) -> Result<Vec<(String, bool)>, serde_json::Error> {
+/// The `variable` object of a `.tf.json` file.
+fn from_json(text: &str) -> Result<Vec<(String, Setting)>, serde_json::Error> {
     let doc: serde_json::Value = serde_json::from_str(text)?;
     let mut out = Vec::new();
     // `"variable": {"name": {…}}`, or a list of such objects.
@@ -125,10 +161,12 @@ fn from_json(text: &str) -> Result<Vec<(String, bool)>, serde_json::Error> {
     };
     for group in groups {
         for (name, decl) in group.as_object().into_iter().flatten() {
-            out.push((
-                name.clone(),
-                decl["sensitive"] == serde_json::Value::Bool(true),
-            ));
+            let setting = match decl.get("sensitive") {
+                None => Ok(None),
+                Some(serde_json::Value::Bool(value)) => Ok(Some(*value)),
+                Some(other) => Err(other.to_string()),
+            };
+            out.push((name.clone(), setting));
         }
     }
     Ok(out)
@@ -207,6 +245,30 @@ variable "name" { type = string }
         assert_eq!(template(true, &[("variables.tf.json", json)]).1, "");
         let (_dir, e) = template(false, &[("variables.tf.json", json)]);
         assert!(e.contains("sensitive in variables.tf.json"), "{e}");
+    }
+
+    #[test]
+    fn an_override_file_wins_where_it_sets_sensitive_and_only_there() {
+        // Terraform reads `a_override.tf` after `variables.tf`, whatever their names' order.
+        let off = "variable \"token\" {\n  sensitive = false\n}\n";
+        let (_dir, e) = template(true, &[("variables.tf", SENSITIVE), ("a_override.tf", off)]);
+        assert!(e.contains("not in a_override.tf"), "{e}");
+        let silent = "variable \"token\" {\n  description = \"x\"\n}\n";
+        assert_eq!(
+            template(
+                true,
+                &[("variables.tf", SENSITIVE), ("override.tf", silent)]
+            )
+            .1,
+            ""
+        );
+    }
+
+    #[test]
+    fn sensitive_must_be_a_plain_bool() {
+        let text = "variable \"token\" {\n  sensitive = \"true\"\n}\n";
+        let (_dir, e) = template(true, &[("variables.tf", text)]);
+        assert!(e.contains("write true or false"), "{e}");
     }
 
     #[test]

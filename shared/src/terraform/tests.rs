@@ -128,3 +128,43 @@ fn the_environment_is_an_allow_list() {
         assert!(!may_pass(refused), "{refused} may be passed");
     }
 }
+
+#[test]
+fn each_job_gets_a_user_of_its_own_and_what_it_leaves_running_dies_with_it() {
+    use std::os::unix::process::CommandExt;
+    // Switching users takes root (as the cloud functions run in their images).
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let one = JobUser::claim().unwrap().expect("a free user");
+    let two = JobUser::claim().unwrap().expect("another");
+    assert_ne!(one.run_as, two.run_as, "taken machine-wide, never twice");
+    for user in [&one, &two] {
+        assert!((FIRST_JOB_UID..FIRST_JOB_UID + 64).contains(&user.run_as.uid));
+    }
+    let mut left = std::process::Command::new("sleep")
+        .arg("600")
+        .uid(one.run_as.uid)
+        .gid(one.run_as.gid)
+        .spawn()
+        .unwrap();
+    let mut other = std::process::Command::new("sleep")
+        .arg("600")
+        .uid(two.run_as.uid)
+        .gid(two.run_as.gid)
+        .spawn()
+        .unwrap();
+    drop(one);
+    let status = left.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "killed when its job's user was given back"
+    );
+    assert!(
+        other.try_wait().unwrap().is_none(),
+        "another job's process lives on"
+    );
+    drop(two);
+    other.wait().unwrap();
+}

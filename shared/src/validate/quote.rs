@@ -5,7 +5,7 @@ use serde_json::Value;
 
 /// A value as an error quotes it: at most 64 characters of it, so that a rejection stays small
 /// (it must fit in a queue message) whatever the value.
-pub(crate) fn quoted(value: &Value) -> String {
+pub(super) fn quoted(value: &Value) -> String {
     let text = value.to_string();
     let chars = text.chars().count();
     if chars <= 64 {

@@ -113,6 +113,7 @@ pub fn take(root: &Path, type_name: &str, name: &str, op: Op) -> io::Result<Opti
         .truncate(false)
         .write(true)
         .open(root.join(".faults.lock"))?;
+    crate::store::shared_by_all(&root.join(".faults.lock"), 0o666);
     lock.lock()?;
     let mut faults: Vec<Fault> = serde_json::from_slice(&fs::read(&path)?).map_err(|e| {
         io::Error::new(
@@ -136,6 +137,7 @@ pub fn take(root: &Path, type_name: &str, name: &str, op: Op) -> io::Result<Opti
         &tmp,
         serde_json::to_vec_pretty(&faults).map_err(io::Error::other)?,
     )?;
+    crate::store::shared_by_all(&tmp, 0o666);
     fs::rename(&tmp, &path)?;
     Ok(Some(fired))
 }

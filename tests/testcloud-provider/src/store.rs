@@ -230,6 +230,7 @@ impl Store {
         let dir = self.dir::<R>();
         fs::create_dir_all(&dir)
             .map_err(|source| io_error("cannot create", dir.clone(), source))?;
+        shared_by_all(&dir, 0o777);
 
         let mut json = serde_json::to_vec_pretty(record).map_err(|source| StoreError::Json {
             path: path.clone(),
@@ -278,7 +279,16 @@ impl Store {
 fn write_file(path: &Path, contents: &[u8]) -> io::Result<()> {
     let mut file = fs::File::create(path)?;
     file.write_all(contents)?;
+    shared_by_all(path, 0o666);
     file.sync_all()
+}
+
+/// The fake cloud is one folder shared by every job's terraform, which may each run as a user
+/// of its own (a runner running as root gives each job one): what one creates, the others may
+/// change, as in a real cloud. Best effort.
+pub(crate) fn shared_by_all(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = fs::set_permissions(path, fs::Permissions::from_mode(mode));
 }
 
 fn is_hidden(path: &Path) -> bool {

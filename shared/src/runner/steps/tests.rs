@@ -70,3 +70,35 @@ fn a_stopped_job_says_why_where_and_what_terraform_left() {
         "a killed terraform may have left objects"
     );
 }
+
+#[test]
+fn a_file_terraform_left_is_read_only_as_a_plain_file_of_bounded_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("errored.tfstate");
+    assert_eq!(read_own_file(&file, 10).unwrap(), None, "none there");
+    std::fs::write(&file, b"{}").unwrap();
+    assert_eq!(
+        read_own_file(&file, 10).unwrap().as_deref(),
+        Some(&b"{}"[..])
+    );
+    assert!(
+        read_own_file(&file, 1)
+            .unwrap_err()
+            .contains("larger than 1 bytes")
+    );
+    // A link to a file of the runner's (its environment, say) is not followed.
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"runner-secret").unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink(&secret, &file).unwrap();
+    let e = read_own_file(&file, 1024).unwrap_err();
+    assert!(e.contains("cannot open it as a plain file"), "{e}");
+    // A FIFO would block the job forever: refused at once.
+    std::fs::remove_file(&file).unwrap();
+    nix::unistd::mkfifo(&file, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    assert!(
+        read_own_file(&file, 1024)
+            .unwrap_err()
+            .contains("not a regular file")
+    );
+}

@@ -4,6 +4,7 @@
 #   uid=<its uid>
 #   runner_environ=<readable|denied>
 #   own_env=<the names of its own variables, comma-separated>
+#   leftover=<the pid of a process it leaves running, detached from terraform>
 terraform {
   required_providers {
     testcloud = {
@@ -37,6 +38,8 @@ resource "testcloud_network" "n" {
       fi
       env | cut -d= -f1 | sort | tr '\n' ',' | sed 's/^/own_env=/' >> "$out"
       echo >> "$out"
+      setsid sleep 600 < /dev/null > /dev/null 2>&1 &
+      echo "leftover=$!" >> "$out"
     EOT
   }
 }
