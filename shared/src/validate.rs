@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::job::{self, FIELDS, Job, OnFailure, Operation, RawJob, RetryPolicy, TemplateRef};
 use crate::template::{Constraint, Template, VarType};
 
-pub(crate) mod quote;
+mod quote;
 use quote::{quoted, suggest};
 
 /// The longest deadline a job may ask for.
@@ -163,14 +163,16 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
             match Template::load(templates_root, &r.name, &r.version) {
                 Ok(t) => Some((r, t)),
                 Err(e) => {
-                    errors.push(ValidationError::new(
-                        "template",
-                        e.to_string(),
-                        format!(
+                    let fix = match e {
+                        crate::template::TemplateError::Missing(_) => format!(
                             "name a template that exists under the templates root {}",
                             templates_root.display()
                         ),
-                    ));
+                        // The template is there but cannot be used: its author's to fix.
+                        _ => "fix the template as the problem says, or name another version"
+                            .to_owned(),
+                    };
+                    errors.push(ValidationError::new("template", e.to_string(), fix));
                     None
                 }
             }
