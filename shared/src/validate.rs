@@ -158,25 +158,23 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
         },
     };
     let retry = retry_policy(doc.get("retry"), &mut errors);
-    let template =
-        template_ref(doc.get("template"), &mut errors).and_then(|r| {
-            match Template::load(templates_root, &r.name, &r.version) {
-                Ok(t) => Some((r, t)),
-                Err(e) => {
-                    let fix = match e {
-                        crate::template::TemplateError::Missing(_) => format!(
-                            "name a template that exists under the templates root {}",
-                            templates_root.display()
-                        ),
-                        // The template is there but cannot be used: its author's to fix.
-                        _ => "fix the template as the problem says, or name another version"
-                            .to_owned(),
-                    };
-                    errors.push(ValidationError::new("template", e.to_string(), fix));
-                    None
-                }
+    let template = template_ref(doc.get("template"), &mut errors).and_then(|r| {
+        match Template::load(templates_root, &r.name, &r.version) {
+            Ok(t) => Some((r, t)),
+            Err(e) => {
+                let fix = match e {
+                    crate::template::TemplateError::Missing(_) => format!(
+                        "name a template that exists under the templates root {}",
+                        templates_root.display()
+                    ),
+                    // The template is there but cannot be used: its author's to fix.
+                    _ => "fix the template as the problem says, or name another version".to_owned(),
+                };
+                errors.push(ValidationError::new("template", e.to_string(), fix));
+                None
             }
-        });
+        }
+    });
     let supplied = match doc.get("variables") {
         None => Some(serde_json::Map::new()),
         Some(Value::Object(map)) => Some(map.clone()),
