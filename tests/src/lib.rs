@@ -403,14 +403,25 @@ impl Sandbox {
     ) -> u32 {
         let report = self.probe(name);
         let leftover: i32 = report["leftover"].parse().expect("a pid");
-        // Killed, it may stay a zombie until whoever adopted it reaps it: not alive.
-        let alive = std::fs::read_to_string(format!("/proc/{leftover}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let state = stat.rsplit_once(") ")?.1.chars().next()?;
-                Some(state != 'Z' && state != 'X')
-            })
-            .unwrap_or(false);
+        // Killed, it may stay a zombie until whoever adopted it reaps it: not alive. A SIGKILL
+        // takes effect when the process is next scheduled: given a moment on a busy machine.
+        let running = || {
+            std::fs::read_to_string(format!("/proc/{leftover}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let state = stat.rsplit_once(") ")?.1.chars().next()?;
+                    Some(state != 'Z' && state != 'X')
+                })
+                .unwrap_or(false)
+        };
+        let mut alive = running();
+        for _ in 0..50 {
+            if !alive {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            alive = running();
+        }
         // Not left to linger in the test's machine either way.
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(leftover),
