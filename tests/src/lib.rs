@@ -416,7 +416,8 @@ impl Sandbox {
         };
         let mut alive = running();
         for _ in 0..50 {
-            if !alive {
+            // Only a root runner kills what a job leaves.
+            if !alive || !runner_root {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
