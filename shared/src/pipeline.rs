@@ -375,19 +375,17 @@ async fn run<T: Trigger + ?Sized>(
     config.lease_wait = d.lease_wait;
     config.shutdown = trigger.shutdown().cloned();
     // A user of the job's own for terraform, given back (and whatever still runs as it
-    // killed) when this returns.
-    let _user = if config.terraform.per_job_users {
+    // killed) when the last copy of the configuration holding it goes: after the job's task.
+    if config.terraform.per_job_users {
         match crate::terraform::JobUser::claim() {
             Ok(Some(user)) => {
                 config.terraform.user = Some(user.run_as);
-                Some(user)
+                config.terraform.job_user = Some(Arc::new(user));
             }
             Ok(None) => return Fate::again("every terraform user of this host is taken by a job"),
             Err(e) => return Fate::again(format!("cannot give terraform a user of its own: {e}")),
         }
-    } else {
-        None
-    };
+    }
     let (store, keep) = tokio::join!(
         trigger.store(target, id, Some(ws)),
         trigger.terraform_access(target, job, &mut config.terraform),

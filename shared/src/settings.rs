@@ -229,6 +229,7 @@ impl Runtime {
                 grace: seconds("TERRACE_GRACE", 30)?,
                 user: None,
                 per_job_users: false,
+                job_user: None,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
             task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
@@ -267,25 +268,17 @@ impl Runtime {
             .into());
         }
         self.terraform.set_user(terraform_user(true)?);
-        if let Some(cache) = &self.terraform.plugin_cache {
-            let shared = || -> std::io::Result<()> {
-                std::fs::create_dir_all(cache)?;
-                match (self.terraform.user, self.terraform.per_job_users) {
-                    (Some(user), _) => user.give(cache, &[]),
-                    // Every job's user writes there: open to all, each file its writer's.
-                    (None, true) => {
-                        use std::os::unix::fs::PermissionsExt;
-                        std::fs::set_permissions(cache, std::fs::Permissions::from_mode(0o1777))
-                    }
-                    (None, false) => Ok(()),
-                }
-            };
-            shared().map_err(|e| {
-                format!(
-                    "TERRACE_PLUGIN_CACHE={}: cannot open it to terraform's users: {e}",
-                    cache.display()
-                )
-            })?;
+        // A cache written by one job's user and run by another's would let a job plant code for
+        // the next: with terraform as users of their own, providers come from a read-only
+        // mirror (the images' `/opt/terrace/providers`, through `TERRACE_TF_CLI_CONFIG`).
+        if let Some(cache) = &self.terraform.plugin_cache
+            && (self.terraform.user.is_some() || self.terraform.per_job_users)
+        {
+            return Err(format!(
+                "TERRACE_PLUGIN_CACHE={} cannot be shared by terraform's users: unset it and install the providers as a filesystem mirror named in TERRACE_TF_CLI_CONFIG (as the images do)",
+                cache.display()
+            )
+            .into());
         }
         Ok(self)
     }
@@ -371,6 +364,15 @@ mod tests {
             "{e}"
         );
         runtime.terraform.pass_env = vec!["TESTCLOUD_ROOT".into()];
-        assert!(runtime.isolate_terraform().is_ok());
+        assert!(runtime.clone().isolate_terraform().is_ok());
+        // As root, jobs run as users of their own: a plugin cache they all write is refused.
+        runtime.terraform.plugin_cache = Some("/tmp/terrace-plugin-cache-test".into());
+        let cached = runtime.isolate_terraform();
+        if nix::unistd::geteuid().is_root() {
+            let e = cached.unwrap_err().to_string();
+            assert!(e.contains("cannot be shared by terraform's users"), "{e}");
+        } else {
+            assert!(cached.is_ok());
+        }
     }
 }

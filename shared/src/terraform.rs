@@ -58,6 +58,10 @@ pub struct TerraformConfig {
     /// what a cloud function running as root does, so jobs side by side cannot reach each
     /// other, and whatever a job leaves running is killed when it ends.
     pub per_job_users: bool,
+    /// The job's own user while it holds one: shared by every copy of this configuration (the
+    /// runner's task under the lease included), so it is given back only once the last of them
+    /// is done, even when whoever started the job stopped waiting for it.
+    pub job_user: Option<std::sync::Arc<JobUser>>,
 }
 
 /// The users jobs take, one each at a time: `FIRST_JOB_UID` and the next `JOB_USERS - 1`,
@@ -214,6 +218,7 @@ impl Default for TerraformConfig {
             grace: Duration::from_secs(30),
             user: None,
             per_job_users: false,
+            job_user: None,
         }
     }
 }
@@ -653,6 +658,15 @@ pub(crate) fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(Stri
             workdir.join(".home").display().to_string(),
         ),
     ]);
+    // And its own temp folder, deleted with the workdir: nothing it writes there outlives the
+    // job for the next job of its user to read.
+    if workdir.join(".tmp").is_dir() {
+        env.retain(|(name, _)| name != "TMPDIR");
+        env.push((
+            "TMPDIR".to_owned(),
+            workdir.join(".tmp").display().to_string(),
+        ));
+    }
     if let Some(cache) = &config.plugin_cache {
         env.push((
             "TF_PLUGIN_CACHE_DIR".to_owned(),

@@ -48,7 +48,12 @@ pub fn masked_message(text: &str, templates: &Path) -> String {
         );
     };
     let Some(job) = envelope.get_mut("job").and_then(Value::as_object_mut) else {
-        return envelope.to_string();
+        // JSON, but no job to find the variables of (a misspelt key, say): a digest only.
+        return format!(
+            "(no job object: {} bytes, sha256 {})",
+            text.len(),
+            state_backends::sha256_hex(text.as_bytes())
+        );
     };
     let template = job.get("template").and_then(|t| {
         crate::template::Template::load(
@@ -339,6 +344,9 @@ mod tests {
         );
         let plain = json!({ "job": { "id": "j1" } }).to_string();
         assert_eq!(masked_message(&plain, &templates()), plain);
+        let misspelt = json!({ "jbo": { "variables": { "pw": "hunter2" } } }).to_string();
+        let kept = masked_message(&misspelt, &templates());
+        assert!(kept.starts_with("(no job object: "), "{kept}");
     }
 
     #[test]

@@ -429,6 +429,10 @@ impl Sandbox {
             nix::sys::signal::Signal::SIGKILL,
         );
         let uid: u32 = report["uid"].parse().expect("a uid");
+        assert!(
+            report["tmpdir"].ends_with("/.tmp") && report["tmpdir"].contains("terrace-"),
+            "terraform's temp folder is its workdir's own: {report:?}"
+        );
         assert_eq!(
             report.get("runner_environ").map(String::as_str),
             Some("denied"),

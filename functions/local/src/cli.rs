@@ -280,6 +280,7 @@ pub(crate) fn runtime(g: &Global) -> Runtime {
             // On one machine terraform runs as you, with your own credentials.
             user: None,
             per_job_users: false,
+            job_user: None,
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
         task_lease_wait: Duration::ZERO,

@@ -435,9 +435,10 @@ impl Runner {
         let redacted = result.redacted(&redactor);
         let data = Bytes::from(serde_json::to_vec_pretty(&redacted).map_err(record_error)?);
         let mut attempt = 0;
-        // A lease lost while the write is under way abandons it: the store's check came before,
-        // and a write that lands later could replace a later run's result. (One already lost
-        // still tries: the check says whether the store still holds it as this run's.)
+        // A lease lost while the write is under way abandons it, which narrows (not closes) the
+        // window between the store's check and the write: a request already sent may still
+        // land. (One already lost still tries: the check says whether the store still holds it
+        // as this run's.)
         let lost_before = lost.is_cancelled();
         let fence = lease.fence();
         let written = loop {

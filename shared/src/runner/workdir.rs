@@ -38,6 +38,17 @@ impl Workdir {
             tracing::error!(error = %e, "could not mark the workdir kept; removing its lock file instead");
             let _ = std::fs::remove_file(self.dir.path().join(LOCK_FILE));
         }
+        // The runner's again (0700), so the next job given the same user cannot enter it: the
+        // entries keep their owner, but only through this folder can they be reached.
+        if let Err(e) =
+            std::os::unix::fs::lchown(self.dir.path(), Some(0), Some(0)).and_then(|()| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o700))
+            })
+            && nix::unistd::geteuid().is_root()
+        {
+            tracing::error!(error = %e, "could not take the kept workdir back from terraform's user");
+        }
         self.dir.keep()
     }
 }
@@ -69,9 +80,11 @@ pub(super) fn prepare_workdir(
     copy_template(&job.template.dir, dir.path())?;
     {
         use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(dir.path().join(".home"))?;
+        for private in [".home", ".tmp"] {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir.path().join(private))?;
+        }
     }
     write_private(
         &dir.path().join("terrace.auto.tfvars.json"),

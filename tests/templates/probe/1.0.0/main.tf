@@ -28,6 +28,7 @@ resource "testcloud_network" "n" {
       out="$TESTCLOUD_ROOT/${var.name}-probe.txt"
       runner=$(cut -d' ' -f4 "/proc/$PPID/stat")
       echo "uid=$(id -u)" > "$out"
+      echo "tmpdir=$TMPDIR" >> "$out"
       echo "runner_pid=$runner" >> "$out"
       if cat "/proc/$runner/environ" > /dev/null 2>&1; then
         echo "runner_environ=readable" >> "$out"
