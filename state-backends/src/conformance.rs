@@ -291,31 +291,27 @@ pub async fn expired_lease_is_taken_over_and_the_old_holder_is_fenced(store: &dy
 
 pub async fn fenced_artifacts_are_written_only_by_the_lease_holder(store: &dyn StateStore) {
     let ws = fresh_workspace("fenced-artifacts");
+    let write = |data: &'static [u8], fence: crate::Fence| {
+        let ws = ws.clone();
+        async move {
+            store
+                .put_artifact_fenced(
+                    &ws,
+                    "job-1",
+                    "result.json",
+                    Bytes::from_static(data),
+                    &fence,
+                )
+                .await
+        }
+    };
     let old = store
         .acquire_lease(&ws, &lease_request("run-1", Duration::from_millis(1500)))
         .await
         .unwrap();
-    store
-        .put_artifact_fenced(
-            &ws,
-            "job-1",
-            "result.json",
-            Bytes::from_static(b"one"),
-            &old.fence(),
-        )
-        .await
-        .expect("the holder writes");
+    write(b"one", old.fence()).await.expect("the holder writes");
     tokio::time::sleep(Duration::from_millis(1700)).await;
-    let err = store
-        .put_artifact_fenced(
-            &ws,
-            "job-1",
-            "result.json",
-            Bytes::from_static(b"late"),
-            &old.fence(),
-        )
-        .await
-        .unwrap_err();
+    let err = write(b"late", old.fence()).await.unwrap_err();
     assert!(
         matches!(err, StoreError::LeaseLost { .. }),
         "expired writer: {err}"
@@ -326,26 +322,10 @@ pub async fn fenced_artifacts_are_written_only_by_the_lease_holder(store: &dyn S
         .acquire_lease(&ws, &lease_request("run-2", Duration::from_secs(30)))
         .await
         .unwrap();
-    store
-        .put_artifact_fenced(
-            &ws,
-            "job-1",
-            "result.json",
-            Bytes::from_static(b"two"),
-            &new.fence(),
-        )
+    write(b"two", new.fence())
         .await
         .expect("the new holder writes");
-    let err = store
-        .put_artifact_fenced(
-            &ws,
-            "job-1",
-            "result.json",
-            Bytes::from_static(b"stale"),
-            &old.fence(),
-        )
-        .await
-        .unwrap_err();
+    let err = write(b"stale", old.fence()).await.unwrap_err();
     assert!(
         matches!(err, StoreError::LeaseLost { .. }),
         "stale writer: {err}"
@@ -359,16 +339,7 @@ pub async fn fenced_artifacts_are_written_only_by_the_lease_holder(store: &dyn S
         Some(&b"two"[..])
     );
     store.release_lease(&ws, &new).await.unwrap();
-    let err = store
-        .put_artifact_fenced(
-            &ws,
-            "job-1",
-            "result.json",
-            Bytes::from_static(b"x"),
-            &new.fence(),
-        )
-        .await
-        .unwrap_err();
+    let err = write(b"x", new.fence()).await.unwrap_err();
     assert!(
         matches!(err, StoreError::LeaseLost { .. }),
         "released: {err}"
