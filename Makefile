@@ -9,6 +9,7 @@ demo: tools ## apply the demo template through the local runner
 	scripts/demo.sh
 
 test: tools ## the whole test suite, with real terraform and the cloud emulators
+	scripts/searchable-checkout.sh
 	cargo build -p local -p aws -p gcp -p azure
 	scripts/with-emulators.sh cargo test --workspace --no-fail-fast
 
