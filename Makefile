@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-state-server clean
+.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-state-server clean
 
 tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -12,6 +12,15 @@ test: tools ## the whole test suite, with real terraform and the cloud emulators
 	scripts/searchable-checkout.sh
 	cargo build -p local -p aws -p gcp -p azure
 	scripts/with-emulators.sh cargo test --workspace --no-fail-fast
+
+images: ## the three function images, with podman, from this checkout (scripts/build-images.sh)
+	scripts/build-images.sh
+
+test-images: tools images ## run a real job in each built image, against the emulators
+	scripts/with-emulators.sh cargo test -p tests --test aws_lambda --test gcp_service --test azure_job -- --ignored
+
+check-deploy: ## terraform fmt, checkov and cfn-lint over deploy/ (terraform validate needs the real providers)
+	scripts/check-deploy.sh
 
 fmt:
 	cargo fmt --all
@@ -28,7 +37,7 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 	scripts/install-cargo-deny.sh
 	.cache/cargo-deny/bin/cargo-deny check advisories
 
-ci: test lint deny
+ci: test test-images check-deploy lint deny
 
 bench: bench-state-server bench-overhead bench-http-backend bench-s3 ## the benchmarks
 

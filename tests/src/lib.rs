@@ -12,6 +12,7 @@ pub mod failing;
 pub mod gcp;
 pub mod gcs;
 pub mod http;
+pub mod image;
 pub mod lambda;
 pub mod pubsub;
 pub mod sweep;

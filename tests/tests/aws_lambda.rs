@@ -952,3 +952,59 @@ async fn a_task_refuses_a_changed_staged_job_and_puts_a_busy_one_back_on_the_que
     assert_eq!(ran[0]["status"], "succeeded", "{ran:?}");
     assert!(store.current(&ws).await.unwrap().is_some());
 }
+
+/// The built image (`make images`), run as Lambda runs a container image: as a user of its
+/// own, with every capability dropped and a read-only file system but `/tmp`. Nothing of the
+/// host's terraform, templates or providers is in the container: what applies is the image's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs the built image: make test-images"]
+async fn the_image_runs_a_job_as_lambda_runs_it() {
+    use tests::image::{Container, image};
+    let image = image("aws");
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let mut function = w.command();
+    function
+        .env("AWS_LAMBDA_RUNTIME_API", &api.address)
+        .env("AWS_LAMBDA_FUNCTION_NAME", "terrace")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "1");
+    let _container = Container::run(
+        &function,
+        &image,
+        &[
+            "--user=993:990",
+            "--cap-drop=all",
+            "--read-only",
+            "--tmpfs=/tmp:rw,exec,mode=1777",
+        ],
+        &[],
+    );
+    let (event, _) = w.batch(&[w.envelope("img-1", "img", "3m")]).await;
+    let response = api
+        .invoke(event, Duration::from_secs(5 * 60))
+        .await
+        .expect("the batch is answered");
+    assert!(failures(&response).is_empty(), "{response}");
+
+    let results = w.results().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    let result = &results[0];
+    assert_eq!(result["status"], "succeeded", "{result}");
+    let cluster = result["outputs"]["cluster_id"]["value"]
+        .as_str()
+        .expect("the cluster's id among the outputs");
+    assert!(
+        w.sb.cloud_names().iter().any(|n| n.contains("img")),
+        "the cluster {cluster} is in the test cloud: {:?}",
+        w.sb.cloud_names()
+    );
+    let keys = w.keys("states/acme/img/").await;
+    assert!(
+        keys.iter()
+            .any(|k| k.ends_with("versions/0000000001.tfstate")),
+        "{keys:?}"
+    );
+    let log = w.keys("states/acme/img/runs/img-1/log/").await;
+    assert!(!log.is_empty(), "the job's log is in the bucket");
+}

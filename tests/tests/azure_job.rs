@@ -436,3 +436,39 @@ async fn a_running_jobs_message_stays_invisible_and_sigterm_makes_it_visible_aga
     .unwrap();
     assert_eq!(result["status"], "interrupted", "{result}");
 }
+
+/// The built image (`make images`) as a Container Apps job runs it: an event-driven execution
+/// takes the queued job and applies it, and a scheduled execution (`sweep backup`) backs the
+/// workspace up. Nothing of the host's terraform, templates or providers is in the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs the built image: make test-images"]
+async fn the_image_takes_a_queued_job_applies_it_and_its_sweep_backs_it_up() {
+    use tests::image::{Container, image};
+    let image = image("azure");
+    let w = World::new().await;
+    w.jobs.send(&w.message("azi-1", "image").to_string()).await;
+
+    let mut execution = Container::run(&w.command(&[]), &image, &[], &[]);
+    assert_eq!(execution.wait(), Some(0), "the execution ends well");
+    assert_eq!(w.jobs.count().await, 0, "the job's message is deleted");
+    let reported = records(w.results.peek().await);
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert_eq!(reported[0]["job_id"], "azi-1");
+    assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
+    assert_eq!(
+        w.sb.cloud_names(),
+        ["blue", "green"],
+        "the fleet's networks are in the test cloud"
+    );
+    let store = w.store();
+    assert_eq!(store.versions(&ws("image")).await.unwrap().len(), 1);
+
+    let mut sweep = Container::run(
+        &w.command(&[("TERRACE_SWEEP_TENANTS", "acme")]),
+        &image,
+        &[],
+        &["sweep", "backup"],
+    );
+    assert_eq!(sweep.wait(), Some(0), "the sweep ends well");
+    assert_eq!(store.backups(&ws("image")).await.unwrap().len(), 1);
+}

@@ -746,3 +746,57 @@ async fn through_pubsub_a_finished_job_published_again_reports_the_same_result_a
     assert_eq!(p.relay.pushed().len(), 2, "{:?}", p.relay.pushed());
     let _ = &p.service;
 }
+
+/// The built image (`make images`) as Cloud Run runs it (as root, so each job's terraform runs
+/// as a user of its own): a signed push applies the demo, and the probe finds nothing of the
+/// service's. Nothing of the host's terraform, templates or providers is in the container.
+/// `--pid=host` lets the probe's leftover process be looked for from here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs the built image: make test-images"]
+async fn the_image_answers_a_signed_push_and_applies_the_job() {
+    use tests::image::{Container, image};
+    let image = image("gcp");
+    let w = World::new().await;
+    let port = tests::gcp::free_port();
+    let mut service = w.command(&[]);
+    service.env("PORT", port.to_string());
+    let _container = Container::run(&service, &image, &["--pid=host"], &[]);
+    let url = format!("http://127.0.0.1:{port}");
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the image's service did not listen on {port} within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let push = |envelope: Value| {
+        let bearer = w.key.bearer();
+        let url = format!("{url}/pubsub");
+        async move { post_json(&url, &[("authorization", &bearer)], &envelope).await }
+    };
+
+    let answer = push(push_envelope("m-1", &w.message("gi-1", "image"))).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let result: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert!(
+        result["outputs"]["cluster_id"]["value"].is_string(),
+        "{result}"
+    );
+    assert_eq!(w.sb.cloud_names().len(), 2, "a network and a cluster");
+    let store = w.store().await;
+    assert!(!store.versions(&ws("image")).await.unwrap().is_empty());
+
+    let probe = json!({
+        "job": {
+            "id": "gi-2", "tenant": "acme", "workspace": "probe", "operation": "apply",
+            "template": { "name": "probe", "version": "1.0.0" },
+            "variables": { "name": "image-probe" }, "timeout": "5m",
+        },
+    });
+    let answer = push(push_envelope("m-2", &probe)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
+    w.sb.assert_probe_got_nothing("image-probe", &["TERRACE_PUSH_SERVICE_ACCOUNTS"], &[], true);
+}

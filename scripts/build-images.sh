@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the three function images (localhost/terrace-{aws,gcp,azure}:dev) with podman from
+# deploy/Dockerfile, out of this checkout's own pieces, as the image tests run them:
+#
+# - the function binaries built here (`cargo build`; with `--release`, a release build),
+#   stripped;
+# - the machine's terraform (scripts/install-terraform.sh), called `terraform` in the image;
+# - the templates (the demo and the test templates) and the provider mirror holding the
+#   testcloud provider (scripts/install-testcloud-provider.sh);
+# - the base image made locally from the Debian mirror (scripts/install-podman.sh).
+#
+# The production build (`--target aws|gcp|azure` with the Dockerfile's defaults) compiles the
+# functions in the Rust image and downloads OpenTofu, which needs a registry and github.com;
+# these machines reach neither. Prints the image names.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+profile=debug
+[[ "${1:-}" == "--release" ]] && profile=release
+
+CONTAINERS_CONF="$(scripts/install-podman.sh)"
+export CONTAINERS_CONF
+terraform="$(scripts/install-terraform.sh)"
+mirror="$(scripts/install-testcloud-provider.sh)"
+cargo_flags=()
+[[ "$profile" == release ]] && cargo_flags+=(--release)
+cargo build --quiet "${cargo_flags[@]}" -p aws -p gcp -p azure
+
+stage="$repo_root/.image"
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/tools/bin" "$stage/tools/templates" "$stage/tools/providers"
+for cloud in aws gcp azure; do
+    objcopy --strip-debug "target/$profile/terrace-$cloud" "$stage/bin/terrace-$cloud"
+done
+cp "$terraform" "$stage/tools/bin/terraform"
+cp -r templates/demo "$stage/tools/templates/"
+for t in tests/templates/*/; do
+    cp -r "$t" "$stage/tools/templates/"
+done
+cp -r "$mirror"/. "$stage/tools/providers/"
+
+for cloud in aws gcp azure; do
+    echo "building localhost/terrace-$cloud:dev" >&2
+    podman build --quiet --file deploy/Dockerfile --target "$cloud" \
+        --build-arg BASE=localhost/terrace-base:bookworm \
+        --build-arg BINARIES=prebuilt --build-arg TOOLS=prebuilt --build-arg TERRAFORM=terraform \
+        --tag "localhost/terrace-$cloud:dev" . >/dev/null
+    echo "localhost/terrace-$cloud:dev"
+done
+podman image ls --filter reference='localhost/terrace-*' --format '{{.Repository}}:{{.Tag}} {{.Size}}' >&2
