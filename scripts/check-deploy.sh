@@ -10,7 +10,7 @@ bin="$(scripts/install-deploy-checks.sh)"
 terraform="$(scripts/install-terraform.sh)"
 
 echo "== terraform fmt -check -recursive deploy" >&2
-"$terraform" fmt -check -recursive -diff deploy
+env -u TF_CLI_CONFIG_FILE "$terraform" fmt -check -recursive -diff deploy
 
 echo "== checkov" >&2
 "$bin/checkov" --directory deploy --framework terraform cloudformation \

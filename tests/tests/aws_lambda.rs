@@ -1008,3 +1008,143 @@ async fn the_image_runs_a_job_as_lambda_runs_it() {
     let log = w.keys("states/acme/img/runs/img-1/log/").await;
     assert!(!log.is_empty(), "the job's log is in the bucket");
 }
+
+/// The customer's side from the quick-create template (`deploy/aws/customer-quick-create.yaml`),
+/// deployed into moto's CloudFormation as a customer would launch it; a job then runs through
+/// `terrace-aws` against the bucket, table and role the stack made, registered from the
+/// stack's outputs. (moto checks neither the role's trust policy nor the ExternalId: the
+/// template's policies are checked by checkov and cfn-lint, and the ExternalId rule by the
+/// function's own tests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_against_the_bucket_table_and_role_the_quick_create_stack_made() {
+    use aws_sdk_cloudformation::types::{Capability, Parameter, StackStatus};
+    let w = World::new().await;
+    let cfn = aws_sdk_cloudformation::Client::new(&aws::sdk_config().await);
+    let template =
+        std::fs::read_to_string(tests::repo_root().join("deploy/aws/customer-quick-create.yaml"))
+            .expect("the quick-create template");
+    let external_id = format!("ext-{}", aws::unique("stack"));
+    let parameter = |key: &str, value: &str| {
+        Parameter::builder()
+            .parameter_key(key)
+            .parameter_value(value)
+            .build()
+    };
+    let stack = aws::unique("customer");
+    cfn.create_stack()
+        .stack_name(&stack)
+        .template_body(template)
+        .parameters(parameter(
+            "RunnerRoleArn",
+            "arn:aws:iam::123456789012:role/terrace-runner",
+        ))
+        .parameters(parameter("ExternalId", &external_id))
+        .parameters(parameter("Prefix", "terrace"))
+        .capabilities(Capability::CapabilityNamedIam)
+        .send()
+        .await
+        .expect("the stack is created");
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    let outputs = loop {
+        let described = cfn
+            .describe_stacks()
+            .stack_name(&stack)
+            .send()
+            .await
+            .unwrap();
+        let s = &described.stacks()[0];
+        match s.stack_status() {
+            Some(StackStatus::CreateComplete) => break s.outputs().to_vec(),
+            Some(StackStatus::CreateInProgress) => {}
+            other => panic!("the stack did not complete: {other:?} {s:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the stack is still in progress"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let output = |key: &str| {
+        outputs
+            .iter()
+            .find(|o| o.output_key() == Some(key))
+            .and_then(|o| o.output_value())
+            .unwrap_or_else(|| panic!("the stack's output {key}: {outputs:?}"))
+            .to_owned()
+    };
+    let (role_arn, bucket, table) = (
+        output("RoleArn"),
+        output("BucketName"),
+        output("LeaseTableName"),
+    );
+    assert_eq!(output("Prefix"), "terrace");
+    // The bucket is encrypted, as the template says (moto's CloudFormation applies a bucket's
+    // encryption but drops its versioning, public access block and lifecycle).
+    let s3 = aws::s3().await;
+    let encryption = s3
+        .get_bucket_encryption()
+        .bucket(&bucket)
+        .send()
+        .await
+        .unwrap();
+    let rules = encryption
+        .server_side_encryption_configuration()
+        .map(|c| c.rules().len());
+    assert_eq!(rules, Some(1), "{encryption:?}");
+
+    // The operator registers the tenant from the stack's outputs and the ExternalId it gave.
+    let tenants = json!({ "acme": {
+        "role_arn": role_arn, "external_id": external_id, "bucket": bucket,
+        "prefix": "terrace", "lease_table": table, "region": "us-east-1",
+    }});
+    let api = RuntimeApi::start().await;
+    let child = w
+        .command()
+        .env("TERRACE_TENANTS", tenants.to_string())
+        .env("AWS_LAMBDA_RUNTIME_API", &api.address)
+        .env("AWS_LAMBDA_FUNCTION_NAME", "terrace")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+        .stdout(Stdio::null())
+        .stderr(log_output())
+        .spawn()
+        .expect("terrace-aws starts");
+    let _function = Function(child);
+    let (event, _) = w.batch(&[w.envelope("cfn-1", "stack", "5m")]).await;
+    let response = api
+        .invoke(event, Duration::from_secs(10 * 60))
+        .await
+        .expect("the batch is answered");
+    assert!(failures(&response).is_empty(), "{response}");
+    let results = w.results().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0]["status"], "succeeded", "{}", results[0]);
+
+    let keys: Vec<String> = s3
+        .list_objects_v2()
+        .bucket(&bucket)
+        .prefix("terrace/acme/stack/")
+        .send()
+        .await
+        .unwrap()
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_owned))
+        .collect();
+    assert!(
+        keys.iter()
+            .any(|k| k.ends_with("versions/0000000001.tfstate")),
+        "the state is in the stack's bucket: {keys:?}"
+    );
+    let leases = aws::dynamodb()
+        .await
+        .scan()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        leases.count() > 0,
+        "the workspace's lease (and fence) lives in the stack's table"
+    );
+}

@@ -1,0 +1,34 @@
+locals {
+  # Schedule name suffix => expression; the suffix is also the event the function gets.
+  schedules = merge(
+    { backup-sweep = var.backup_schedule_expression },
+    var.drift_schedule_expression == null ? {} : { drift-sweep = var.drift_schedule_expression },
+  )
+}
+
+resource "aws_scheduler_schedule" "this" {
+  #checkov:skip=CKV_AWS_297:The input is a constant ({"terrace":"<sweep>"}), nothing to protect; a CMK would also need kms:Decrypt on the scheduler's role, which may only invoke the function
+  for_each = local.schedules
+
+  name                         = "${var.name}-${each.key}"
+  description                  = "Terrace ${each.key}"
+  schedule_expression          = each.value
+  schedule_expression_timezone = var.schedule_timezone
+  state                        = local.has_tenants ? "ENABLED" : "DISABLED"
+
+  flexible_time_window {
+    mode = "OFF"
+  }
+
+  target {
+    arn      = aws_lambda_function.this.arn
+    role_arn = aws_iam_role.scheduler.arn
+    input    = jsonencode({ terrace = each.key })
+
+    # A sweep that cannot start within the hour is left to the next one.
+    retry_policy {
+      maximum_event_age_in_seconds = 3600
+      maximum_retry_attempts       = 3
+    }
+  }
+}

@@ -1,0 +1,57 @@
+# jobs: what the function runs; failed receives go to the jobs dead-letter queue.
+# events: the function's asynchronous invocations (the sweeps) that failed every retry.
+resource "aws_sqs_queue" "dead_letter" {
+  for_each = toset(["jobs", "events"])
+
+  name                              = "${var.name}-${each.key}-dlq"
+  message_retention_seconds         = 1209600
+  kms_master_key_id                 = local.kms_key_arn
+  kms_data_key_reuse_period_seconds = 300
+  tags                              = var.tags
+}
+
+# Standard, not FIFO: a busy workspace's job is sent again with a delay, which FIFO queues do not
+# allow per message.
+resource "aws_sqs_queue" "this" {
+  for_each = {
+    jobs    = { visibility_timeout_seconds = var.jobs_visibility_timeout_seconds, dead_letter = "jobs" }
+    results = { visibility_timeout_seconds = 30, dead_letter = null }
+  }
+
+  name                              = "${var.name}-${each.key}"
+  visibility_timeout_seconds        = each.value.visibility_timeout_seconds
+  message_retention_seconds         = var.message_retention_seconds
+  kms_master_key_id                 = local.kms_key_arn
+  kms_data_key_reuse_period_seconds = 300
+  tags                              = var.tags
+
+  redrive_policy = each.value.dead_letter == null ? null : jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.dead_letter[each.value.dead_letter].arn
+    maxReceiveCount     = var.max_receive_count
+  })
+}
+
+resource "aws_sqs_queue_redrive_allow_policy" "jobs" {
+  queue_url = aws_sqs_queue.dead_letter["jobs"].id
+
+  redrive_allow_policy = jsonencode({
+    redrivePermission = "byQueue"
+    sourceQueueArns   = [aws_sqs_queue.this["jobs"].arn]
+  })
+}
+
+resource "aws_lambda_event_source_mapping" "jobs" {
+  event_source_arn        = aws_sqs_queue.this["jobs"].arn
+  function_name           = aws_lambda_function.this.arn
+  batch_size              = var.batch_size
+  function_response_types = ["ReportBatchItemFailures"]
+  enabled                 = local.has_tenants
+
+  dynamic "scaling_config" {
+    for_each = var.maximum_concurrency == null ? [] : [var.maximum_concurrency]
+
+    content {
+      maximum_concurrency = scaling_config.value
+    }
+  }
+}
