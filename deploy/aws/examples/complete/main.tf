@@ -8,10 +8,10 @@ provider "aws" {
 # configuration reaches both accounts through a role the operator may assume there.
 provider "aws" {
   alias  = "customer"
-  region = var.customer_region
+  region = var.customer.region
 
   assume_role {
-    role_arn = var.customer_deployment_role_arn
+    role_arn = var.customer.deployment_role_arn
   }
 }
 
@@ -28,9 +28,8 @@ resource "random_password" "acme_external_id" {
 module "runner" {
   source = "../../modules/runner"
 
-  image_uri              = var.image_uri
-  ecs_subnet_ids         = var.ecs_subnet_ids
-  ecs_security_group_ids = var.ecs_security_group_ids
+  image_uri   = var.image_uri
+  ecs_handoff = var.ecs_network
 
   # The customer module's output is the registry entry as it stands; no field is copied by hand.
   tenants = {

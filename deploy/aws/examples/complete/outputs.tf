@@ -1,11 +1,9 @@
-output "jobs_queue_url" {
-  description = "Where the platform sends job messages (`{\"job\": {\"tenant\": \"acme\", …}}`)."
-  value       = module.runner.jobs_queue_url
-}
-
-output "results_queue_url" {
-  description = "Where results, rejections and handoffs arrive."
-  value       = module.runner.results_queue_url
+output "queue_urls" {
+  description = "Where the platform sends job messages (`jobs`: `{\"job\": {\"tenant\": \"acme\", …}}`), and where results, rejections and handoffs arrive (`results`)."
+  value = {
+    jobs    = module.runner.queues["jobs"].url
+    results = module.runner.queues["results"].url
+  }
 }
 
 output "runner_role_arn" {
@@ -13,12 +11,10 @@ output "runner_role_arn" {
   value       = module.runner.runner_role_arn
 }
 
-output "acme_role_arn" {
-  description = "The role the runner assumes in acme's account."
-  value       = module.acme.role_arn
-}
-
-output "acme_bucket" {
-  description = "acme's state bucket."
-  value       = module.acme.bucket
+output "acme" {
+  description = "acme's side: the `role_arn` the runner assumes in acme's account, and where it keeps acme's `state` (bucket, prefix, lease table)."
+  value = {
+    role_arn = module.acme.role.arn
+    state    = module.acme.state
+  }
 }

@@ -4,29 +4,31 @@ variable "region" {
   default     = "eu-west-1"
 }
 
-variable "customer_region" {
-  description = "Region of the customer's bucket and lease table."
-  type        = string
-  default     = "eu-west-1"
-}
-
-variable "customer_deployment_role_arn" {
-  description = "A role in the customer's account that this configuration may assume to create the bucket, table and role there."
-  type        = string
-}
-
 variable "image_uri" {
-  description = "The function's image in ECR (deploy/aws/Dockerfile), by digest."
+  description = "The image built from deploy/Dockerfile with `--target aws`, in ECR, by digest."
   type        = string
 }
 
-variable "ecs_subnet_ids" {
-  description = "Private subnets (with a NAT gateway or VPC endpoints) for the ECS task of long jobs."
-  type        = list(string)
+variable "ecs_network" {
+  description = <<-EOT
+    Where the ECS task of long jobs runs:
+    - subnet_ids: private subnets, with a NAT gateway or VPC endpoints.
+    - security_group_ids ([]): its security groups; empty for the VPC's default.
+  EOT
+  type = object({
+    subnet_ids         = list(string)
+    security_group_ids = optional(list(string), [])
+  })
 }
 
-variable "ecs_security_group_ids" {
-  description = "Security groups of the ECS task; empty for the VPC's default."
-  type        = list(string)
-  default     = []
+variable "customer" {
+  description = <<-EOT
+    The customer's account:
+    - deployment_role_arn: a role there that this configuration may assume to create the bucket, table and role.
+    - region ("eu-west-1"): the region of the bucket and the lease table.
+  EOT
+  type = object({
+    deployment_role_arn = string
+    region              = optional(string, "eu-west-1")
+  })
 }

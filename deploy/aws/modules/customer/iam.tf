@@ -1,7 +1,3 @@
-locals {
-  objects = "${aws_s3_bucket.this.arn}/${var.prefix}/*"
-}
-
 data "aws_iam_policy_document" "trust" {
   statement {
     actions = ["sts:AssumeRole"]
@@ -20,19 +16,30 @@ data "aws_iam_policy_document" "trust" {
 }
 
 resource "aws_iam_role" "this" {
-  name                 = coalesce(var.role_name, "${var.name}-runner")
+  name                 = coalesce(var.role.name, "${var.name}-runner")
   description          = "Assumed by the Terrace runner for its jobs"
   assume_role_policy   = data.aws_iam_policy_document.trust.json
   max_session_duration = 3600
-  permissions_boundary = var.permissions_boundary
+  permissions_boundary = var.role.permissions_boundary
   tags                 = var.tags
 }
 
+resource "aws_iam_role_policy" "access" {
+  name   = "terrace-state"
+  role   = aws_iam_role.this.id
+  policy = data.aws_iam_policy_document.access.json
+}
+
 data "aws_iam_policy_document" "access" {
+  source_policy_documents = concat(
+    data.aws_iam_policy_document.leases[*].json,
+    data.aws_iam_policy_document.state_key[*].json,
+  )
+
   statement {
     sid       = "StateObjects"
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
-    resources = [local.objects]
+    resources = ["${aws_s3_bucket.this.arn}/${var.prefix}/*"]
   }
 
   statement {
@@ -46,36 +53,32 @@ data "aws_iam_policy_document" "access" {
       values   = ["${var.prefix}/*"]
     }
   }
+}
 
-  dynamic "statement" {
-    for_each = aws_dynamodb_table.lease[*].arn
+# The lease table and the key have a document each: a statement needs a resource, and
+# without the table or the key there is none.
+data "aws_iam_policy_document" "leases" {
+  count = var.lease_table.create ? 1 : 0
 
-    content {
-      sid       = "Leases"
-      actions   = ["dynamodb:GetItem", "dynamodb:UpdateItem"]
-      resources = [statement.value]
-    }
-  }
-
-  dynamic "statement" {
-    for_each = var.kms_key_arn == null ? [] : [var.kms_key_arn]
-
-    content {
-      sid       = "StateKey"
-      actions   = ["kms:GenerateDataKey", "kms:Decrypt"]
-      resources = [statement.value]
-    }
+  statement {
+    sid       = "Leases"
+    actions   = ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    resources = [aws_dynamodb_table.lease[0].arn]
   }
 }
 
-resource "aws_iam_role_policy" "access" {
-  name   = "terrace-state"
-  role   = aws_iam_role.this.id
-  policy = data.aws_iam_policy_document.access.json
+data "aws_iam_policy_document" "state_key" {
+  count = var.kms_key_arn == null ? 0 : 1
+
+  statement {
+    sid       = "StateKey"
+    actions   = ["kms:GenerateDataKey", "kms:Decrypt"]
+    resources = [var.kms_key_arn]
+  }
 }
 
 resource "aws_iam_role_policy_attachment" "this" {
-  for_each = var.role_policy_arns
+  for_each = var.role.policy_arns
 
   role       = aws_iam_role.this.name
   policy_arn = each.value

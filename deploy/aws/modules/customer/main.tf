@@ -6,10 +6,10 @@ resource "aws_s3_bucket" "this" {
   #checkov:skip=CKV_AWS_144:Cross-region replication is the customer's choice; the runner needs one region
   #checkov:skip=CKV2_AWS_62:Nothing consumes the bucket's events
   #checkov:skip=CKV_AWS_145:SSE-KMS is optional (kms_key_arn); SSE-S3 is the default so that no key policy has to admit the runner
-  #checkov:skip=CKV_AWS_18:Access logging is optional (access_log_bucket): the target bucket is the customer's
+  #checkov:skip=CKV_AWS_18:Access logging is optional (bucket.access_logs): the target bucket is the customer's
 
-  bucket        = var.bucket_name
-  bucket_prefix = var.bucket_name == null ? "${var.name}-state-" : null
+  bucket        = var.bucket.name
+  bucket_prefix = var.bucket.name == null ? "${var.name}-state-" : null
   tags          = var.tags
 }
 
@@ -65,7 +65,7 @@ resource "aws_s3_bucket_lifecycle_configuration" "this" {
     }
 
     noncurrent_version_expiration {
-      noncurrent_days = var.noncurrent_version_expiration_days
+      noncurrent_days = var.bucket.noncurrent_version_expiration_days
     }
 
     expiration {
@@ -78,11 +78,11 @@ resource "aws_s3_bucket_lifecycle_configuration" "this" {
 }
 
 resource "aws_s3_bucket_logging" "this" {
-  count = var.access_log_bucket == null ? 0 : 1
+  count = var.bucket.access_logs == null ? 0 : 1
 
   bucket        = aws_s3_bucket.this.id
-  target_bucket = var.access_log_bucket
-  target_prefix = var.access_log_prefix
+  target_bucket = var.bucket.access_logs.bucket
+  target_prefix = var.bucket.access_logs.prefix
 }
 
 data "aws_iam_policy_document" "bucket" {

@@ -1,31 +1,19 @@
-output "role_arn" {
-  description = "ARN of the role the runner assumes."
-  value       = aws_iam_role.this.arn
+output "role" {
+  description = "The role the runner assumes: its `arn`, and its `name`, to attach further policies to."
+  value = {
+    arn  = aws_iam_role.this.arn
+    name = aws_iam_role.this.name
+  }
 }
 
-output "role_name" {
-  description = "Name of that role, to attach further policies to."
-  value       = aws_iam_role.this.name
-}
-
-output "bucket" {
-  description = "Name of the state bucket."
-  value       = aws_s3_bucket.this.id
-}
-
-output "bucket_arn" {
-  description = "ARN of the state bucket."
-  value       = aws_s3_bucket.this.arn
-}
-
-output "prefix" {
-  description = "Key prefix of the runner's objects in the bucket."
-  value       = var.prefix
-}
-
-output "lease_table" {
-  description = "Name of the lease table (null without one)."
-  value       = one(aws_dynamodb_table.lease[*].name)
+output "state" {
+  description = "Where the runner keeps this account's states: the `bucket` (name) and its `bucket_arn`, the key `prefix` of the runner's objects in it, and the `lease_table` (name; null without one)."
+  value = {
+    bucket      = aws_s3_bucket.this.id
+    bucket_arn  = aws_s3_bucket.this.arn
+    prefix      = var.prefix
+    lease_table = one(aws_dynamodb_table.lease[*].name)
+  }
 }
 
 output "tenant_registry_entry" {

@@ -4,13 +4,16 @@ variable "name" {
   default     = "terrace"
 
   validation {
-    condition     = can(regex("^[a-z0-9][a-z0-9-]{0,29}$", var.name))
-    error_message = "name must be 1 to 30 lower-case letters, digits or '-', starting with a letter or digit (it starts the bucket's name)."
+    condition     = can(regex("^[a-z0-9][a-z0-9-]{0,29}$", var.name)) && !startswith(var.name, "xn--") && !startswith(var.name, "sthree-")
+    error_message = "name must be 1 to 30 lower-case letters, digits or '-', starting with a letter or digit but not with xn-- or sthree- (it starts the bucket's name)."
   }
 }
 
 variable "runner_role_arn" {
-  description = "The runner's role (the runner module's `runner_role_arn`): the only principal that may assume this account's role. It must exist when the role is created."
+  description = <<-EOT
+    The runner's role (the runner module's `runner_role_arn`): the only principal that may assume this account's
+    role. It must exist when the role is created.
+  EOT
   type        = string
 
   validation {
@@ -20,7 +23,10 @@ variable "runner_role_arn" {
 }
 
 variable "external_id" {
-  description = "The ExternalId the runner must present (sts:ExternalId): the guard against a confused deputy. Given by the runner's operator, unique to this account."
+  description = <<-EOT
+    The ExternalId the runner must present (sts:ExternalId): the guard against a confused deputy. Given by the
+    runner's operator, unique to this account.
+  EOT
   type        = string
   sensitive   = true
 
@@ -31,7 +37,10 @@ variable "external_id" {
 }
 
 variable "prefix" {
-  description = "Key prefix of everything the runner keeps in the bucket (`<prefix>/<tenant>/<workspace>/…`); the role reaches nothing else in it."
+  description = <<-EOT
+    Key prefix of everything the runner keeps in the bucket (`<prefix>/<tenant>/<workspace>/…`); the role reaches
+    nothing else in it.
+  EOT
   type        = string
   default     = "terrace"
 
@@ -41,10 +50,67 @@ variable "prefix" {
   }
 }
 
-variable "bucket_name" {
-  description = "Name of the state bucket; null for a unique name starting with \"<name>-state-\"."
-  type        = string
-  default     = null
+variable "bucket" {
+  description = <<-EOT
+    The state bucket:
+    - name (null): its name; null for a unique name starting with "<name>-state-".
+    - access_logs (null): where the bucket's server access logs go, the `bucket` that receives them and the key
+      `prefix` ("s3-access/") they get there; null for no access logs.
+    - noncurrent_version_expiration_days (90): days a replaced or deleted object's old version is kept, at least 1.
+      The runner writes every state version as an object of its own, so old versions are only a safety net.
+  EOT
+  type = object({
+    name = optional(string)
+    access_logs = optional(object({
+      bucket = string
+      prefix = optional(string, "s3-access/")
+    }))
+    noncurrent_version_expiration_days = optional(number, 90)
+  })
+  default  = {}
+  nullable = false
+
+  validation {
+    condition     = var.bucket.noncurrent_version_expiration_days >= 1
+    error_message = "bucket.noncurrent_version_expiration_days must be at least 1."
+  }
+}
+
+variable "lease_table" {
+  description = <<-EOT
+    The DynamoDB lease table:
+    - create (true): create it. Without it, the runner leases workspaces with a lock object in the bucket.
+    - name (null): its name; null for "<name>-leases".
+  EOT
+  type = object({
+    create = optional(bool, true)
+    name   = optional(string)
+  })
+  default  = {}
+  nullable = false
+}
+
+variable "role" {
+  description = <<-EOT
+    The role the runner assumes:
+    - name (null): its name; null for "<name>-runner".
+    - policy_arns ({}): managed policies attached to it, by a name of your choice: what the templates' resources
+      need. The keys must be known at plan time.
+    - permissions_boundary (null): the ARN of its permissions boundary.
+  EOT
+  type = object({
+    name                 = optional(string)
+    policy_arns          = optional(map(string), {})
+    permissions_boundary = optional(string)
+  })
+  default  = {}
+  nullable = false
+}
+
+variable "tags" {
+  description = "Tags of the bucket, the table and the role."
+  type        = map(string)
+  default     = {}
 }
 
 variable "kms_key_arn" {
@@ -56,63 +122,4 @@ variable "kms_key_arn" {
     condition     = var.kms_key_arn == null || can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/.+$", var.kms_key_arn))
     error_message = "kms_key_arn must be a KMS key ARN (arn:aws:kms:<region>:<account>:key/<id>), or null for SSE-S3."
   }
-}
-
-variable "noncurrent_version_expiration_days" {
-  description = "Days a replaced or deleted object's old version is kept. The runner writes every state version as an object of its own, so old versions are only a safety net."
-  type        = number
-  default     = 90
-
-  validation {
-    condition     = var.noncurrent_version_expiration_days >= 1
-    error_message = "noncurrent_version_expiration_days must be at least 1."
-  }
-}
-
-variable "access_log_bucket" {
-  description = "Bucket that receives the state bucket's server access logs; null for none."
-  type        = string
-  default     = null
-}
-
-variable "access_log_prefix" {
-  description = "Key prefix of the access logs in access_log_bucket."
-  type        = string
-  default     = "s3-access/"
-}
-
-variable "create_lease_table" {
-  description = "Create the DynamoDB lease table. Without it, the runner leases workspaces with a lock object in the bucket."
-  type        = bool
-  default     = true
-}
-
-variable "lease_table_name" {
-  description = "Name of the lease table; null for \"<name>-leases\"."
-  type        = string
-  default     = null
-}
-
-variable "role_name" {
-  description = "Name of the role the runner assumes; null for \"<name>-runner\"."
-  type        = string
-  default     = null
-}
-
-variable "role_policy_arns" {
-  description = "Managed policies attached to the role, by a name of your choice: what the templates' resources need. The keys must be known at plan time."
-  type        = map(string)
-  default     = {}
-}
-
-variable "permissions_boundary" {
-  description = "ARN of the role's permissions boundary."
-  type        = string
-  default     = null
-}
-
-variable "tags" {
-  description = "Tags of the bucket, the table and the role."
-  type        = map(string)
-  default     = {}
 }

@@ -3,7 +3,7 @@ locals {
 }
 
 resource "aws_ecs_cluster" "this" {
-  count = var.enable_ecs_handoff ? 1 : 0
+  count = var.ecs_handoff.enabled ? 1 : 0
 
   name = var.name
 
@@ -18,7 +18,7 @@ resource "aws_ecs_cluster" "this" {
 # The registry reaches the task as a secret, so that its ExternalIds stay out of the task
 # definition, which anyone allowed ecs:DescribeTaskDefinition can read.
 resource "aws_ssm_parameter" "tenants" {
-  count = var.enable_ecs_handoff ? 1 : 0
+  count = var.ecs_handoff.enabled ? 1 : 0
 
   name   = "/${var.name}/tenants"
   type   = "SecureString"
@@ -30,13 +30,13 @@ resource "aws_ssm_parameter" "tenants" {
 # Runs one handed-off job: the function overrides the command with the same `terrace-aws task` and
 # adds TERRACE_JOB_REF, the reference to the job it staged in the customer's bucket.
 resource "aws_ecs_task_definition" "this" {
-  count = var.enable_ecs_handoff ? 1 : 0
+  count = var.ecs_handoff.enabled ? 1 : 0
 
   family                   = var.name
   requires_compatibilities = ["FARGATE"]
   network_mode             = "awsvpc"
-  cpu                      = var.ecs_task_cpu
-  memory                   = var.ecs_task_memory
+  cpu                      = var.ecs_handoff.cpu
+  memory                   = var.ecs_handoff.memory
   task_role_arn            = aws_iam_role.runner.arn
   execution_role_arn       = aws_iam_role.execution[0].arn
 
@@ -46,7 +46,7 @@ resource "aws_ecs_task_definition" "this" {
   }
 
   dynamic "ephemeral_storage" {
-    for_each = var.ecs_ephemeral_storage_size == null ? [] : [var.ecs_ephemeral_storage_size]
+    for_each = var.ecs_handoff.ephemeral_storage_size == null ? [] : [var.ecs_handoff.ephemeral_storage_size]
 
     content {
       size_in_gib = ephemeral_storage.value

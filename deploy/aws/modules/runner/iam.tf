@@ -25,10 +25,7 @@ resource "aws_iam_role" "runner" {
 }
 
 data "aws_iam_policy_document" "runner" {
-  source_policy_documents = concat(
-    data.aws_iam_policy_document.customer_roles[*].json,
-    data.aws_iam_policy_document.handoff[*].json,
-  )
+  source_policy_documents = data.aws_iam_policy_document.customer_roles[*].json
 
   statement {
     sid = "ConsumeJobs"
@@ -37,16 +34,20 @@ data "aws_iam_policy_document" "runner" {
       "sqs:DeleteMessage",
       "sqs:ChangeMessageVisibility",
       "sqs:GetQueueAttributes",
-      "sqs:SendMessage",
     ]
     resources = [aws_sqs_queue.this["jobs"].arn]
   }
 
-  # Results, and the sweeps (asynchronous invocations) that failed every retry.
+  # Busy jobs and the drift sweep's checks go back on the jobs queue, results on theirs, and the
+  # sweeps (asynchronous invocations) that failed every retry on the events dead-letter queue.
   statement {
-    sid       = "SendResults"
-    actions   = ["sqs:SendMessage"]
-    resources = [aws_sqs_queue.this["results"].arn, aws_sqs_queue.dead_letter["events"].arn]
+    sid     = "SendMessages"
+    actions = ["sqs:SendMessage"]
+    resources = [
+      aws_sqs_queue.this["jobs"].arn,
+      aws_sqs_queue.this["results"].arn,
+      aws_sqs_queue.dead_letter["events"].arn,
+    ]
   }
 
   statement {
@@ -81,7 +82,7 @@ data "aws_iam_policy_document" "customer_roles" {
 }
 
 data "aws_iam_policy_document" "handoff" {
-  count = var.enable_ecs_handoff ? 1 : 0
+  count = var.ecs_handoff.enabled ? 1 : 0
 
   statement {
     sid     = "RunTask"
@@ -137,7 +138,7 @@ data "aws_iam_policy_document" "scheduler" {
 }
 
 resource "aws_iam_role" "execution" {
-  count = var.enable_ecs_handoff ? 1 : 0
+  count = var.ecs_handoff.enabled ? 1 : 0
 
   name = "${var.name}-ecs-execution"
 
@@ -151,19 +152,19 @@ resource "aws_iam_role" "execution" {
 }
 
 data "aws_iam_policy_document" "execution" {
-  count = var.enable_ecs_handoff ? 1 : 0
+  count = var.ecs_handoff.enabled ? 1 : 0
 
-  # ECR takes no resource for the token; the layers come from the image's repository only.
-  statement {
-    sid       = "EcrToken"
-    actions   = ["ecr:GetAuthorizationToken"]
-    resources = ["*"]
-  }
-
+  # The layers come from the image's repository only; ECR takes no resource for the token.
   statement {
     sid       = "PullImage"
     actions   = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
     resources = [local.ecr_repository_arn]
+  }
+
+  statement {
+    sid       = "EcrToken"
+    actions   = ["ecr:GetAuthorizationToken"]
+    resources = ["*"]
   }
 
   statement {
@@ -197,7 +198,8 @@ resource "aws_iam_role_policy" "this" {
       runner    = { role = aws_iam_role.runner.id, policy = data.aws_iam_policy_document.runner.json }
       scheduler = { role = aws_iam_role.scheduler.id, policy = data.aws_iam_policy_document.scheduler.json }
     },
-    var.enable_ecs_handoff ? {
+    var.ecs_handoff.enabled ? {
+      handoff   = { role = aws_iam_role.runner.id, policy = data.aws_iam_policy_document.handoff[0].json }
       execution = { role = aws_iam_role.execution[0].id, policy = data.aws_iam_policy_document.execution[0].json }
     } : {},
   )

@@ -1,6 +1,6 @@
 resource "aws_lambda_function" "this" {
   #checkov:skip=CKV_AWS_272:Lambda code signing covers .zip packages only; a container image is pinned by image_uri (use a digest)
-  #checkov:skip=CKV_AWS_117:A VPC is optional (vpc_subnet_ids): the function needs only AWS APIs and what the templates' providers reach
+  #checkov:skip=CKV_AWS_117:A VPC is optional (function.subnet_ids): the function needs only AWS APIs and what the templates' providers reach
 
   function_name = var.name
   description   = "Terrace: runs Terraform jobs from the jobs queue, and the backup and drift sweeps"
@@ -10,13 +10,13 @@ resource "aws_lambda_function" "this" {
   # The image's OpenTofu is the linux_amd64 build.
   architectures = ["x86_64"]
 
-  memory_size                    = var.memory_size
+  memory_size                    = var.function.memory_size
   timeout                        = local.function_timeout
-  reserved_concurrent_executions = var.reserved_concurrent_executions
+  reserved_concurrent_executions = var.function.reserved_concurrent_executions
   kms_key_arn                    = local.kms_key_arn
 
   ephemeral_storage {
-    size = var.ephemeral_storage_size
+    size = var.function.ephemeral_storage_size
   }
 
   environment {
@@ -32,11 +32,11 @@ resource "aws_lambda_function" "this" {
   }
 
   dynamic "vpc_config" {
-    for_each = length(var.vpc_subnet_ids) > 0 ? [true] : []
+    for_each = length(var.function.subnet_ids) > 0 ? [true] : []
 
     content {
-      subnet_ids         = var.vpc_subnet_ids
-      security_group_ids = var.vpc_security_group_ids
+      subnet_ids         = var.function.subnet_ids
+      security_group_ids = var.function.security_group_ids
     }
   }
 
@@ -55,17 +55,12 @@ resource "aws_lambda_function" "this" {
       condition     = length(jsonencode(local.function_environment)) <= 4096
       error_message = "The function's environment (the tenant registry and the settings) exceeds the 4 KB Lambda allows: register fewer tenants with this function."
     }
-
-    precondition {
-      condition     = !var.enable_ecs_handoff || length(var.ecs_subnet_ids) > 0
-      error_message = "enable_ecs_handoff needs ecs_subnet_ids (the ECS task runs in them)."
-    }
   }
 }
 
 # ENIs in the subnets, for vpc_config.
 resource "aws_iam_role_policy_attachment" "vpc_access" {
-  count = length(var.vpc_subnet_ids) > 0 ? 1 : 0
+  count = length(var.function.subnet_ids) > 0 ? 1 : 0
 
   role       = aws_iam_role.runner.name
   policy_arn = "arn:${local.partition}:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"

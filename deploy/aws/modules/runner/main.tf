@@ -25,7 +25,7 @@ locals {
 
   log_groups = merge(
     { function = "/aws/lambda/${var.name}" },
-    var.enable_ecs_handoff ? { task = "/ecs/${var.name}" } : {},
+    var.ecs_handoff.enabled ? { task = "/ecs/${var.name}" } : {},
   )
   log_group_arns = { for k, name in local.log_groups : k => "arn:${local.partition}:logs:${local.region}:${local.account_id}:log-group:${name}" }
 
@@ -33,14 +33,14 @@ locals {
   task_environment = merge(var.environment_variables, {
     TERRACE_JOBS_QUEUE_URL    = aws_sqs_queue.this["jobs"].url
     TERRACE_RESULTS_QUEUE_URL = aws_sqs_queue.this["results"].url
-    TERRACE_LOG               = var.log_filter
+    TERRACE_LOG               = var.logs.filter
   })
-  function_environment = merge(local.task_environment, { TERRACE_TENANTS = jsonencode(local.registry) }, var.enable_ecs_handoff ? {
+  function_environment = merge(local.task_environment, { TERRACE_TENANTS = jsonencode(local.registry) }, var.ecs_handoff.enabled ? {
     TERRACE_ECS_CLUSTER         = aws_ecs_cluster.this[0].name
     TERRACE_ECS_TASK_DEFINITION = aws_ecs_task_definition.this[0].arn
     TERRACE_ECS_CONTAINER       = local.container_name
-    TERRACE_ECS_SUBNETS         = join(",", var.ecs_subnet_ids)
-    TERRACE_ECS_SECURITY_GROUPS = join(",", var.ecs_security_group_ids)
+    TERRACE_ECS_SUBNETS         = join(",", var.ecs_handoff.subnet_ids)
+    TERRACE_ECS_SECURITY_GROUPS = join(",", var.ecs_handoff.security_group_ids)
   } : {})
 
   kms_key_arn = var.kms_key_arn != null ? var.kms_key_arn : aws_kms_key.this[0].arn
@@ -100,7 +100,7 @@ resource "aws_cloudwatch_log_group" "this" {
   for_each = local.log_groups
 
   name              = each.value
-  retention_in_days = var.log_retention_in_days
+  retention_in_days = var.logs.retention_in_days
   kms_key_id        = local.kms_key_arn
   tags              = var.tags
 }

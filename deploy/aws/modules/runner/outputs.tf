@@ -1,6 +1,11 @@
-output "account_id" {
-  description = "The account the runner runs in."
-  value       = local.account_id
+output "function" {
+  description = "The Lambda function: its `name`, the `account_id` it runs in, its `arn`, and the `role_name` of the runner role, to attach further policies to."
+  value = {
+    name       = aws_lambda_function.this.function_name
+    account_id = local.account_id
+    arn        = aws_lambda_function.this.arn
+    role_name  = aws_iam_role.runner.name
+  }
 }
 
 output "runner_role_arn" {
@@ -8,49 +13,16 @@ output "runner_role_arn" {
   value       = aws_iam_role.runner.arn
 }
 
-output "runner_role_name" {
-  description = "Name of the runner role."
-  value       = aws_iam_role.runner.name
-}
-
-output "function_name" {
-  description = "Name of the Lambda function."
-  value       = aws_lambda_function.this.function_name
-}
-
-output "function_arn" {
-  description = "ARN of the Lambda function."
-  value       = aws_lambda_function.this.arn
-}
-
-output "jobs_queue_url" {
-  description = "URL of the jobs queue: where the platform sends job messages."
-  value       = aws_sqs_queue.this["jobs"].url
-}
-
-output "jobs_queue_arn" {
-  description = "ARN of the jobs queue."
-  value       = aws_sqs_queue.this["jobs"].arn
-}
-
-output "results_queue_url" {
-  description = "URL of the results queue: every result, rejection and handoff."
-  value       = aws_sqs_queue.this["results"].url
-}
-
-output "results_queue_arn" {
-  description = "ARN of the results queue."
-  value       = aws_sqs_queue.this["results"].arn
-}
-
-output "dead_letter_queue_urls" {
-  description = "URLs of the dead-letter queues: `jobs` (job messages received max_receive_count times) and `events` (sweeps that failed every retry)."
-  value       = { for k, q in aws_sqs_queue.dead_letter : k => q.url }
-}
-
-output "dead_letter_queue_arns" {
-  description = "ARNs of the dead-letter queues, by the same keys."
-  value       = { for k, q in aws_sqs_queue.dead_letter : k => q.arn }
+output "queues" {
+  description = <<-EOT
+    The queues, each with its `url` and `arn`: `jobs`, where the platform sends job messages; `results`, every
+    result, rejection and handoff; and the dead-letter queues `jobs-dlq` (job messages received
+    queues.max_receive_count times) and `events-dlq` (sweeps that failed every retry).
+  EOT
+  value = {
+    for k, q in merge(aws_sqs_queue.this, { for name, queue in aws_sqs_queue.dead_letter : "${name}-dlq" => queue }) :
+    k => { url = q.url, arn = q.arn }
+  }
 }
 
 output "kms_key_arn" {
@@ -58,14 +30,12 @@ output "kms_key_arn" {
   value       = local.kms_key_arn
 }
 
-output "ecs_cluster_arn" {
-  description = "ARN of the ECS cluster long jobs run in (null without the handoff)."
-  value       = one(aws_ecs_cluster.this[*].arn)
-}
-
-output "ecs_task_definition_arn" {
-  description = "ARN of the task definition of long jobs (null without the handoff)."
-  value       = one(aws_ecs_task_definition.this[*].arn)
+output "ecs_handoff" {
+  description = "The ECS cluster long jobs run in (`cluster_arn`) and their task definition (`task_definition_arn`); null without the handoff."
+  value = var.ecs_handoff.enabled ? {
+    cluster_arn         = aws_ecs_cluster.this[0].arn
+    task_definition_arn = aws_ecs_task_definition.this[0].arn
+  } : null
 }
 
 output "log_group_names" {
@@ -74,6 +44,6 @@ output "log_group_names" {
 }
 
 output "schedule_arns" {
-  description = "ARNs of the sweeps' schedules, by sweep."
+  description = "ARNs of the sweeps' schedules, by sweep (`backup-sweep`, `drift-sweep`)."
   value       = { for k, s in aws_scheduler_schedule.this : k => s.arn }
 }

@@ -1,9 +1,6 @@
 locals {
   # Schedule name suffix => expression; the suffix is also the event the function gets.
-  schedules = merge(
-    { backup-sweep = var.backup_schedule_expression },
-    var.drift_schedule_expression == null ? {} : { drift-sweep = var.drift_schedule_expression },
-  )
+  schedules = { for sweep, expression in { backup-sweep = var.schedules.backup, drift-sweep = var.schedules.drift } : sweep => expression if expression != "" }
 }
 
 resource "aws_scheduler_schedule" "this" {
@@ -13,7 +10,7 @@ resource "aws_scheduler_schedule" "this" {
   name                         = "${var.name}-${each.key}"
   description                  = "Terrace ${each.key}"
   schedule_expression          = each.value
-  schedule_expression_timezone = var.schedule_timezone
+  schedule_expression_timezone = var.schedules.timezone
   state                        = local.has_tenants ? "ENABLED" : "DISABLED"
 
   flexible_time_window {

@@ -14,20 +14,20 @@ resource "aws_sqs_queue" "dead_letter" {
 # allow per message.
 resource "aws_sqs_queue" "this" {
   for_each = {
-    jobs    = { visibility_timeout_seconds = var.jobs_visibility_timeout_seconds, dead_letter = "jobs" }
+    jobs    = { visibility_timeout_seconds = var.queues.visibility_timeout_seconds, dead_letter = "jobs" }
     results = { visibility_timeout_seconds = 30, dead_letter = null }
   }
 
   name                              = "${var.name}-${each.key}"
   visibility_timeout_seconds        = each.value.visibility_timeout_seconds
-  message_retention_seconds         = var.message_retention_seconds
+  message_retention_seconds         = var.queues.message_retention_seconds
   kms_master_key_id                 = local.kms_key_arn
   kms_data_key_reuse_period_seconds = 300
   tags                              = var.tags
 
   redrive_policy = each.value.dead_letter == null ? null : jsonencode({
     deadLetterTargetArn = aws_sqs_queue.dead_letter[each.value.dead_letter].arn
-    maxReceiveCount     = var.max_receive_count
+    maxReceiveCount     = var.queues.max_receive_count
   })
 }
 
@@ -43,12 +43,12 @@ resource "aws_sqs_queue_redrive_allow_policy" "jobs" {
 resource "aws_lambda_event_source_mapping" "jobs" {
   event_source_arn        = aws_sqs_queue.this["jobs"].arn
   function_name           = aws_lambda_function.this.arn
-  batch_size              = var.batch_size
+  batch_size              = var.queues.batch_size
   function_response_types = ["ReportBatchItemFailures"]
   enabled                 = local.has_tenants
 
   dynamic "scaling_config" {
-    for_each = var.maximum_concurrency == null ? [] : [var.maximum_concurrency]
+    for_each = var.queues.maximum_concurrency == null ? [] : [var.queues.maximum_concurrency]
 
     content {
       maximum_concurrency = scaling_config.value

@@ -4,18 +4,8 @@ variable "name" {
   default     = "terrace"
 
   validation {
-    condition     = can(regex("^[A-Za-z0-9_-]{1,40}$", var.name))
+    condition     = can(regex("^[A-Za-z0-9_-]+$", var.name)) && length(var.name) <= 40
     error_message = "name must be 1 to 40 letters, digits, '-' or '_' (role and schedule names add suffixes to it)."
-  }
-}
-
-variable "image_uri" {
-  description = "The function's image (deploy/aws/Dockerfile) in Amazon ECR, e.g. 123456789012.dkr.ecr.eu-west-1.amazonaws.com/terrace-aws@sha256:…. Used by the Lambda function and the ECS task alike; prefer a digest to a tag."
-  type        = string
-
-  validation {
-    condition     = can(regex("^[0-9]{12}\\.dkr\\.ecr\\.[a-z0-9-]+\\.amazonaws\\.com(\\.cn)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$", var.image_uri))
-    error_message = "image_uri must be an Amazon ECR image URI (<account>.dkr.ecr.<region>.amazonaws.com/<repository>[:tag][@sha256:digest]): Lambda runs images from ECR only."
   }
 }
 
@@ -51,10 +41,14 @@ variable "tenants" {
   }
 }
 
-variable "log_filter" {
-  description = "TERRACE_LOG: the tracing filter of the function and the ECS task (e.g. \"info\", \"info,aws=warn\")."
+variable "image_uri" {
+  description = "The image built from deploy/Dockerfile with `--target aws`, in Amazon ECR, e.g. 123456789012.dkr.ecr.eu-west-1.amazonaws.com/terrace-aws@sha256:…. Used by the Lambda function and the ECS task alike; prefer a digest to a tag."
   type        = string
-  default     = "info"
+
+  validation {
+    condition     = can(regex("^[0-9]{12}\\.dkr\\.ecr\\.[a-z0-9-]+\\.amazonaws\\.com(\\.cn)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$", var.image_uri))
+    error_message = "image_uri must be an Amazon ECR image URI (<account>.dkr.ecr.<region>.amazonaws.com/<repository>[:tag][@sha256:digest]): Lambda runs images from ECR only."
+  }
 }
 
 variable "environment_variables" {
@@ -72,120 +66,179 @@ variable "environment_variables" {
   }
 }
 
-variable "memory_size" {
-  description = "Memory of the function, in MB. Terraform and its providers run in the function."
-  type        = number
-  default     = 2048
+variable "function" {
+  description = <<-EOT
+    The Lambda function:
+    - memory_size (2048): its memory in MB, 1024 to 10240. Terraform and its providers run in the function.
+    - ephemeral_storage_size (2048): the size of its /tmp in MB, 512 to 10240: workdirs, providers and
+      terraform's home are there.
+    - reserved_concurrent_executions (10): its reserved concurrency, at least 1: the most jobs (batches) that
+      run at once, and what the account keeps for it.
+    - subnet_ids ([]): subnets to run it in; empty runs it outside a VPC. The subnets need a route to AWS's APIs
+      and to whatever the templates' providers reach.
+    - security_group_ids ([]): its security groups when it runs in subnet_ids.
+  EOT
+  type = object({
+    memory_size                    = optional(number, 2048)
+    ephemeral_storage_size         = optional(number, 2048)
+    reserved_concurrent_executions = optional(number, 10)
+    subnet_ids                     = optional(list(string), [])
+    security_group_ids             = optional(list(string), [])
+  })
+  default  = {}
+  nullable = false
 
   validation {
-    condition     = var.memory_size >= 1024 && var.memory_size <= 10240
-    error_message = "memory_size must be between 1024 and 10240 MB."
+    condition     = var.function.memory_size >= 1024 && var.function.memory_size <= 10240
+    error_message = "function.memory_size must be from 1024 to 10240 MB."
+  }
+
+  validation {
+    condition     = var.function.ephemeral_storage_size >= 512 && var.function.ephemeral_storage_size <= 10240
+    error_message = "function.ephemeral_storage_size must be from 512 to 10240 MB."
+  }
+
+  validation {
+    condition     = var.function.reserved_concurrent_executions >= 1
+    error_message = "function.reserved_concurrent_executions must be at least 1 (0 would stop the function)."
   }
 }
 
-variable "ephemeral_storage_size" {
-  description = "Size of the function's /tmp, in MB: workdirs, providers and terraform's home are there."
-  type        = number
-  default     = 2048
+variable "queues" {
+  description = <<-EOT
+    The jobs queue and its event source mapping:
+    - visibility_timeout_seconds (900): the jobs queue's visibility timeout, 900 to 43200. Lambda requires at
+      least the function's timeout (900 s) for an event source mapping; while a job runs, the function keeps
+      its message invisible itself (120 s at a time, renewed every 30 s).
+    - max_receive_count (5): receives of a job message, 1 to 1000, before it moves to the jobs dead-letter queue.
+    - message_retention_seconds (345600): how long the jobs and results queues keep a message, 60 to 1209600.
+      The dead-letter queues keep theirs 14 days.
+    - maximum_concurrency (null): the most concurrent invocations the event source mapping starts, 2 to 1000;
+      null for no limit but function.reserved_concurrent_executions.
+    - batch_size (1): jobs a function invocation takes from the queue at once, 1 to 10. Keep 1 where tenants
+      must not reach each other: on Lambda, jobs of one batch share a user (docs/SECURITY.md).
+  EOT
+  type = object({
+    visibility_timeout_seconds = optional(number, 900)
+    max_receive_count          = optional(number, 5)
+    message_retention_seconds  = optional(number, 345600)
+    maximum_concurrency        = optional(number)
+    batch_size                 = optional(number, 1)
+  })
+  default  = {}
+  nullable = false
 
   validation {
-    condition     = var.ephemeral_storage_size >= 512 && var.ephemeral_storage_size <= 10240
-    error_message = "ephemeral_storage_size must be between 512 and 10240 MB."
+    condition     = var.queues.max_receive_count >= 1 && var.queues.max_receive_count <= 1000 && var.queues.message_retention_seconds >= 60 && var.queues.message_retention_seconds <= 1209600
+    error_message = "queues.max_receive_count must be from 1 to 1000, and queues.message_retention_seconds from 60 to 1209600 (14 days)."
+  }
+
+  validation {
+    condition     = var.queues.visibility_timeout_seconds >= 900 && var.queues.visibility_timeout_seconds <= 43200
+    error_message = "queues.visibility_timeout_seconds must be from 900 (the function's timeout) to 43200."
+  }
+
+  validation {
+    condition     = var.queues.maximum_concurrency == null || (coalesce(var.queues.maximum_concurrency, 2) >= 2 && coalesce(var.queues.maximum_concurrency, 2) <= 1000)
+    error_message = "queues.maximum_concurrency must be from 2 to 1000, or null."
+  }
+
+  validation {
+    condition     = var.queues.batch_size >= 1 && var.queues.batch_size <= 10
+    error_message = "queues.batch_size must be from 1 to 10."
   }
 }
 
-variable "reserved_concurrent_executions" {
-  description = "Reserved concurrency of the function: the most jobs (batches) that run at once, and what the account keeps for it."
-  type        = number
-  default     = 10
+variable "schedules" {
+  description = <<-EOT
+    When EventBridge Scheduler invokes the sweeps:
+    - backup ("rate(1 hour)"): the backup sweep's rate(…) or cron(…) expression.
+    - drift ("rate(1 day)"): the drift sweep's expression; empty ("") for no drift sweep.
+    - timezone ("UTC"): the time zone of cron expressions (IANA name).
+  EOT
+  type = object({
+    backup   = optional(string, "rate(1 hour)")
+    drift    = optional(string, "rate(1 day)")
+    timezone = optional(string, "UTC")
+  })
+  default  = {}
+  nullable = false
 
   validation {
-    condition     = var.reserved_concurrent_executions >= 1
-    error_message = "reserved_concurrent_executions must be at least 1 (0 would stop the function)."
+    condition     = can(regex("^(rate|cron)\\(.+\\)$", var.schedules.backup)) && (var.schedules.drift == "" || can(regex("^(rate|cron)\\(.+\\)$", var.schedules.drift)))
+    error_message = "schedules.backup must be a rate(…) or cron(…) expression, and schedules.drift one too, or empty for no drift sweep."
   }
 }
 
-variable "batch_size" {
-  description = "Jobs a function invocation takes from the queue at once. Keep 1 where tenants must not reach each other: on Lambda, jobs of one batch share a user (docs/SECURITY.md)."
-  type        = number
-  default     = 1
+variable "ecs_handoff" {
+  description = <<-EOT
+    The ECS cluster and Fargate task that run jobs too long for Lambda:
+    - enabled (true): create them. Without them, such jobs are rejected.
+    - subnet_ids: the task's subnets (TERRACE_ECS_SUBNETS), required while enabled. The task gets no public IP:
+      the subnets need a NAT gateway or VPC endpoints.
+    - security_group_ids ([]): the task's security groups (TERRACE_ECS_SECURITY_GROUPS); empty uses the VPC's
+      default group.
+    - cpu (1024): the task's CPU units, a size Fargate offers (256 to 16384).
+    - memory (4096): the task's memory in MiB, a combination Fargate offers with cpu.
+    - ephemeral_storage_size (null): the task's ephemeral storage in GiB, 21 to 200; null for Fargate's 20 GiB.
+  EOT
+  type = object({
+    enabled                = optional(bool, true)
+    subnet_ids             = optional(list(string), [])
+    security_group_ids     = optional(list(string), [])
+    cpu                    = optional(number, 1024)
+    memory                 = optional(number, 4096)
+    ephemeral_storage_size = optional(number)
+  })
+  default  = {}
+  nullable = false
 
   validation {
-    condition     = var.batch_size >= 1 && var.batch_size <= 10
-    error_message = "batch_size must be between 1 and 10."
+    condition     = !var.ecs_handoff.enabled || length(var.ecs_handoff.subnet_ids) > 0
+    error_message = "ecs_handoff.subnet_ids is required while ecs_handoff.enabled is true (the ECS task runs in them)."
+  }
+
+  validation {
+    condition     = contains([256, 512, 1024, 2048, 4096, 8192, 16384], var.ecs_handoff.cpu)
+    error_message = "ecs_handoff.cpu must be a Fargate task size: 256, 512, 1024, 2048, 4096, 8192 or 16384."
+  }
+
+  validation {
+    condition     = var.ecs_handoff.ephemeral_storage_size == null || (coalesce(var.ecs_handoff.ephemeral_storage_size, 21) >= 21 && coalesce(var.ecs_handoff.ephemeral_storage_size, 21) <= 200)
+    error_message = "ecs_handoff.ephemeral_storage_size must be from 21 to 200 GiB, or null."
   }
 }
 
-variable "maximum_concurrency" {
-  description = "The most concurrent invocations the jobs queue's event source mapping starts (2 to 1000); null for no limit but reserved_concurrent_executions."
-  type        = number
+variable "logs" {
+  description = <<-EOT
+    The function's and the ECS task's logs:
+    - filter ("info"): TERRACE_LOG, their tracing filter (e.g. "info", "info,aws=warn").
+    - retention_in_days (365): the retention of their log groups, one CloudWatch Logs offers.
+  EOT
+  type = object({
+    filter            = optional(string, "info")
+    retention_in_days = optional(number, 365)
+  })
+  # Spelled out as well, so that checkov sees the retention it checks (CKV_AWS_338).
+  default  = { filter = "info", retention_in_days = 365 }
+  nullable = false
+
+  validation {
+    condition     = contains([1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653], var.logs.retention_in_days)
+    error_message = "logs.retention_in_days must be a retention CloudWatch Logs offers (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288 or 3653)."
+  }
+}
+
+variable "permissions_boundary" {
+  description = "ARN of the permissions boundary of the roles the module creates."
+  type        = string
   default     = null
-
-  validation {
-    condition     = var.maximum_concurrency == null || (coalesce(var.maximum_concurrency, 2) >= 2 && coalesce(var.maximum_concurrency, 2) <= 1000)
-    error_message = "maximum_concurrency must be between 2 and 1000, or null."
-  }
 }
 
-variable "jobs_visibility_timeout_seconds" {
-  description = "Visibility timeout of the jobs queue. Lambda requires at least the function's timeout (900 s) for an event source mapping; while a job runs, the function keeps its message invisible itself (120 s at a time, renewed every 30 s)."
-  type        = number
-  default     = 900
-
-  validation {
-    condition     = var.jobs_visibility_timeout_seconds >= 900 && var.jobs_visibility_timeout_seconds <= 43200
-    error_message = "jobs_visibility_timeout_seconds must be between 900 (the function's timeout) and 43200."
-  }
-}
-
-variable "max_receive_count" {
-  description = "Receives of a job message before it moves to the jobs dead-letter queue."
-  type        = number
-  default     = 5
-
-  validation {
-    condition     = var.max_receive_count >= 1 && var.max_receive_count <= 1000
-    error_message = "max_receive_count must be between 1 and 1000."
-  }
-}
-
-variable "message_retention_seconds" {
-  description = "How long the jobs and results queues keep a message. The dead-letter queues keep theirs 14 days."
-  type        = number
-  default     = 345600
-
-  validation {
-    condition     = var.message_retention_seconds >= 60 && var.message_retention_seconds <= 1209600
-    error_message = "message_retention_seconds must be between 60 and 1209600 (14 days)."
-  }
-}
-
-variable "backup_schedule_expression" {
-  description = "When the backup sweep runs (EventBridge Scheduler expression)."
-  type        = string
-  default     = "rate(1 hour)"
-
-  validation {
-    condition     = can(regex("^(rate|cron)\\(.+\\)$", var.backup_schedule_expression))
-    error_message = "backup_schedule_expression must be a rate(…) or cron(…) expression."
-  }
-}
-
-variable "drift_schedule_expression" {
-  description = "When the drift sweep runs (EventBridge Scheduler expression); null for no drift sweep."
-  type        = string
-  default     = "rate(1 day)"
-
-  validation {
-    condition     = var.drift_schedule_expression == null || can(regex("^(rate|cron)\\(.+\\)$", var.drift_schedule_expression))
-    error_message = "drift_schedule_expression must be a rate(…) or cron(…) expression, or null."
-  }
-}
-
-variable "schedule_timezone" {
-  description = "Time zone of cron schedule expressions (IANA name)."
-  type        = string
-  default     = "UTC"
+variable "tags" {
+  description = "Tags of every resource that takes them."
+  type        = map(string)
+  default     = {}
 }
 
 variable "kms_key_arn" {
@@ -201,80 +254,4 @@ variable "kms_key_arn" {
     condition     = var.kms_key_arn == null || can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/.+$", var.kms_key_arn))
     error_message = "kms_key_arn must be a KMS key ARN (arn:aws:kms:<region>:<account>:key/<id>), or null for a key of the module's."
   }
-}
-
-variable "log_retention_in_days" {
-  description = "Retention of the function's and the ECS task's log groups."
-  type        = number
-  default     = 365
-
-  validation {
-    condition     = contains([1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653], var.log_retention_in_days)
-    error_message = "log_retention_in_days must be a retention CloudWatch Logs offers (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288 or 3653)."
-  }
-}
-
-variable "vpc_subnet_ids" {
-  description = "Subnets to run the function in; empty runs it outside a VPC. The subnets need a route to AWS's APIs and to whatever the templates' providers reach."
-  type        = list(string)
-  default     = []
-}
-
-variable "vpc_security_group_ids" {
-  description = "Security groups of the function when it runs in vpc_subnet_ids."
-  type        = list(string)
-  default     = []
-}
-
-variable "enable_ecs_handoff" {
-  description = "Create the ECS cluster and Fargate task that run jobs too long for Lambda. Without it, such jobs are rejected."
-  type        = bool
-  default     = true
-}
-
-variable "ecs_subnet_ids" {
-  description = "Subnets of the ECS task (TERRACE_ECS_SUBNETS); required with enable_ecs_handoff. The task gets no public IP: the subnets need a NAT gateway or VPC endpoints."
-  type        = list(string)
-  default     = []
-}
-
-variable "ecs_security_group_ids" {
-  description = "Security groups of the ECS task (TERRACE_ECS_SECURITY_GROUPS); empty uses the VPC's default group."
-  type        = list(string)
-  default     = []
-}
-
-variable "ecs_task_cpu" {
-  description = "CPU units of the ECS task."
-  type        = number
-  default     = 1024
-}
-
-variable "ecs_task_memory" {
-  description = "Memory of the ECS task, in MiB (a combination Fargate offers with ecs_task_cpu)."
-  type        = number
-  default     = 4096
-}
-
-variable "ecs_ephemeral_storage_size" {
-  description = "Ephemeral storage of the ECS task, in GiB (21 to 200); null for Fargate's 20 GiB."
-  type        = number
-  default     = null
-
-  validation {
-    condition     = var.ecs_ephemeral_storage_size == null || (coalesce(var.ecs_ephemeral_storage_size, 21) >= 21 && coalesce(var.ecs_ephemeral_storage_size, 21) <= 200)
-    error_message = "ecs_ephemeral_storage_size must be between 21 and 200 GiB, or null."
-  }
-}
-
-variable "permissions_boundary" {
-  description = "ARN of the permissions boundary of the roles the module creates."
-  type        = string
-  default     = null
-}
-
-variable "tags" {
-  description = "Tags of every resource that takes them."
-  type        = map(string)
-  default     = {}
 }

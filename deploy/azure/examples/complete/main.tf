@@ -26,18 +26,16 @@ module "runner" {
   }
 }
 
-resource "azurerm_resource_group" "acme_state" {
+# acme's resource groups: one for the state's storage account, and one for what acme's
+# templates deploy, the only one the runner's app may manage.
+resource "azurerm_resource_group" "acme" {
+  for_each = {
+    state     = "rg-terrace-state"
+    workloads = "rg-acme-workloads"
+  }
   provider = azurerm.customer
 
-  name     = "rg-terrace-state"
-  location = var.location
-}
-
-# What acme's templates deploy: the runner's app may manage this resource group only.
-resource "azurerm_resource_group" "acme_workloads" {
-  provider = azurerm.customer
-
-  name     = "rg-acme-workloads"
+  name     = each.value
   location = var.location
 }
 
@@ -48,15 +46,17 @@ module "acme" {
     azuread = azuread.customer
   }
 
-  resource_group_name = azurerm_resource_group.acme_state.name
-  location            = azurerm_resource_group.acme_state.location
+  resource_group_name = azurerm_resource_group.acme["state"].name
+  location            = azurerm_resource_group.acme["state"].location
   runner_identity     = module.runner.identity
   state_storage       = { account_name = var.customer.storage_account_name }
 
-  role_assignments = {
-    workloads = {
-      scope                = azurerm_resource_group.acme_workloads.id
-      role_definition_name = "Contributor"
+  workloads = {
+    role_assignments = {
+      workloads = {
+        scope                = azurerm_resource_group.acme["workloads"].id
+        role_definition_name = "Contributor"
+      }
     }
   }
 }

@@ -1,11 +1,11 @@
 output "jobs_queue_url" {
   description = "Where the platform sends jobs (`{\"job\": {…, \"tenant\": \"acme\"}}`)."
-  value       = module.runner.queue_urls.jobs
+  value       = module.runner.queues.urls.jobs
 }
 
 output "results_queue_url" {
   description = "Where results and rejections arrive."
-  value       = module.runner.queue_urls.results
+  value       = module.runner.queues.urls.results
 }
 
 output "acme" {

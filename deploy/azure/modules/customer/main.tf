@@ -1,7 +1,7 @@
 # The customer's side: a storage account and private container for Terrace's state, and an app
 # registration that the runner's managed identity signs in as through workload identity
 # federation (no secret anywhere), with access to that container only, and to whatever
-# `role_assignments` grants for the templates' resources. Apply it with the customer's
+# `workloads.role_assignments` grants for the templates' resources. Apply it with the customer's
 # subscription (azurerm) and tenant (azuread).
 
 data "azurerm_client_config" "current" {}
@@ -10,11 +10,11 @@ data "azuread_client_config" "current" {}
 
 locals {
   tenant_id       = data.azuread_client_config.current.tenant_id
-  subscription_id = coalesce(var.subscription_id, data.azurerm_client_config.current.subscription_id)
+  subscription_id = coalesce(var.workloads.subscription_id, data.azurerm_client_config.current.subscription_id)
   container_url   = "${module.storage.account.blob_endpoint}/${azurerm_storage_container.state.name}"
   owners          = distinct(concat([data.azuread_client_config.current.object_id], var.application.owners))
 
-  role_assignments = merge(var.role_assignments, {
+  role_assignments = merge(var.workloads.role_assignments, {
     state = {
       scope                = "${module.storage.account.id}/blobServices/default/containers/${azurerm_storage_container.state.name}"
       role_definition_name = "Storage Blob Data Contributor"
@@ -25,24 +25,24 @@ locals {
 module "storage" {
   source = "../storage-account"
 
-  name                    = var.state_storage.account_name
-  resource_group_name     = var.resource_group_name
-  location                = var.location
-  tags                    = var.tags
-  replication_type        = var.state_storage.replication_type
-  customer_managed_key    = var.state_storage.customer_managed_key
-  blob_versioning_enabled = var.state_storage.versioning_enabled
+  name                 = var.state_storage.account_name
+  resource_group_name  = var.resource_group_name
+  location             = var.location
+  tags                 = var.tags
+  replication_type     = var.state_storage.replication_type
+  customer_managed_key = var.state_storage.customer_managed_key
 
-  soft_delete_retention_days = {
-    blobs      = var.state_storage.retention_days.deleted_blobs
-    containers = var.state_storage.retention_days.deleted_containers
+  blob_properties = {
+    versioning_enabled              = var.state_storage.versioning_enabled
+    delete_retention_days           = var.state_storage.retention_days.deleted_blobs
+    container_delete_retention_days = var.state_storage.retention_days.deleted_containers
   }
   network = {
     allowed_ip_ranges  = var.state_storage.allowed_ip_ranges
     allowed_subnet_ids = var.state_storage.allowed_subnet_ids
   }
-  diagnostics = var.diagnostics == null ? null : {
-    log_analytics_workspace_id = var.diagnostics.log_analytics_workspace_id
+  diagnostics = var.state_storage.log_analytics_workspace_id == null ? null : {
+    log_analytics_workspace_id = var.state_storage.log_analytics_workspace_id
     services                   = ["blob"]
   }
 }

@@ -9,16 +9,6 @@ output "tenant_registry_entry" {
   }
 }
 
-output "tenant_id" {
-  description = "The customer's tenant ID."
-  value       = local.tenant_id
-}
-
-output "client_id" {
-  description = "Client ID of the app registration the runner acts as."
-  value       = azuread_application.runner.client_id
-}
-
 output "state" {
   description = "Where the state is kept: `storage_account_id`, `storage_account_name`, `container_name`, `container_url` and `prefix`."
   value = {
@@ -30,7 +20,15 @@ output "state" {
   }
 }
 
-output "service_principal_object_id" {
-  description = "Object ID of the app's service principal, for role assignments made outside this module."
-  value       = azuread_service_principal.runner.object_id
+output "application" {
+  description = <<-EOT
+    The app registration the runner acts as: the customer's `tenant_id`, the app's `client_id`, and
+    its service principal's object ID (`service_principal_object_id`), for role assignments made
+    outside this module.
+  EOT
+  value = {
+    tenant_id                   = local.tenant_id
+    client_id                   = azuread_application.runner.client_id
+    service_principal_object_id = azuread_service_principal.runner.object_id
+  }
 }

@@ -18,10 +18,13 @@ variable "state_storage" {
     has no availability zones). `customer_managed_key`: encrypt with a key of the customer's own
     (`key_vault_key_id`, and the `user_assigned_identity_id` allowed to use it). `allowed_ip_ranges`
     and `allowed_subnet_ids` close the account's firewall to all else: list the runner's outbound IPs
-    (its `outbound_ip_addresses` output, stable behind a NAT gateway) and whatever else reads the
-    account. `versioning_enabled` keeps the previous version of every overwritten or deleted blob for
-    `retention_days.previous_versions` days; deleted blobs and containers can be restored for
-    `retention_days.deleted_blobs` and `retention_days.deleted_containers` days.
+    (the runner module's `environment.outbound_ip_addresses` output, stable behind a NAT gateway) and
+    whatever else reads the account. `versioning_enabled` keeps the previous version of every
+    overwritten or deleted blob for `retention_days.previous_versions` days; deleted blobs and
+    containers can be restored for `retention_days.deleted_blobs` and
+    `retention_days.deleted_containers` days. `log_analytics_workspace_id`: a workspace of the
+    customer's to send the account's blob logs (reads, writes, deletes) to; null: no diagnostic
+    settings.
   EOT
   type = object({
     account_name     = string
@@ -40,8 +43,14 @@ variable "state_storage" {
       deleted_containers = optional(number, 30)
       previous_versions  = optional(number, 30)
     }), {})
+    log_analytics_workspace_id = optional(string)
   })
   nullable = false
+
+  validation {
+    condition     = can(regex("^[a-z0-9]{3,24}$", var.state_storage.account_name))
+    error_message = "state_storage.account_name must be 3 to 24 lowercase letters and digits."
+  }
 
   validation {
     condition     = can(regex("^[a-z0-9]([a-z0-9]|-[a-z0-9]){2,62}$", var.state_storage.container_name))
@@ -86,42 +95,34 @@ variable "application" {
   nullable = false
 }
 
-variable "role_assignments" {
+variable "workloads" {
   description = <<-EOT
-    What the templates' resources need, granted to the app (name => `scope`, `role_definition_name`),
-    e.g. `{ workloads = { scope = "/subscriptions/…/resourceGroups/app", role_definition_name = "Contributor" } }`.
-    Storage Blob Data Contributor on the state container is always granted (as `state`).
+    What terraform works on, as this customer's app. `subscription_id`: the subscription the registry
+    records for it (ARM_SUBSCRIPTION_ID); null: the subscription of this module's azurerm provider.
+    `role_assignments`: what the templates' resources need, granted to the app (name => `scope`,
+    `role_definition_name`), e.g. `{ workloads = { scope = "/subscriptions/…/resourceGroups/app",
+    role_definition_name = "Contributor" } }`. Storage Blob Data Contributor on the state container
+    is always granted (as `state`).
   EOT
-  type = map(object({
-    scope                = string
-    role_definition_name = string
-  }))
+  type = object({
+    subscription_id = optional(string)
+    role_assignments = optional(map(object({
+      scope                = string
+      role_definition_name = string
+    })), {})
+  })
   default  = {}
   nullable = false
 
   validation {
-    condition     = !contains(keys(var.role_assignments), "state")
-    error_message = "The name `state` is taken by the state container's own role assignment."
+    condition     = var.workloads.subscription_id == null || can(regex("^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$", var.workloads.subscription_id))
+    error_message = "workloads.subscription_id must be a GUID."
   }
-}
-
-variable "subscription_id" {
-  description = "The subscription terraform works in, as the registry records it. Null: the subscription of this module's azurerm provider."
-  type        = string
-  default     = null
 
   validation {
-    condition     = var.subscription_id == null || can(regex("^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$", var.subscription_id))
-    error_message = "subscription_id must be a GUID."
+    condition     = !contains(keys(var.workloads.role_assignments), "state")
+    error_message = "The name `state` is taken by the state container's own role assignment."
   }
-}
-
-variable "diagnostics" {
-  description = "Send the state account's blob logs (reads, writes, deletes) to a Log Analytics workspace of the customer's: its `log_analytics_workspace_id`. Null: no diagnostic settings."
-  type = object({
-    log_analytics_workspace_id = string
-  })
-  default = null
 }
 
 variable "tags" {

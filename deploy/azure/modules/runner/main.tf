@@ -51,8 +51,8 @@ resource "azurerm_log_analytics_workspace" "this" {
   name                = "${var.name}-logs"
   resource_group_name = var.resource_group_name
   location            = var.location
+  retention_in_days   = var.environment.log_retention_in_days
   sku                 = "PerGB2018"
-  retention_in_days   = var.log_retention_in_days
   tags                = var.tags
 }
 
@@ -62,13 +62,14 @@ resource "azurerm_container_app_environment" "this" {
   location                   = var.location
   logs_destination           = "log-analytics"
   log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-  infrastructure_subnet_id   = var.infrastructure_subnet_id
-  tags                       = var.tags
+  infrastructure_subnet_id   = var.environment.infrastructure_subnet_id
 
   workload_profile {
     name                  = "Consumption"
     workload_profile_type = "Consumption"
   }
+
+  tags = var.tags
 }
 
 resource "azurerm_container_app_job" "this" {
@@ -81,7 +82,6 @@ resource "azurerm_container_app_job" "this" {
   workload_profile_name        = "Consumption"
   replica_timeout_in_seconds   = var.replica.timeout_seconds
   replica_retry_limit          = var.replica.retry_limit
-  tags                         = var.tags
 
   identity {
     type         = "UserAssigned"
@@ -113,8 +113,8 @@ resource "azurerm_container_app_job" "this" {
 
       scale {
         min_executions              = 0
-        max_executions              = var.messages.max_executions
-        polling_interval_in_seconds = var.messages.polling_interval_seconds
+        max_executions              = var.scaling.max_executions
+        polling_interval_in_seconds = var.scaling.polling_interval_seconds
 
         # KEDA's azure-queue scaler, signed in as the runner's identity (no connection string):
         # one execution per visible message.
@@ -165,6 +165,8 @@ resource "azurerm_container_app_job" "this" {
       }
     }
   }
+
+  tags = var.tags
 
   lifecycle {
     precondition {

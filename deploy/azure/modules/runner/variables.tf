@@ -97,6 +97,11 @@ variable "storage" {
     }))
   })
   nullable = false
+
+  validation {
+    condition     = can(regex("^[a-z0-9]{3,24}$", var.storage.account_name))
+    error_message = "storage.account_name must be 3 to 24 lowercase letters and digits."
+  }
 }
 
 variable "queue_names" {
@@ -173,19 +178,16 @@ variable "replica" {
 
 variable "messages" {
   description = <<-EOT
-    How messages are taken and handled. `max_dequeues` (TERRACE_MAX_DEQUEUES): a message received more
+    How the runner handles messages. `max_dequeues` (TERRACE_MAX_DEQUEUES): a message received more
     often goes to the poison queue. `visibility_timeout_seconds` (TERRACE_VISIBILITY_TIMEOUT, 3 or
     more): how long a received message stays invisible, extended every third of it while its job
     runs. `retry_delay_seconds` (TERRACE_RETRY_DELAY): how long a message waits after trouble that may
-    pass. `max_executions`: the most jobs running at once. `polling_interval_seconds`: how often KEDA
-    looks at the jobs queue, so the longest a new job waits for its execution to start.
+    pass.
   EOT
   type = object({
     max_dequeues               = optional(number, 5)
     visibility_timeout_seconds = optional(number, 60)
     retry_delay_seconds        = optional(number, 30)
-    max_executions             = optional(number, 10)
-    polling_interval_seconds   = optional(number, 10)
   })
   default  = {}
   nullable = false
@@ -195,11 +197,28 @@ variable "messages" {
       var.messages.max_dequeues >= 1,
       var.messages.visibility_timeout_seconds >= 3,
       var.messages.retry_delay_seconds >= 0,
-      var.messages.max_executions >= 1,
-      var.messages.polling_interval_seconds >= 1,
       alltrue([for n in values(var.messages) : floor(n) == n]),
     ])
-    error_message = "messages takes whole numbers: max_dequeues, max_executions and polling_interval_seconds 1 or more, visibility_timeout_seconds 3 or more, retry_delay_seconds 0 or more."
+    error_message = "messages takes whole numbers: max_dequeues 1 or more, visibility_timeout_seconds 3 or more, retry_delay_seconds 0 or more."
+  }
+}
+
+variable "scaling" {
+  description = <<-EOT
+    How the event-driven job scales on the jobs queue (KEDA's azure-queue scaler, one execution per
+    message). `max_executions`: the most jobs running at once. `polling_interval_seconds`: how often
+    KEDA looks at the queue, so the longest a new job waits for its execution to start.
+  EOT
+  type = object({
+    max_executions           = optional(number, 10)
+    polling_interval_seconds = optional(number, 10)
+  })
+  default  = {}
+  nullable = false
+
+  validation {
+    condition     = alltrue([for n in values(var.scaling) : n >= 1 && floor(n) == n])
+    error_message = "scaling.max_executions and scaling.polling_interval_seconds must be whole numbers, 1 or more."
   }
 }
 
@@ -223,13 +242,12 @@ variable "terraform" {
   nullable = false
 
   validation {
-    condition     = var.terraform.grace_seconds >= 1 && var.terraform.grace_seconds <= 25
-    error_message = "terraform.grace_seconds must be 1 to 25, so that an interrupted job still saves its result within Container Apps' 30 s grace period."
-  }
-
-  validation {
-    condition     = try(var.terraform.lease_ttl_seconds >= 1, true)
-    error_message = "terraform.lease_ttl_seconds must be 1 or more."
+    condition = alltrue([
+      try(var.terraform.lease_ttl_seconds >= 1, true),
+      var.terraform.grace_seconds >= 1,
+      var.terraform.grace_seconds <= 25,
+    ])
+    error_message = "terraform.grace_seconds must be 1 to 25, so that an interrupted job still saves its result within Container Apps' 30 s grace period; terraform.lease_ttl_seconds, when set, 1 or more."
   }
 }
 
@@ -253,22 +271,26 @@ variable "sweeps" {
   }
 }
 
-variable "log_retention_in_days" {
-  description = "Days the Log Analytics workspace keeps the jobs' logs and the queues' resource logs: 30 to 730."
-  type        = number
-  default     = 30
-  nullable    = false
+variable "environment" {
+  description = <<-EOT
+    The Container Apps environment the jobs run in, and its Log Analytics workspace.
+    `infrastructure_subnet_id`: a subnet of yours (/27 or larger, delegated to
+    Microsoft.App/environments) to run the environment in your virtual network, for instance behind a
+    NAT gateway whose fixed IPs customers can allow; null: Azure's own network.
+    `log_retention_in_days`: how long the workspace keeps the jobs' logs and the queues' resource
+    logs, 30 to 730.
+  EOT
+  type = object({
+    infrastructure_subnet_id = optional(string)
+    log_retention_in_days    = optional(number, 30)
+  })
+  default  = {}
+  nullable = false
 
   validation {
-    condition     = var.log_retention_in_days >= 30 && var.log_retention_in_days <= 730
-    error_message = "log_retention_in_days must be between 30 and 730."
+    condition     = floor(var.environment.log_retention_in_days) == var.environment.log_retention_in_days && var.environment.log_retention_in_days >= 30 && var.environment.log_retention_in_days <= 730
+    error_message = "environment.log_retention_in_days must be a whole number of days, 30 to 730."
   }
-}
-
-variable "infrastructure_subnet_id" {
-  description = "A subnet (/27 or larger, delegated to Microsoft.App/environments) for the Container Apps environment, to run in your virtual network, for instance behind a NAT gateway whose fixed IPs customers can allow. Null: Azure's own network."
-  type        = string
-  default     = null
 }
 
 variable "tags" {

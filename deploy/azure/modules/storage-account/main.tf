@@ -48,14 +48,14 @@ resource "azurerm_storage_account" "this" {
   }
 
   blob_properties {
-    versioning_enabled = var.blob_versioning_enabled
+    versioning_enabled = var.blob_properties.versioning_enabled
 
     delete_retention_policy {
-      days = var.soft_delete_retention_days.blobs
+      days = var.blob_properties.delete_retention_days
     }
 
     container_delete_retention_policy {
-      days = var.soft_delete_retention_days.containers
+      days = var.blob_properties.container_delete_retention_days
     }
   }
 

@@ -1,12 +1,7 @@
 variable "name" {
-  description = "Name of the storage account: 3 to 24 lowercase letters and digits, unique across Azure."
+  description = "Name of the storage account: 3 to 24 lowercase letters and digits, unique across Azure (the calling modules check it)."
   type        = string
   nullable    = false
-
-  validation {
-    condition     = can(regex("^[a-z0-9]{3,24}$", var.name))
-    error_message = "The storage account name must be 3 to 24 lowercase letters and digits."
-  }
 }
 
 variable "resource_group_name" {
@@ -30,28 +25,6 @@ variable "replication_type" {
     condition     = contains(["LRS", "ZRS", "GRS", "RAGRS", "GZRS", "RAGZRS"], var.replication_type)
     error_message = "replication_type must be one of LRS, ZRS, GRS, RAGRS, GZRS or RAGZRS."
   }
-}
-
-variable "soft_delete_retention_days" {
-  description = "Days a deleted (or overwritten) blob and a deleted container can still be restored: `blobs` and `containers`, each 1 to 365."
-  type = object({
-    blobs      = optional(number, 7)
-    containers = optional(number, 7)
-  })
-  default  = {}
-  nullable = false
-
-  validation {
-    condition     = alltrue([for days in values(var.soft_delete_retention_days) : days >= 1 && days <= 365])
-    error_message = "soft_delete_retention_days.blobs and .containers must each be between 1 and 365."
-  }
-}
-
-variable "blob_versioning_enabled" {
-  description = "Keep a previous version of every blob that is overwritten or deleted."
-  type        = bool
-  default     = false
-  nullable    = false
 }
 
 variable "network" {
@@ -82,6 +55,27 @@ variable "customer_managed_key" {
     user_assigned_identity_id = string
   })
   default = null
+}
+
+variable "blob_properties" {
+  description = <<-EOT
+    The blob service's data protection, as azurerm's `blob_properties` block names it.
+    `versioning_enabled`: keep a previous version of every blob that is overwritten or deleted.
+    `delete_retention_days` and `container_delete_retention_days`: how long a deleted (or
+    overwritten) blob, and a deleted container, can still be restored, each 1 to 365 days.
+  EOT
+  type = object({
+    versioning_enabled              = optional(bool, false)
+    delete_retention_days           = optional(number, 7)
+    container_delete_retention_days = optional(number, 7)
+  })
+  default  = {}
+  nullable = false
+
+  validation {
+    condition     = alltrue([for days in [var.blob_properties.delete_retention_days, var.blob_properties.container_delete_retention_days] : days >= 1 && days <= 365])
+    error_message = "blob_properties.delete_retention_days and .container_delete_retention_days must each be between 1 and 365."
+  }
 }
 
 variable "diagnostics" {

@@ -12,14 +12,14 @@ module "runner" {
   project_id = var.runner_project_id
   region     = var.region
   name       = "terrace-acme"
-  image      = var.image
+  container  = { image = var.image }
 
   tenants = {
     (module.acme.tenant) = module.acme.tenant_registry_entry
   }
 
   # Look for drift every six hours (the backup sweep stays hourly).
-  drift_schedule = "15 */6 * * *"
+  sweeps = { drift = "15 */6 * * *" }
 }
 
 module "acme" {
@@ -32,7 +32,10 @@ module "acme" {
   project_id                   = var.customer_project_id
   tenant                       = "acme"
   runner_service_account_email = module.runner.runner_service_account_email
-  bucket_name                  = var.state_bucket_name
-  location                     = var.region
-  prefix                       = "terrace"
+
+  state_bucket = {
+    name     = var.state_bucket_name
+    location = var.region
+    prefix   = "terrace"
+  }
 }

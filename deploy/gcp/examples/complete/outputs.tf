@@ -1,13 +1,13 @@
 output "jobs_topic" {
   description = "Publish acme's job messages ({\"job\": {…, \"tenant\": \"acme\", …}}) here."
-  value       = module.runner.topics["jobs"]
+  value       = module.runner.pubsub.topics["jobs"]
 }
 
 output "runner" {
-  description = "The runner's service (name, URL, audience), topics and service accounts."
+  description = "The runner's service (name, URL, audience), topics and subscriptions, and service accounts."
   value = {
-    service          = module.runner.service
-    topics           = module.runner.topics
+    service          = module.runner.cloud_run.service
+    pubsub           = module.runner.pubsub
     service_accounts = module.runner.service_accounts
   }
 }

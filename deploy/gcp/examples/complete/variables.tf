@@ -15,7 +15,7 @@ variable "region" {
 }
 
 variable "image" {
-  description = "The runner's image (deploy/gcp/Dockerfile), pinned by digest."
+  description = "The runner's image (deploy/Dockerfile, --target gcp), pinned by digest."
   type        = string
 }
 

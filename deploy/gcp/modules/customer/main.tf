@@ -4,6 +4,15 @@
  * hand its tenant_registry_entry output to the runner's tenants map.
  */
 
+# The APIs Terrace needs in project_id, with enable_apis (never disabled on destroy).
+resource "google_project_service" "this" {
+  for_each = local.apis
+
+  project            = var.project_id
+  service            = each.value
+  disable_on_destroy = false
+}
+
 locals {
   apis = toset(var.enable_apis ? [
     "iam.googleapis.com",
@@ -15,34 +24,26 @@ locals {
 
   # With a key: Cloud Storage's service agent encrypts the objects; the tenant's service account
   # is granted it too, as the runner's deployment notes ask.
-  kms_members = var.kms_key_name == null ? {} : {
+  kms_members = var.state_bucket.kms_key_name == null ? {} : {
     storage-agent = "serviceAccount:${data.google_storage_project_service_account.this[0].email_address}"
     tenant        = local.tenant
   }
 
   # With a prefix, the tenant's service account reaches only PREFIX/…: its objects, and
   # listings whose prefix lies under it (Terrace lists nothing else).
-  object_condition = var.prefix == "" || !var.restrict_to_prefix ? [] : [{
+  object_condition = var.state_bucket.prefix == "" || !var.state_bucket.restrict_to_prefix ? [] : [{
     title       = "terrace-prefix"
-    description = "Only the objects under ${var.prefix}/ and listings within it."
+    description = "Only the objects under ${var.state_bucket.prefix}/ and listings within it."
     expression = join(" || ", [
-      "resource.name.startsWith(\"projects/_/buckets/${var.bucket_name}/objects/${var.prefix}/\")",
-      "api.getAttribute(\"storage.googleapis.com/objectListPrefix\", \"\").startsWith(\"${var.prefix}/\")",
+      "resource.name.startsWith(\"projects/_/buckets/${var.state_bucket.name}/objects/${var.state_bucket.prefix}/\")",
+      "api.getAttribute(\"storage.googleapis.com/objectListPrefix\", \"\").startsWith(\"${var.state_bucket.prefix}/\")",
     ])
   }]
 }
 
-resource "google_project_service" "this" {
-  for_each = local.apis
-
-  project            = var.project_id
-  service            = each.value
-  disable_on_destroy = false
-}
-
 resource "google_service_account" "tenant" {
   project      = var.project_id
-  account_id   = var.service_account_id
+  account_id   = var.service_account.account_id
   display_name = "Terrace (${var.tenant})"
   description  = "Impersonated by the Terrace runner for tenant ${var.tenant}: reaches the state bucket and whatever the tenant's templates manage."
 
@@ -57,7 +58,7 @@ resource "google_service_account_iam_member" "runner" {
 }
 
 resource "google_project_iam_member" "tenant" {
-  for_each = toset(var.project_roles)
+  for_each = toset(var.service_account.project_roles)
 
   project = var.project_id
   role    = each.value
@@ -65,7 +66,7 @@ resource "google_project_iam_member" "tenant" {
 }
 
 data "google_storage_project_service_account" "this" {
-  count = var.kms_key_name == null ? 0 : 1
+  count = var.state_bucket.kms_key_name == null ? 0 : 1
 
   project = var.project_id
 
@@ -75,20 +76,20 @@ data "google_storage_project_service_account" "this" {
 resource "google_kms_crypto_key_iam_member" "this" {
   for_each = local.kms_members
 
-  crypto_key_id = var.kms_key_name
+  crypto_key_id = var.state_bucket.kms_key_name
   role          = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
   member        = each.value
 }
 
 resource "google_storage_bucket" "states" {
   project                     = var.project_id
-  name                        = var.bucket_name
-  location                    = var.location
+  name                        = var.state_bucket.name
+  location                    = var.state_bucket.location
   storage_class               = "STANDARD"
   uniform_bucket_level_access = true
   public_access_prevention    = "enforced"
-  force_destroy               = var.force_destroy
-  labels                      = var.labels
+  force_destroy               = var.state_bucket.force_destroy
+  labels                      = var.state_bucket.labels
 
   versioning {
     enabled = true
@@ -98,7 +99,7 @@ resource "google_storage_bucket" "states" {
   # the current state's copy, change marks) keep their old versions this long.
   lifecycle_rule {
     condition {
-      days_since_noncurrent_time = var.noncurrent_version_retention_days
+      days_since_noncurrent_time = var.state_bucket.noncurrent_version_retention_days
       with_state                 = "ARCHIVED"
     }
     action {
@@ -116,17 +117,17 @@ resource "google_storage_bucket" "states" {
   }
 
   dynamic "encryption" {
-    for_each = var.kms_key_name == null ? [] : [var.kms_key_name]
+    for_each = var.state_bucket.kms_key_name == null ? [] : [var.state_bucket.kms_key_name]
     content {
       default_kms_key_name = encryption.value
     }
   }
 
   dynamic "logging" {
-    for_each = var.access_log_bucket == null ? [] : [var.access_log_bucket]
+    for_each = var.state_bucket.access_log_bucket == null ? [] : [var.state_bucket.access_log_bucket]
     content {
       log_bucket        = logging.value
-      log_object_prefix = var.bucket_name
+      log_object_prefix = var.state_bucket.name
     }
   }
 

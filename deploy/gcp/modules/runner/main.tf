@@ -11,7 +11,7 @@ data "google_project" "this" {
 
 locals {
   # The service's deterministic URL, known before the service exists (its env names it).
-  audience = coalesce(var.audience, "https://${var.name}-${data.google_project.this.number}.${var.region}.run.app")
+  audience = coalesce(var.service.audience, "https://${var.name}-${data.google_project.this.number}.${var.region}.run.app")
 
   # The runner parses the registry strictly: a missing prefix is "", a null one an error.
   tenants_json = jsonencode({
@@ -43,7 +43,8 @@ locals {
     }
   }
 
-  runner = "serviceAccount:${google_service_account.this["runner"].email}"
+  runner_email = google_service_account.this["runner"].email
+  runner       = "serviceAccount:${local.runner_email}"
 
   # Who may mint tokens for whom: the Pub/Sub service agent for the pusher (push tokens; older
   # projects need it granted), and, when asked, the runner for each tenant's service account
@@ -93,19 +94,19 @@ resource "google_service_account_iam_member" "token_creator" {
 
 check "timing" {
   assert {
-    condition     = var.request_timeout_seconds <= var.ack_deadline_seconds
-    error_message = "request_timeout_seconds (${var.request_timeout_seconds}) is above ack_deadline_seconds (${var.ack_deadline_seconds}): a job running in a push past the ack deadline is delivered again while it runs."
+    condition     = var.service.request_timeout_seconds <= var.pubsub.ack_deadline_seconds
+    error_message = "service.request_timeout_seconds (${var.service.request_timeout_seconds}) is above pubsub.ack_deadline_seconds (${var.pubsub.ack_deadline_seconds}): a job running in a push past the ack deadline is delivered again while it runs."
   }
 
   assert {
-    condition     = var.requeue_wait_seconds < var.request_timeout_seconds && 2 * var.requeue_wait_seconds <= var.ack_deadline_seconds
-    error_message = "requeue_wait_seconds (${var.requeue_wait_seconds}) must stay below the request timeout and well below the ack deadline, or Pub/Sub delivers a held message again and the copies multiply."
+    condition     = var.service.requeue_wait_seconds < var.service.request_timeout_seconds && 2 * var.service.requeue_wait_seconds <= var.pubsub.ack_deadline_seconds
+    error_message = "service.requeue_wait_seconds (${var.service.requeue_wait_seconds}) must stay below the request timeout and well below the ack deadline, or Pub/Sub delivers a held message again and the copies multiply."
   }
 }
 
 check "sweep_tenants" {
   assert {
-    condition     = length(setsubtract(var.sweep_tenants, keys(var.tenants))) == 0
-    error_message = "sweep_tenants names tenants that are not registered: ${join(", ", setsubtract(var.sweep_tenants, keys(var.tenants)))}."
+    condition     = length(setsubtract(var.sweeps.tenants, keys(var.tenants))) == 0
+    error_message = "sweeps.tenants names tenants that are not registered: ${join(", ", setsubtract(var.sweeps.tenants, keys(var.tenants)))}."
   }
 }

@@ -19,9 +19,9 @@ resource "google_pubsub_topic" "this" {
 
   project                    = var.project_id
   name                       = "${var.name}-${each.key}"
-  kms_key_name               = var.kms_key_name
-  message_retention_duration = var.message_retention_duration
   labels                     = merge(var.labels, { terrace-topic = each.key })
+  kms_key_name               = var.pubsub.kms_key_name
+  message_retention_duration = var.pubsub.message_retention_duration
 
   depends_on = [google_project_service.this, google_kms_crypto_key_iam_member.pubsub]
 }
@@ -42,8 +42,8 @@ resource "google_pubsub_subscription" "jobs" {
   project                    = var.project_id
   name                       = "${var.name}-jobs-push"
   topic                      = google_pubsub_topic.this["jobs"].id
-  ack_deadline_seconds       = var.ack_deadline_seconds
-  message_retention_duration = var.message_retention_duration
+  ack_deadline_seconds       = var.pubsub.ack_deadline_seconds
+  message_retention_duration = var.pubsub.message_retention_duration
   labels                     = var.labels
 
   push_config {
@@ -62,7 +62,7 @@ resource "google_pubsub_subscription" "jobs" {
 
   dead_letter_policy {
     dead_letter_topic     = google_pubsub_topic.this["dead-letter"].id
-    max_delivery_attempts = var.max_delivery_attempts
+    max_delivery_attempts = var.pubsub.max_delivery_attempts
   }
 
   expiration_policy {
@@ -75,8 +75,7 @@ resource "google_pubsub_subscription" "jobs" {
 # The Pub/Sub service agent must be able to acknowledge what it forwards to the dead-letter
 # topic.
 resource "google_pubsub_subscription_iam_member" "dead_letter_subscriber" {
-  project      = var.project_id
-  subscription = google_pubsub_subscription.jobs.name
+  subscription = google_pubsub_subscription.jobs.id
   role         = "roles/pubsub.subscriber"
   member       = local.pubsub_agent
 }
@@ -87,7 +86,7 @@ resource "google_pubsub_subscription" "dead_letters" {
   project                    = var.project_id
   name                       = "${var.name}-dead-letters"
   topic                      = google_pubsub_topic.this["dead-letter"].id
-  message_retention_duration = var.message_retention_duration
+  message_retention_duration = var.pubsub.message_retention_duration
   retain_acked_messages      = false
   ack_deadline_seconds       = 60
   labels                     = var.labels
@@ -99,9 +98,9 @@ resource "google_pubsub_subscription" "dead_letters" {
 
 # With CMEK, the Pub/Sub service agent encrypts and decrypts the topics' messages.
 resource "google_kms_crypto_key_iam_member" "pubsub" {
-  count = var.kms_key_name == null ? 0 : 1
+  count = var.pubsub.kms_key_name == null ? 0 : 1
 
-  crypto_key_id = var.kms_key_name
+  crypto_key_id = var.pubsub.kms_key_name
   role          = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
   member        = local.pubsub_agent
 

@@ -2,26 +2,34 @@ locals {
   job_id = "projects/${var.project_id}/locations/${var.region}/jobs/${var.name}-task"
 
   # Both the service and the Cloud Run Job: the registry, where jobs go back and results go.
-  common_env = merge(var.env, {
+  common_env = merge(var.container.env, {
     TERRACE_TENANTS         = local.tenants_json
     TERRACE_JOBS_TOPIC      = google_pubsub_topic.this["jobs"].id
     TERRACE_RESULTS_TOPIC   = google_pubsub_topic.this["results"].id
-    TERRACE_REQUEST_TIMEOUT = tostring(var.request_timeout_seconds)
-    TERRACE_REQUEUE_WAIT    = tostring(var.requeue_wait_seconds)
-    TERRACE_TASK_LEASE_WAIT = tostring(var.task_lease_wait_seconds)
+    TERRACE_REQUEST_TIMEOUT = tostring(var.service.request_timeout_seconds)
+    TERRACE_REQUEUE_WAIT    = tostring(var.service.requeue_wait_seconds)
+    TERRACE_TASK_LEASE_WAIT = tostring(var.task.lease_wait_seconds)
   })
 
-  # The service alone: who may call it, and where long jobs go.
-  service_env = merge(local.common_env, {
-    TERRACE_PUSH_AUDIENCE         = local.audience
-    TERRACE_PUSH_SERVICE_ACCOUNTS = join(",", [google_service_account.this["pusher"].email, google_service_account.this["scheduler"].email])
-    TERRACE_CLOUD_RUN_JOB         = local.job_id
-  })
+  # The environment of the service's and of the job's containers: the service alone learns who
+  # may call it and where long jobs go.
+  env = {
+    task = local.common_env
+    service = merge(local.common_env, {
+      TERRACE_PUSH_AUDIENCE         = local.audience
+      TERRACE_PUSH_SERVICE_ACCOUNTS = join(",", [google_service_account.this["pusher"].email, google_service_account.this["scheduler"].email])
+      TERRACE_CLOUD_RUN_JOB         = local.job_id
+    })
+  }
 
   limits = {
-    cpu    = var.cpu
-    memory = var.memory
+    cpu    = var.container.cpu
+    memory = var.container.memory
   }
+
+  # Second generation, for the service and the job: full Linux compatibility for the per-job
+  # users terraform runs as and the runner's non-dumpable process.
+  execution_environment = "EXECUTION_ENVIRONMENT_GEN2"
 }
 
 resource "google_cloud_run_v2_service" "this" {
@@ -29,35 +37,25 @@ resource "google_cloud_run_v2_service" "this" {
   location            = var.region
   name                = var.name
   description         = "Terrace runner: runs the job messages Pub/Sub pushes and the sweeps Cloud Scheduler calls."
-  ingress             = var.ingress
+  ingress             = var.service.ingress
   custom_audiences    = [local.audience]
   labels              = var.labels
   deletion_protection = var.deletion_protection
 
   template {
-    service_account                  = google_service_account.this["runner"].email
-    timeout                          = "${var.request_timeout_seconds}s"
-    max_instance_request_concurrency = var.max_concurrency
-    # Second generation: full Linux compatibility for the per-job users terraform runs as and
-    # the runner's non-dumpable process.
-    execution_environment = "EXECUTION_ENVIRONMENT_GEN2"
-    labels                = var.labels
+    service_account                  = local.runner_email
+    execution_environment            = local.execution_environment
+    timeout                          = "${var.service.request_timeout_seconds}s"
+    max_instance_request_concurrency = var.service.max_concurrency
+    labels                           = var.labels
 
     scaling {
-      min_instance_count = var.min_instances
-      max_instance_count = var.max_instances
+      min_instance_count = var.service.instances.min
+      max_instance_count = var.service.instances.max
     }
 
     containers {
-      image = var.image
-
-      dynamic "env" {
-        for_each = local.service_env
-        content {
-          name  = env.key
-          value = env.value
-        }
-      }
+      image = var.container.image
 
       # CPU is allocated while a request runs, and every job runs inside its push's request.
       resources {
@@ -68,6 +66,14 @@ resource "google_cloud_run_v2_service" "this" {
 
       ports {
         container_port = 8080
+      }
+
+      dynamic "env" {
+        for_each = local.env.service
+        content {
+          name  = env.key
+          value = env.value
+        }
       }
     }
   }
@@ -87,27 +93,27 @@ resource "google_cloud_run_v2_job" "task" {
     labels     = var.labels
 
     template {
-      service_account       = google_service_account.this["runner"].email
-      timeout               = "${var.task_timeout_seconds}s"
-      max_retries           = var.task_max_retries
-      execution_environment = "EXECUTION_ENVIRONMENT_GEN2"
+      service_account       = local.runner_email
+      execution_environment = local.execution_environment
+      timeout               = var.task.timeout
+      max_retries           = var.task.max_retries
 
       containers {
-        image = var.image
+        image = var.container.image
         # The service's executions override these args with the same ["task"] and add
         # TERRACE_JOB_REF, the staged message's reference, and their own task timeout.
         args = ["task"]
 
-        resources {
-          limits = local.limits
-        }
-
         dynamic "env" {
-          for_each = local.common_env
+          for_each = local.env.task
           content {
             name  = env.key
             value = env.value
           }
+        }
+
+        resources {
+          limits = local.limits
         }
       }
     }

@@ -1,26 +1,27 @@
 locals {
   # Both sweeps take the same body: {} for every registered tenant, or the tenants named.
-  sweep_body = length(var.sweep_tenants) == 0 ? "{}" : jsonencode({ tenants = var.sweep_tenants })
+  sweep_body = length(var.sweeps.tenants) == 0 ? "{}" : jsonencode({ tenants = var.sweeps.tenants })
 
-  sweeps = {
+  # An empty schedule leaves its sweep out.
+  schedules = {
     for sweep, schedule in {
-      backup = var.backup_schedule
-      drift  = var.drift_schedule
-    } : sweep => schedule if schedule != null
+      backup = var.sweeps.backup
+      drift  = var.sweeps.drift
+    } : sweep => schedule if trimspace(schedule) != ""
   }
 }
 
 resource "google_cloud_scheduler_job" "sweep" {
-  for_each = local.sweeps
+  for_each = local.schedules
 
   project     = var.project_id
-  region      = coalesce(var.scheduler_region, var.region)
+  region      = coalesce(var.sweeps.region, var.region)
   name        = "${var.name}-${each.key}-sweep"
   description = "Calls POST /sweeps/${each.key} on the Terrace runner."
   schedule    = each.value
-  time_zone   = var.schedule_time_zone
+  time_zone   = var.sweeps.time_zone
   # Cloud Scheduler waits at most 30 minutes for an HTTP target.
-  attempt_deadline = "${min(var.request_timeout_seconds, 1800)}s"
+  attempt_deadline = "${min(var.service.request_timeout_seconds, 1800)}s"
 
   http_target {
     http_method = "POST"

@@ -8,29 +8,20 @@ variable "project_id" {
 }
 
 variable "region" {
-  description = "The region of the Cloud Run service, the Cloud Run Job and the Cloud Scheduler jobs."
+  description = "The region of the Cloud Run service and the Cloud Run Job, and of the Cloud Scheduler jobs unless sweeps.region names another."
   type        = string
 }
 
 variable "name" {
-  description = "Prefix of every resource's name: the service, the job and the topics are called NAME, NAME-task, NAME-jobs, …; the service accounts NAME-runner, NAME-pusher and NAME-scheduler. Give each runner of a project its own (one runner per tenant that must not reach another, see the README)."
+  description = "Prefix of every resource's name: the service, the job and the topics are called NAME, NAME-task, NAME-jobs, …; the service accounts NAME-runner, NAME-pusher and NAME-scheduler. Give each runner of a project its own (one runner per tenant that must not reach another, see the README). At most 20 characters, so that NAME-scheduler is still a service account id."
   type        = string
   default     = "terrace"
 
+  # A Cloud Run service's name, whose longest derived name, NAME-scheduler, must still be a
+  # service account id (at most 30 characters).
   validation {
-    # NAME-scheduler must be a valid service account id (6 to 30 characters).
-    condition     = can(regex("^[a-z][a-z0-9-]{0,18}[a-z0-9]$", var.name))
-    error_message = "name must be 2 to 20 characters, lowercase letters, digits and hyphens, starting with a letter and not ending with a hyphen."
-  }
-}
-
-variable "image" {
-  description = "The runner's image, built from deploy/gcp/Dockerfile (entry point terrace-gcp), e.g. REGION-docker.pkg.dev/PROJECT/REPOSITORY/terrace-gcp@sha256:…. Pin it by digest: the service and the Cloud Run Job must run the same build."
-  type        = string
-
-  validation {
-    condition     = length(trimspace(var.image)) > 0
-    error_message = "image must name the runner's image."
+    condition     = can(regex("^[a-z]([a-z0-9-]*[a-z0-9])?$", var.name)) && length("${var.name}-scheduler") <= 30
+    error_message = "name must be 1 to 20 characters, lowercase letters, digits and hyphens, starting with a letter and not ending with a hyphen."
   }
 }
 
@@ -83,25 +74,16 @@ variable "tenants" {
     error_message = "Each tenant name must be 1 to 63 characters, lowercase letters, digits, '-', '_' and '.', starting with a letter or a digit and not ending with '.'."
   }
 
+  # The targets' attributes, in one rule whose message gives the form of each.
   validation {
-    condition = alltrue([
-      for target in values(var.tenants) : can(regex("^[^@\\s]+@[^@\\s]+\\.gserviceaccount\\.com$", target.service_account))
-    ])
-    error_message = "Each tenant's service_account must be a service account email (NAME@PROJECT.iam.gserviceaccount.com)."
-  }
-
-  validation {
-    condition = alltrue([
-      for target in values(var.tenants) : can(regex("^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$", target.bucket))
-    ])
-    error_message = "Each tenant's bucket must be a bucket name."
-  }
-
-  validation {
-    condition = alltrue([
-      for target in values(var.tenants) : target.kms_key == null || can(regex("^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$", target.kms_key))
-    ])
-    error_message = "Each tenant's kms_key, when given, must be projects/P/locations/L/keyRings/R/cryptoKeys/K."
+    condition = alltrue(flatten([
+      for target in values(var.tenants) : [
+        can(regex("^[^@\\s]+@[^@\\s]+\\.gserviceaccount\\.com$", target.service_account)),
+        can(regex("^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$", target.bucket)),
+        target.kms_key == null || can(regex("^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$", target.kms_key)),
+      ]
+    ]))
+    error_message = "Each tenant's service_account must be a service account email (NAME@PROJECT.iam.gserviceaccount.com), its bucket a bucket name, and its kms_key, when given, projects/P/locations/L/keyRings/R/cryptoKeys/K."
   }
 }
 
@@ -112,146 +94,134 @@ variable "manage_tenant_impersonation" {
 }
 
 # ---------------------------------------------------------------------------------------------
-# The service and the Cloud Run Job
+# The container, the service and the Cloud Run Job
 # ---------------------------------------------------------------------------------------------
 
-variable "ingress" {
-  description = "The service's ingress. INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER (internal and Cloud Load Balancing) still admits the push subscription and the scheduler jobs of this project; INGRESS_TRAFFIC_ALL lets them reach it from anywhere. Either way every request needs an OIDC token of the pusher's or the scheduler's service account."
-  type        = string
-  default     = "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"
-
-  validation {
-    condition     = contains(["INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER", "INGRESS_TRAFFIC_ALL"], var.ingress)
-    error_message = "ingress must be INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER or INGRESS_TRAFFIC_ALL."
-  }
-}
-
-variable "audience" {
-  description = "The audience of the push subscription's and the scheduler jobs' OIDC tokens (TERRACE_PUSH_AUDIENCE), added to the service's custom audiences. Default: the service's deterministic URL, https://NAME-PROJECT_NUMBER.REGION.run.app."
-  type        = string
-  default     = null
-
-  validation {
-    condition     = var.audience == null || can(regex("^https://[^\\s]+$", var.audience))
-    error_message = "audience must be a full https:// URL (Cloud Run takes custom audiences as URLs)."
-  }
-}
-
-variable "cpu" {
-  description = "CPU limit of each instance and of the Cloud Run Job's task (terraform and its providers run in it)."
-  type        = string
-  default     = "2"
-}
-
-variable "memory" {
-  description = "Memory limit of each instance and of the Cloud Run Job's task. Cloud Run's file system is in memory, the jobs' workdirs and providers included: 2Gi at the least."
-  type        = string
-  default     = "4Gi"
+variable "container" {
+  description = <<-EOT
+    What runs in the service and in the Cloud Run Job alike:
+    - image (required): the runner's image, built from deploy/Dockerfile with --target gcp
+      (entry point terrace-gcp), e.g. REGION-docker.pkg.dev/PROJECT/REPOSITORY/terrace-gcp@sha256:….
+      Pin it by digest: the service and the Cloud Run Job must run the same build.
+    - cpu ("2"): CPU limit of each instance and of the job's task (terraform and its providers run in it).
+    - memory ("4Gi"): memory limit of each instance and of the job's task. Cloud Run's file system
+      is in memory, the jobs' workdirs and providers included: 2Gi at the least, in Mi or Gi.
+    - env ({}): more environment (TERRACE_PASS_ENV, TERRACE_GRACE, TERRACE_LEASE_TTL,
+      TERRACE_TERRAFORM_USER, TERRACE_LOG, …). Not for secrets, and not for the variables this
+      module sets itself nor the emulator-only ones.
+  EOT
+  type = object({
+    image  = string
+    cpu    = optional(string, "2")
+    memory = optional(string, "4Gi")
+    env    = optional(map(string), {})
+  })
+  nullable = false
 
   validation {
     condition = try(
-      endswith(var.memory, "Gi") ? tonumber(trimsuffix(var.memory, "Gi")) >= 2 : tonumber(trimsuffix(var.memory, "Mi")) >= 2048,
+      endswith(var.container.memory, "Gi") ? tonumber(trimsuffix(var.container.memory, "Gi")) >= 2 : tonumber(trimsuffix(var.container.memory, "Mi")) >= 2048,
       false,
     )
-    error_message = "memory must be given in Mi or Gi and be at least 2Gi."
+    error_message = "container.memory must be given in Mi or Gi and be at least 2Gi."
   }
-}
-
-variable "max_concurrency" {
-  description = "Requests (jobs) one instance takes at once. Each runs terraform and its providers: 1 to 4."
-  type        = number
-  default     = 2
 
   validation {
-    condition     = var.max_concurrency >= 1 && var.max_concurrency <= 4 && floor(var.max_concurrency) == var.max_concurrency
-    error_message = "max_concurrency must be a whole number from 1 to 4."
+    condition     = length(trimspace(var.container.image)) > 0
+    error_message = "container.image must name the runner's image."
   }
-}
-
-variable "min_instances" {
-  description = "Instances kept warm."
-  type        = number
-  default     = 0
-}
-
-variable "max_instances" {
-  description = "The most instances the service scales to: bounds how many jobs run at once (max_instances × max_concurrency)."
-  type        = number
-  default     = 10
 
   validation {
-    condition     = var.max_instances >= 1
-    error_message = "max_instances must be at least 1."
-  }
-}
-
-variable "request_timeout_seconds" {
-  description = "The service's request timeout, also set as TERRACE_REQUEST_TIMEOUT. A job whose timeout (plus a 30 s margin) does not fit is handed to the Cloud Run Job. Keep it at most ack_deadline_seconds: a push still running at the ack deadline is delivered again."
-  type        = number
-  default     = 600
-
-  validation {
-    condition     = var.request_timeout_seconds >= 60 && var.request_timeout_seconds <= 3600
-    error_message = "request_timeout_seconds must be from 60 to 3600."
-  }
-}
-
-variable "requeue_wait_seconds" {
-  description = "TERRACE_REQUEUE_WAIT: how long the answer to a push whose workspace is busy is held before a fresh copy goes back on the jobs topic. Keep it below the request timeout and well below the ack deadline."
-  type        = number
-  default     = 60
-
-  validation {
-    condition     = var.requeue_wait_seconds >= 0
-    error_message = "requeue_wait_seconds must not be negative."
-  }
-}
-
-variable "task_lease_wait_seconds" {
-  description = "TERRACE_TASK_LEASE_WAIT: how long a Cloud Run Job task waits for a busy workspace before its job goes back on the jobs topic."
-  type        = number
-  default     = 240
-
-  validation {
-    condition     = var.task_lease_wait_seconds >= 0
-    error_message = "task_lease_wait_seconds must not be negative."
-  }
-}
-
-variable "task_timeout_seconds" {
-  description = "The Cloud Run Job's default task timeout. The service overrides it on every execution it starts (the job's timeout, plus the lease wait, plus 5 minutes); this applies only to executions started by hand."
-  type        = number
-  default     = 3600
-
-  validation {
-    condition     = var.task_timeout_seconds >= 60 && var.task_timeout_seconds <= 86400
-    error_message = "task_timeout_seconds must be from 60 to 86400."
-  }
-}
-
-variable "task_max_retries" {
-  description = "How often a failed Cloud Run Job task is retried. An interrupted task keeps its staged message, so the retry runs the job again; a job that already has a final result is not run twice."
-  type        = number
-  default     = 3
-
-  validation {
-    condition     = var.task_max_retries >= 0 && var.task_max_retries <= 10
-    error_message = "task_max_retries must be from 0 to 10."
-  }
-}
-
-variable "env" {
-  description = "More environment for the service and the Cloud Run Job (TERRACE_PASS_ENV, TERRACE_GRACE, TERRACE_LEASE_TTL, TERRACE_TERRAFORM_USER, TERRACE_LOG, …). Not for secrets, and not for the variables this module sets itself."
-  type        = map(string)
-  default     = {}
-
-  validation {
-    condition = length(setintersection(keys(var.env), [
+    condition = length(setintersection(keys(var.container.env), [
       "TERRACE_TENANTS", "TERRACE_PUSH_AUDIENCE", "TERRACE_PUSH_SERVICE_ACCOUNTS", "TERRACE_REQUEST_TIMEOUT",
       "TERRACE_CLOUD_RUN_JOB", "TERRACE_JOBS_TOPIC", "TERRACE_RESULTS_TOPIC", "TERRACE_REQUEUE_WAIT",
       "TERRACE_TASK_LEASE_WAIT", "TERRACE_JOB_REF", "TERRACE_GCS_ANONYMOUS", "TERRACE_GCS_ENDPOINT",
     ])) == 0
-    error_message = "env must not set a variable the module sets (use its own input) or one meant for emulators only."
+    error_message = "container.env must not set a variable the module sets (use its own input) or one meant for emulators only."
+  }
+}
+
+variable "service" {
+  description = <<-EOT
+    The Cloud Run service, which Pub/Sub pushes the jobs to and Cloud Scheduler calls:
+    - ingress ("INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"): internal and Cloud Load Balancing, which
+      still admits the push subscription and the scheduler jobs of this project; or
+      "INGRESS_TRAFFIC_ALL", which lets them reach it from anywhere. Either way every request needs
+      an OIDC token of the pusher's or the scheduler's service account.
+    - audience (null): the audience of the push subscription's and the scheduler jobs' OIDC tokens
+      (TERRACE_PUSH_AUDIENCE), added to the service's custom audiences, a full https:// URL.
+      Null: the service's deterministic URL, https://NAME-PROJECT_NUMBER.REGION.run.app.
+    - request_timeout_seconds (600): the request timeout, 60 to 3600, also TERRACE_REQUEST_TIMEOUT.
+      A job whose timeout (plus a 30 s margin) does not fit is handed to the Cloud Run Job. Keep it
+      at most pubsub.ack_deadline_seconds: a push still running at the deadline is delivered again.
+    - requeue_wait_seconds (60): TERRACE_REQUEUE_WAIT, how long the answer to a push whose
+      workspace is busy is held before a fresh copy goes back on the jobs topic. Keep it below the
+      request timeout and well below the ack deadline.
+    - max_concurrency (2): requests (jobs) one instance takes at once, 1 to 4, as each runs
+      terraform and its providers.
+    - instances ({ min = 0, max = 10 }): instances kept warm, and the most the service scales to,
+      which bounds how many jobs run at once (max × max_concurrency).
+  EOT
+  type = object({
+    ingress                 = optional(string, "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER")
+    audience                = optional(string)
+    request_timeout_seconds = optional(number, 600)
+    requeue_wait_seconds    = optional(number, 60)
+    max_concurrency         = optional(number, 2)
+    instances               = optional(object({ min = optional(number, 0), max = optional(number, 10) }), {})
+  })
+  default  = {}
+  nullable = false
+
+  validation {
+    condition     = contains(["INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER", "INGRESS_TRAFFIC_ALL"], var.service.ingress)
+    error_message = "service.ingress must be INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER or INGRESS_TRAFFIC_ALL."
+  }
+
+  validation {
+    condition     = var.service.audience == null || can(regex("^https://[^\\s]+$", var.service.audience))
+    error_message = "service.audience must be a full https:// URL (Cloud Run takes custom audiences as URLs)."
+  }
+
+  validation {
+    condition = alltrue([
+      var.service.request_timeout_seconds >= 60 && var.service.request_timeout_seconds <= 3600,
+      var.service.requeue_wait_seconds >= 0,
+      contains([1, 2, 3, 4], var.service.max_concurrency),
+      0 <= var.service.instances.min && var.service.instances.min <= var.service.instances.max && var.service.instances.max >= 1,
+    ])
+    error_message = "service takes a request_timeout_seconds from 60 to 3600, a requeue_wait_seconds of 0 or more, a max_concurrency from 1 to 4, and instances with a max of 1 or more and a min from 0 to max."
+  }
+}
+
+variable "task" {
+  description = <<-EOT
+    The Cloud Run Job (NAME-task) that runs the jobs too long for a request:
+    - timeout ("3600s"): its default task timeout, in seconds as Cloud Run takes it, from 60s to
+      86400s. The service overrides it on every execution it starts (the job's timeout, plus the
+      lease wait, plus 5 minutes); this applies only to executions started by hand.
+    - max_retries (3): how often a failed task is retried, 0 to 10. An interrupted task keeps its
+      staged message, so the retry runs the job again; a job that already has a final result is
+      not run twice.
+    - lease_wait_seconds (240): TERRACE_TASK_LEASE_WAIT, how long a task waits for a busy
+      workspace before its job goes back on the jobs topic.
+  EOT
+  type = object({
+    timeout            = optional(string, "3600s")
+    max_retries        = optional(number, 3)
+    lease_wait_seconds = optional(number, 240)
+  })
+  default  = {}
+  nullable = false
+
+  validation {
+    condition     = var.task.max_retries >= 0 && var.task.max_retries <= 10 && var.task.lease_wait_seconds >= 0
+    error_message = "task.max_retries must be from 0 to 10, and task.lease_wait_seconds not negative."
+  }
+
+  validation {
+    condition     = can(regex("^[0-9]+s$", var.task.timeout)) && try(tonumber(trimsuffix(var.task.timeout, "s")) >= 60 && tonumber(trimsuffix(var.task.timeout, "s")) <= 86400, false)
+    error_message = "task.timeout must be from 60s to 86400s."
   }
 }
 
@@ -259,47 +229,43 @@ variable "env" {
 # Pub/Sub
 # ---------------------------------------------------------------------------------------------
 
-variable "ack_deadline_seconds" {
-  description = "The push subscription's ack deadline: how long a push may take before Pub/Sub delivers the message again. At least the longest job the service runs itself (Pub/Sub allows at most 600 s)."
-  type        = number
-  default     = 600
+variable "pubsub" {
+  description = <<-EOT
+    The topics and subscriptions:
+    - ack_deadline_seconds (600): the push subscription's ack deadline, 10 to 600, how long a push
+      may take before Pub/Sub delivers the message again. At least the longest job the service
+      runs itself.
+    - max_delivery_attempts (5): deliveries of a job message before it goes to the dead-letter
+      topic, 5 to 100 (5 to 10 recommended). Waiting for a busy workspace does not count: the
+      runner publishes a fresh copy.
+    - message_retention_duration ("604800s"): how long the topics and subscriptions keep messages
+      (unacknowledged job messages, dead letters), from 600s to 604800s.
+    - kms_key_name (null): a Cloud KMS key (projects/P/locations/L/keyRings/R/cryptoKeys/K) that
+      encrypts the topics' messages (CMEK); the Pub/Sub service agent is granted
+      roles/cloudkms.cryptoKeyEncrypterDecrypter on it. Null: Google-managed keys.
+  EOT
+  type = object({
+    ack_deadline_seconds       = optional(number, 600)
+    max_delivery_attempts      = optional(number, 5)
+    message_retention_duration = optional(string, "604800s")
+    kms_key_name               = optional(string)
+  })
+  default  = {}
+  nullable = false
 
   validation {
-    condition     = var.ack_deadline_seconds >= 10 && var.ack_deadline_seconds <= 600
-    error_message = "ack_deadline_seconds must be from 10 to 600."
+    condition     = can(regex("^[0-9]+s$", var.pubsub.message_retention_duration)) && try(tonumber(trimsuffix(var.pubsub.message_retention_duration, "s")) >= 600 && tonumber(trimsuffix(var.pubsub.message_retention_duration, "s")) <= 604800, false)
+    error_message = "pubsub.message_retention_duration must be from 600s to 604800s (a subscription keeps messages at most 7 days)."
   }
-}
-
-variable "max_delivery_attempts" {
-  description = "Deliveries of a job message before it goes to the dead-letter topic (5 to 10 recommended). Waiting for a busy workspace does not count: the runner publishes a fresh copy."
-  type        = number
-  default     = 5
 
   validation {
-    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 100
-    error_message = "max_delivery_attempts must be from 5 to 100."
+    condition     = var.pubsub.kms_key_name == null || can(regex("^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$", var.pubsub.kms_key_name))
+    error_message = "pubsub.kms_key_name must be projects/P/locations/L/keyRings/R/cryptoKeys/K."
   }
-}
-
-variable "message_retention_duration" {
-  description = "How long the topics and subscriptions keep messages (unacknowledged job messages, dead letters), from 600s to 604800s."
-  type        = string
-  default     = "604800s"
 
   validation {
-    condition     = can(regex("^[0-9]+s$", var.message_retention_duration)) && try(tonumber(trimsuffix(var.message_retention_duration, "s")) >= 600 && tonumber(trimsuffix(var.message_retention_duration, "s")) <= 604800, false)
-    error_message = "message_retention_duration must be from 600s to 604800s (a subscription keeps messages at most 7 days)."
-  }
-}
-
-variable "kms_key_name" {
-  description = "A Cloud KMS key (projects/P/locations/L/keyRings/R/cryptoKeys/K) that encrypts the topics' messages (CMEK). The Pub/Sub service agent is granted roles/cloudkms.cryptoKeyEncrypterDecrypter on it. Null: Google-managed keys."
-  type        = string
-  default     = null
-
-  validation {
-    condition     = var.kms_key_name == null || can(regex("^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$", var.kms_key_name))
-    error_message = "kms_key_name must be projects/P/locations/L/keyRings/R/cryptoKeys/K."
+    condition     = var.pubsub.ack_deadline_seconds >= 10 && var.pubsub.ack_deadline_seconds <= 600 && var.pubsub.max_delivery_attempts >= 5 && var.pubsub.max_delivery_attempts <= 100
+    error_message = "pubsub.ack_deadline_seconds must be from 10 to 600, and pubsub.max_delivery_attempts from 5 to 100."
   }
 }
 
@@ -307,32 +273,26 @@ variable "kms_key_name" {
 # Cloud Scheduler
 # ---------------------------------------------------------------------------------------------
 
-variable "backup_schedule" {
-  description = "When the backup sweep runs (cron, in schedule_time_zone): hourly by default, which the sweep is built for."
-  type        = string
-  default     = "0 * * * *"
-}
-
-variable "drift_schedule" {
-  description = "When the drift sweep runs (cron, in schedule_time_zone): it publishes a drift-check job for each applied workspace. Null: no drift sweep."
-  type        = string
-  default     = "30 6 * * *"
-}
-
-variable "scheduler_region" {
-  description = "The region of the Cloud Scheduler jobs, where Cloud Scheduler is not offered in region. Null: region."
-  type        = string
-  default     = null
-}
-
-variable "schedule_time_zone" {
-  description = "The time zone of the schedules (tz database name)."
-  type        = string
-  default     = "Etc/UTC"
-}
-
-variable "sweep_tenants" {
-  description = "The tenants the sweeps cover. Empty: every registered tenant (the body is {})."
-  type        = list(string)
-  default     = []
+variable "sweeps" {
+  description = <<-EOT
+    When Cloud Scheduler calls the sweeps, and for whom:
+    - backup ("0 * * * *"): when the backup sweep runs (cron, in time_zone): hourly by default,
+      which the sweep is built for.
+    - drift ("30 6 * * *"): when the drift sweep runs; it publishes a drift-check job for each
+      applied workspace. Empty (""): no drift sweep (an empty backup schedule likewise drops the
+      backup sweep, which is not advised).
+    - time_zone ("Etc/UTC"): the time zone of both schedules (tz database name).
+    - region (null): the region of the Cloud Scheduler jobs, where Cloud Scheduler is not offered
+      in region. Null: region.
+    - tenants ([]): the tenants the sweeps cover. Empty: every registered tenant (the body is {}).
+  EOT
+  type = object({
+    backup    = optional(string, "0 * * * *")
+    drift     = optional(string, "30 6 * * *")
+    time_zone = optional(string, "Etc/UTC")
+    region    = optional(string)
+    tenants   = optional(list(string), [])
+  })
+  default  = {}
+  nullable = false
 }
