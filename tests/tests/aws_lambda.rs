@@ -121,14 +121,20 @@ impl World {
         self.start_with(api, &[])
     }
 
-    fn start_with(&self, api: &RuntimeApi, env: &[(&str, &str)]) -> Function {
-        let child = self
-            .command()
-            .envs(env.iter().copied())
-            .env("AWS_LAMBDA_RUNTIME_API", &api.address)
+    /// The function's command with what Lambda's runtime sets for a function using `api`.
+    fn lambda_command(&self, api: &RuntimeApi) -> Command {
+        let mut cmd = self.command();
+        cmd.env("AWS_LAMBDA_RUNTIME_API", &api.address)
             .env("AWS_LAMBDA_FUNCTION_NAME", "terrace")
             .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
-            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "1");
+        cmd
+    }
+
+    fn start_with(&self, api: &RuntimeApi, env: &[(&str, &str)]) -> Function {
+        let child = self
+            .lambda_command(api)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_output())
             .spawn()
@@ -139,6 +145,23 @@ impl World {
     /// Sends bodies to the jobs queue and receives them back as an SQS event for Lambda.
     async fn batch(&self, bodies: &[String]) -> (Value, Vec<String>) {
         self.batch_invisible_for(bodies, 60).await
+    }
+
+    /// Sends one apply of the demo (`id` on `workspace`) through the function behind `api` and
+    /// returns its result, asserting that the batch was answered with no failure and the job
+    /// succeeded.
+    async fn apply_one(&self, api: &RuntimeApi, id: &str, workspace: &str) -> Value {
+        let (event, _) = self.batch(&[self.envelope(id, workspace, "3m")]).await;
+        let response = api
+            .invoke(event, Duration::from_secs(5 * 60))
+            .await
+            .expect("the batch is answered");
+        assert!(failures(&response).is_empty(), "{response}");
+        let mut results = self.results().await;
+        assert_eq!(results.len(), 1, "{results:?}");
+        let result = results.remove(0);
+        assert_eq!(result["status"], "succeeded", "{result}");
+        result
     }
 
     /// As [`World::batch`], received with a visibility timeout of `seconds`.
@@ -963,14 +986,8 @@ async fn the_image_runs_a_job_as_lambda_runs_it() {
     let image = image("aws");
     let w = World::new().await;
     let api = RuntimeApi::start().await;
-    let mut function = w.command();
-    function
-        .env("AWS_LAMBDA_RUNTIME_API", &api.address)
-        .env("AWS_LAMBDA_FUNCTION_NAME", "terrace")
-        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
-        .env("AWS_LAMBDA_FUNCTION_VERSION", "1");
     let _container = Container::run(
-        &function,
+        &w.lambda_command(&api),
         &image,
         &[
             "--user=993:990",
@@ -980,17 +997,7 @@ async fn the_image_runs_a_job_as_lambda_runs_it() {
         ],
         &[],
     );
-    let (event, _) = w.batch(&[w.envelope("img-1", "img", "3m")]).await;
-    let response = api
-        .invoke(event, Duration::from_secs(5 * 60))
-        .await
-        .expect("the batch is answered");
-    assert!(failures(&response).is_empty(), "{response}");
-
-    let results = w.results().await;
-    assert_eq!(results.len(), 1, "{results:?}");
-    let result = &results[0];
-    assert_eq!(result["status"], "succeeded", "{result}");
+    let result = w.apply_one(&api, "img-1", "img").await;
     let cluster = result["outputs"]["cluster_id"]["value"]
         .as_str()
         .expect("the cluster's id among the outputs");
@@ -1098,27 +1105,9 @@ async fn a_job_runs_against_the_bucket_table_and_role_the_quick_create_stack_mad
         "prefix": "terrace", "lease_table": table, "region": "us-east-1",
     }});
     let api = RuntimeApi::start().await;
-    let child = w
-        .command()
-        .env("TERRACE_TENANTS", tenants.to_string())
-        .env("AWS_LAMBDA_RUNTIME_API", &api.address)
-        .env("AWS_LAMBDA_FUNCTION_NAME", "terrace")
-        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
-        .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
-        .stdout(Stdio::null())
-        .stderr(log_output())
-        .spawn()
-        .expect("terrace-aws starts");
-    let _function = Function(child);
-    let (event, _) = w.batch(&[w.envelope("cfn-1", "stack", "5m")]).await;
-    let response = api
-        .invoke(event, Duration::from_secs(10 * 60))
-        .await
-        .expect("the batch is answered");
-    assert!(failures(&response).is_empty(), "{response}");
-    let results = w.results().await;
-    assert_eq!(results.len(), 1, "{results:?}");
-    assert_eq!(results[0]["status"], "succeeded", "{}", results[0]);
+    let tenants = tenants.to_string();
+    let _function = w.start_with(&api, &[("TERRACE_TENANTS", &tenants)]);
+    w.apply_one(&api, "cfn-1", "stack").await;
 
     let keys: Vec<String> = s3
         .list_objects_v2()
