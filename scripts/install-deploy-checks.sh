@@ -14,7 +14,6 @@ if [[ -x "$venv/bin/checkov" && -x "$venv/bin/cfn-lint" ]] &&
     exit 0
 fi
 echo "installing checkov $checkov_version and cfn-lint $cfn_lint_version into $venv" >&2
-rm -rf "$venv"
-python3 -m venv "$venv"
+"$repo_root/scripts/python-venv.sh" "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check "checkov==$checkov_version" "cfn-lint==$cfn_lint_version" >&2
 echo "$venv/bin"

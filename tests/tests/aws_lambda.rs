@@ -1085,6 +1085,7 @@ async fn a_job_runs_against_the_bucket_table_and_role_the_quick_create_stack_mad
         output("LeaseTableName"),
     );
     assert_eq!(output("Prefix"), "terrace");
+    assert_eq!(output("Region"), "us-east-1");
     // The bucket is encrypted, as the template says (moto's CloudFormation applies a bucket's
     // encryption but drops its versioning, public access block and lifecycle).
     let s3 = aws::s3().await;
@@ -1102,7 +1103,7 @@ async fn a_job_runs_against_the_bucket_table_and_role_the_quick_create_stack_mad
     // The operator registers the tenant from the stack's outputs and the ExternalId it gave.
     let tenants = json!({ "acme": {
         "role_arn": role_arn, "external_id": external_id, "bucket": bucket,
-        "prefix": "terrace", "lease_table": table, "region": "us-east-1",
+        "prefix": output("Prefix"), "lease_table": table, "region": output("Region"),
     }});
     let api = RuntimeApi::start().await;
     let tenants = tenants.to_string();

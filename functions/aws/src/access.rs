@@ -45,6 +45,8 @@ pub enum AccessError {
     BadRole(String),
     #[error("assuming {role} failed: {message}")]
     Sts { role: String, message: String },
+    #[error("target.{0} is empty: leave it out ({1}), or give it a value")]
+    Empty(&'static str, &'static str),
     #[error("{0}")]
     Local(String),
 }
@@ -63,6 +65,25 @@ impl Target {
             && parts[5].len() > "role/".len();
         if !is_role {
             return Err(AccessError::BadRole(self.role_arn.clone()));
+        }
+        // An empty optional field (e.g. the quick-create stack's `LeaseTableName` when it made
+        // no table) would otherwise be taken as a name.
+        for (field, value, without) in [
+            (
+                "lease_table",
+                &self.lease_table,
+                "the lease is then a lock object in the bucket",
+            ),
+            ("region", &self.region, "the function's own region is used"),
+            (
+                "kms_key_id",
+                &self.kms_key_id,
+                "the bucket's own encryption applies",
+            ),
+        ] {
+            if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(AccessError::Empty(field, without));
+            }
         }
         match self.external_id.as_deref().map(str::trim) {
             Some(id) if !id.is_empty() => Ok(id),
@@ -155,6 +176,24 @@ mod tests {
         ));
         let message = AccessError::NoExternalId.to_string();
         assert!(message.contains("target.external_id"), "{message}");
+    }
+
+    #[test]
+    fn an_empty_optional_field_is_refused_rather_than_taken_as_a_name() {
+        let role = "arn:aws:iam::123456789012:role/terrace";
+        let mut t = target(role, Some("x-1"));
+        t.lease_table = Some(String::new());
+        let message = t.check().unwrap_err().to_string();
+        assert!(
+            message.starts_with("target.lease_table is empty: leave it out"),
+            "{message}"
+        );
+        t.lease_table = Some("terrace-leases".into());
+        t.region = Some(" ".into());
+        let message = t.check().unwrap_err().to_string();
+        assert!(message.starts_with("target.region is empty"), "{message}");
+        t.region = None;
+        assert!(t.check().is_ok());
     }
 
     #[test]

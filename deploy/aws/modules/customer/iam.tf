@@ -42,16 +42,13 @@ data "aws_iam_policy_document" "access" {
     resources = ["${aws_s3_bucket.this.arn}/${var.prefix}/*"]
   }
 
+  # Not limited to the prefix: S3 answers a read of a missing key with 404 only to a caller
+  # that may list the bucket (otherwise 403), and the runner takes only 404 as "not there yet".
+  # The bucket is the runner's own; listing shows key names, never contents.
   statement {
     sid       = "ListStateObjects"
     actions   = ["s3:ListBucket"]
     resources = [aws_s3_bucket.this.arn]
-
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["${var.prefix}/*"]
-    }
   }
 }
 

@@ -40,6 +40,10 @@ resource "aws_ecs_task_definition" "this" {
   task_role_arn            = aws_iam_role.runner.arn
   execution_role_arn       = aws_iam_role.execution[0].arn
 
+  # A new revision never deregisters the old one: a task the function starts between the two
+  # steps of an apply still finds the revision it names.
+  skip_destroy = true
+
   runtime_platform {
     operating_system_family = "LINUX"
     cpu_architecture        = "X86_64"

@@ -7,7 +7,7 @@ data "aws_region" "current" {}
 locals {
   account_id = data.aws_caller_identity.current.account_id
   partition  = data.aws_partition.current.partition
-  region     = data.aws_region.current.name
+  region     = data.aws_region.current.id
 
   # The README's settings; a longer job goes to the ECS task (timeout minus TERRACE_DEADLINE_MARGIN).
   function_timeout = 900

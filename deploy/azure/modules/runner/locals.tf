@@ -34,7 +34,7 @@ locals {
       }
     },
     {
-      for pair in setproduct(keys(var.platform_principals), keys(local.platform_queue_roles)) : "${pair[0]}-${pair[1]}" => {
+      for pair in setproduct(keys(var.platform_principals), keys(local.platform_queue_roles)) : "platform-${pair[0]}-${pair[1]}" => {
         scope          = local.queue_scopes[pair[1]]
         role           = local.platform_queue_roles[pair[1]]
         principal_id   = var.platform_principals[pair[0]].principal_id

@@ -117,16 +117,19 @@ resource "azurerm_container_app_job" "this" {
         polling_interval_in_seconds = var.scaling.polling_interval_seconds
 
         # KEDA's azure-queue scaler, signed in as the runner's identity (no connection string):
-        # one execution per visible message.
+        # one execution per visible message. Messages kept invisible (a running job's, a busy
+        # workspace's delayed copy) are not counted, or each poll would start executions that
+        # find nothing to take.
         rules {
           name             = "jobs-queue"
           custom_rule_type = "azure-queue"
-          identity_id      = azurerm_user_assigned_identity.runner.id
           metadata = {
-            accountName = module.storage.account.name
-            queueName   = local.queue_names.jobs
-            queueLength = "1"
+            accountName         = module.storage.account.name
+            queueName           = local.queue_names.jobs
+            queueLength         = "1"
+            queueLengthStrategy = "visibleonly"
           }
+          identity_id = azurerm_user_assigned_identity.runner.id
         }
       }
     }
