@@ -2,7 +2,7 @@
 # what they need first (`make tools`).
 .PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-state-server clean
 
-tools: ## protoc, terraform (+ wrapper), the testcloud provider, a terraform CLI config, the emulators
+tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
 
 demo: tools ## apply the demo template through the local runner

@@ -2,8 +2,8 @@
 # Builds the three function images (localhost/terrace-{aws,gcp,azure}:dev) with podman from
 # deploy/Dockerfile, out of this checkout's own pieces, as the image tests run them:
 #
-# - the function binaries built here (`cargo build`; with `--release`, a release build),
-#   stripped;
+# - the function binaries built here (`cargo build`; with `--release`, a release build), their
+#   debug info stripped;
 # - the machine's terraform (scripts/install-terraform.sh), called `terraform` in the image;
 # - the templates (the demo and the test templates) and the provider mirror holding the
 #   testcloud provider (scripts/install-testcloud-provider.sh);
