@@ -79,7 +79,9 @@ impl Container {
                 cmd.arg("--volume")
                     .arg(format!("{}:{}", dir.display(), dir.display()));
             }
-            cmd.arg("--env").arg(format!("{key}={value}"));
+            // By name: the value reaches the container from podman's own environment, never
+            // its command line (which any process on the machine can read).
+            cmd.env(key, value).arg("--env").arg(key);
         }
         cmd.args(podman_args).arg(image).args(container_args);
         let verbose = std::env::var_os("TERRACE_TEST_VERBOSE").is_some();
