@@ -44,6 +44,7 @@ for cloud in aws gcp azure; do
     podman build --quiet --file deploy/Dockerfile --target "$cloud" \
         --build-arg BASE=localhost/terrace-base:bookworm \
         --build-arg BINARIES=prebuilt --build-arg TOOLS=prebuilt --build-arg TERRAFORM=terraform \
+        --build-arg TEMPLATES=.image/tools/templates --build-arg TARGETARCH=amd64 \
         --tag "localhost/terrace-$cloud:dev" . >/dev/null
     echo "localhost/terrace-$cloud:dev"
 done
