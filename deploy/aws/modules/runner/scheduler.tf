@@ -4,7 +4,7 @@ locals {
 }
 
 resource "aws_scheduler_schedule" "this" {
-  #checkov:skip=CKV_AWS_297:The input is a constant ({"terrace":"<sweep>"}), nothing to protect; a CMK would also need kms:Decrypt on the scheduler's role, which may only invoke the function
+  #checkov:skip=CKV_AWS_297:The input is a constant ({"terrace":"<sweep>"} and tenant names), nothing to protect; a CMK would also need kms:Decrypt on the scheduler's role, which may only invoke the function
   for_each = local.schedules
 
   name                         = "${var.name}-${each.key}"
@@ -17,10 +17,17 @@ resource "aws_scheduler_schedule" "this" {
     mode = "OFF"
   }
 
+  lifecycle {
+    precondition {
+      condition     = length(setsubtract(var.schedules.tenants, nonsensitive(keys(var.tenants)))) == 0
+      error_message = "schedules.tenants names a tenant that is not in tenants."
+    }
+  }
+
   target {
     arn      = aws_lambda_function.this.arn
     role_arn = aws_iam_role.scheduler.arn
-    input    = jsonencode({ terrace = each.key })
+    input    = jsonencode(merge({ terrace = each.key }, length(var.schedules.tenants) == 0 ? {} : { tenants = var.schedules.tenants }))
 
     # A sweep that cannot start within the hour is left to the next one.
     retry_policy {

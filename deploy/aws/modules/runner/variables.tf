@@ -39,6 +39,12 @@ variable "tenants" {
     condition     = alltrue([for t in values(var.tenants) : length(t.external_id) >= 2 && length(t.external_id) <= 1224 && can(regex("^[A-Za-z0-9+=,.@:/_-]+$", t.external_id))])
     error_message = "Every tenant needs an external_id of 2 to 1224 characters from [A-Za-z0-9+=,.@:/_-] (what STS accepts)."
   }
+
+  # The function refuses an empty one (the quick-create stack's LeaseTableName is "" without a table).
+  validation {
+    condition     = alltrue([for t in values(var.tenants) : alltrue([for v in [t.lease_table, t.region, t.kms_key_id] : v == null ? true : trimspace(v) != ""])])
+    error_message = "A tenant's lease_table, region and kms_key_id must be left out (null) rather than empty."
+  }
 }
 
 variable "image_uri" {
@@ -155,11 +161,13 @@ variable "schedules" {
     - backup ("rate(1 hour)"): the backup sweep's rate(…) or cron(…) expression.
     - drift ("rate(1 day)"): the drift sweep's expression; empty ("") for no drift sweep.
     - timezone ("UTC"): the time zone of cron expressions (IANA name).
+    - tenants ([]): sweep only these registered tenants; empty for every tenant in `tenants`.
   EOT
   type = object({
     backup   = optional(string, "rate(1 hour)")
     drift    = optional(string, "rate(1 day)")
     timezone = optional(string, "UTC")
+    tenants  = optional(list(string), [])
   })
   default  = {}
   nullable = false
