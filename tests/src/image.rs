@@ -83,6 +83,21 @@ impl Container {
             // its command line (which any process on the machine can read).
             cmd.env(key, value).arg("--env").arg(key);
         }
+        // A runner that is root in the container takes job users (uid 61000 and up) with lock
+        // files in its temp folder, and kills what runs as the one it takes. With `--pid=host`
+        // that reaches this machine's processes too: the container shares the host's lock
+        // folder, so it never takes a uid a runner of the tests holds.
+        if !podman_args.iter().any(|a| a.starts_with("--user")) {
+            use std::os::unix::fs::DirBuilderExt;
+            let locks = std::env::temp_dir().join("terrace-job-users");
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&locks)
+                .expect("the job users' lock folder");
+            cmd.arg("--volume")
+                .arg(format!("{}:/tmp/terrace-job-users", locks.display()));
+        }
         cmd.args(podman_args).arg(image).args(container_args);
         let verbose = std::env::var_os("TERRACE_TEST_VERBOSE").is_some();
         let child = cmd
