@@ -115,6 +115,18 @@ impl Drop for Service {
     }
 }
 
+/// Waits until something listens on loopback `port`; fails the test after `within`.
+pub async fn wait_for_port(port: u16, within: Duration, what: &str) {
+    let give_up = std::time::Instant::now() + within;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{what} did not listen on {port} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -165,13 +177,8 @@ impl Service {
             child,
             url: format!("http://127.0.0.1:{port}"),
         };
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return service;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("terrace-gcp did not listen on {port}");
+        wait_for_port(port, Duration::from_secs(10), "terrace-gcp").await;
+        service
     }
 
     /// Sends SIGTERM, as Cloud Run does when it stops an instance.

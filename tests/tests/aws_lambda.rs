@@ -261,19 +261,24 @@ impl World {
     }
 
     async fn keys(&self, prefix: &str) -> Vec<String> {
-        let out = aws::s3()
-            .await
-            .list_objects_v2()
-            .bucket(&self.bucket)
-            .prefix(prefix)
-            .send()
-            .await
-            .unwrap();
-        out.contents()
-            .iter()
-            .filter_map(|o| o.key().map(str::to_owned))
-            .collect()
+        keys_in(&self.bucket, prefix).await
     }
+}
+
+/// The keys under `prefix` in `bucket` (one page).
+async fn keys_in(bucket: &str, prefix: &str) -> Vec<String> {
+    let out = aws::s3()
+        .await
+        .list_objects_v2()
+        .bucket(bucket)
+        .prefix(prefix)
+        .send()
+        .await
+        .unwrap();
+    out.contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_owned))
+        .collect()
 }
 
 /// The function's log: shown with `TERRACE_TEST_VERBOSE=1`, else dropped.
@@ -1110,17 +1115,7 @@ async fn a_job_runs_against_the_bucket_table_and_role_the_quick_create_stack_mad
     let _function = w.start_with(&api, &[("TERRACE_TENANTS", &tenants)]);
     w.apply_one(&api, "cfn-1", "stack").await;
 
-    let keys: Vec<String> = s3
-        .list_objects_v2()
-        .bucket(&bucket)
-        .prefix("terrace/acme/stack/")
-        .send()
-        .await
-        .unwrap()
-        .contents()
-        .iter()
-        .filter_map(|o| o.key().map(str::to_owned))
-        .collect();
+    let keys = keys_in(&bucket, "terrace/acme/stack/").await;
     assert!(
         keys.iter()
             .any(|k| k.ends_with("versions/0000000001.tfstate")),

@@ -762,14 +762,7 @@ async fn the_image_answers_a_signed_push_and_applies_the_job() {
     service.env("PORT", port.to_string());
     let _container = Container::run(&service, &image, &["--pid=host"], &[]);
     let url = format!("http://127.0.0.1:{port}");
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "the image's service did not listen on {port} within a minute"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    tests::gcp::wait_for_port(port, Duration::from_secs(60), "the image's service").await;
     let push = |envelope: Value| {
         let bearer = w.key.bearer();
         let url = format!("{url}/pubsub");

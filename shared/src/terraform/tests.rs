@@ -142,18 +142,16 @@ fn each_job_gets_a_user_of_its_own_and_what_it_leaves_running_dies_with_it() {
     for user in [&one, &two] {
         assert!((FIRST_JOB_UID..FIRST_JOB_UID + 64).contains(&user.run_as.uid));
     }
-    let mut left = std::process::Command::new("sleep")
-        .arg("600")
-        .uid(one.run_as.uid)
-        .gid(one.run_as.gid)
-        .spawn()
-        .unwrap();
-    let mut other = std::process::Command::new("sleep")
-        .arg("600")
-        .uid(two.run_as.uid)
-        .gid(two.run_as.gid)
-        .spawn()
-        .unwrap();
+    let sleeper = |user: &JobUser| {
+        std::process::Command::new("sleep")
+            .arg("600")
+            .uid(user.run_as.uid)
+            .gid(user.run_as.gid)
+            .spawn()
+            .unwrap()
+    };
+    let mut left = sleeper(&one);
+    let mut other = sleeper(&two);
     drop(one);
     let status = left.wait().unwrap();
     assert_eq!(
