@@ -529,6 +529,22 @@ pub async fn artifacts_round_trip(store: &dyn StateStore) {
     );
     assert!(store.artifacts(&ws, "job-2").await.unwrap().is_empty());
     store
+        .put_artifact(&ws, "job-0", "log/a/b.ndjson", Bytes::from_static(b"{}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.runs(&ws).await.unwrap(),
+        vec!["job-0".to_owned(), "job-1".to_owned()],
+        "every run with an artifact is listed once, sorted, however deep its artifacts"
+    );
+    assert!(
+        store
+            .runs(&fresh_workspace("no-runs"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    store
         .delete_artifact(&ws, "job-1", "result.json")
         .await
         .unwrap();

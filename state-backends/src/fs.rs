@@ -673,6 +673,19 @@ impl StateStore for FsStore {
         .map_err(join_error)?
     }
 
+    async fn runs(&self, ws: &WorkspaceId) -> Result<Vec<String>> {
+        self.blocking(ws, |dir| {
+            let runs = dir.path.join("runs");
+            let mut ids: Vec<String> = list_names(&runs)?
+                .into_iter()
+                .filter(|name| !name.starts_with(".tmp-") && runs.join(name).is_dir())
+                .collect();
+            ids.sort();
+            Ok(ids)
+        })
+        .await
+    }
+
     async fn workspaces(&self) -> Result<Vec<WorkspaceId>> {
         let root = self.root.clone();
         tokio::task::spawn_blocking(move || {

@@ -355,6 +355,14 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// Backend failures.
     async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>>;
 
+    /// Lists the ids of the runs that have artifacts in the workspace (`runs/<job_id>/`),
+    /// sorted by id; one listing, whatever the runs hold. Includes the workspace's own records
+    /// (`_workspace`): callers that want jobs only skip ids starting with `_`.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn runs(&self, ws: &WorkspaceId) -> Result<Vec<String>>;
+
     /// The workspaces whose state changed (a write or a deletion) since their change mark was
     /// last cleared: what the backup sweep visits. Costs calls in proportion to the changed
     /// workspaces, not to all of them.

@@ -273,6 +273,15 @@ impl StateStore for MemoryStore {
         }))
     }
 
+    async fn runs(&self, ws: &WorkspaceId) -> Result<Vec<String>> {
+        let mut ids: Vec<String> = self.with(ws, |w| {
+            w.artifacts.keys().map(|(job, _)| job.clone()).collect()
+        });
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
     async fn changed(&self) -> Result<Vec<Changed>> {
         let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<Changed> = map

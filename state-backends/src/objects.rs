@@ -781,6 +781,12 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         Ok(names)
     }
 
+    async fn runs(&self, ws: &WorkspaceId) -> Result<Vec<String>> {
+        let mut ids = self.bucket.folders(&self.key(ws, "runs/")).await?;
+        ids.sort();
+        Ok(ids)
+    }
+
     async fn changed(&self) -> Result<Vec<Changed>> {
         let prefix = self.changes_prefix();
         let mut out: Vec<Changed> = self

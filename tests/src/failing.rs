@@ -128,6 +128,9 @@ impl StateStore for FailingPuts {
     async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
         self.inner.artifacts(ws, job_id).await
     }
+    async fn runs(&self, ws: &WorkspaceId) -> Result<Vec<String>> {
+        self.inner.runs(ws).await
+    }
     async fn changed(&self) -> Result<Vec<Changed>> {
         self.inner.changed().await
     }
