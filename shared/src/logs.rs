@@ -170,16 +170,22 @@ impl ConsoleSink {
     }
 }
 
+/// A line as a person reads it: `==>` before the runner's own, ` ! ` before terraform's
+/// stderr, the text (progress events already rendered).
+pub fn render(line: &LogLine) -> String {
+    let marker = match line.stream {
+        Stream::Runner => "==>",
+        Stream::Stdout => "   ",
+        Stream::Stderr => " ! ",
+    };
+    format!("{marker} {}", line.text)
+}
+
 #[async_trait::async_trait]
 impl LogSink for ConsoleSink {
     async fn write(&mut self, line: &LogLine) {
-        let marker = match line.stream {
-            Stream::Runner => "==>",
-            Stream::Stdout => "   ",
-            Stream::Stderr => " ! ",
-        };
         let mut err = std::io::stderr().lock();
-        let _ = writeln!(err, "{} {marker} {}", self.prefix, line.text);
+        let _ = writeln!(err, "{} {}", self.prefix, render(line));
     }
 
     async fn flush(&mut self) {}
@@ -274,22 +280,37 @@ pub async fn read_log(
 ) -> Result<Vec<LogLine>, ReadLogError> {
     let mut lines = Vec::new();
     for name in store.artifacts(ws, job_id).await? {
-        if !name.starts_with("log/") {
+        if !is_chunk(&name) {
             continue;
         }
         let Some(chunk) = store.artifact(ws, job_id, &name).await? else {
             continue;
         };
-        for raw in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            lines.push(
-                serde_json::from_slice(raw).map_err(|source| ReadLogError::Chunk {
-                    name: name.clone(),
-                    source,
-                })?,
-            );
-        }
+        lines.extend(parse_chunk(&name, &chunk)?);
     }
     Ok(lines)
+}
+
+/// Whether a run's artifact `name` is a chunk of its log.
+pub fn is_chunk(name: &str) -> bool {
+    name.starts_with("log/")
+}
+
+/// The lines of the log chunk `name`.
+///
+/// # Errors
+/// A line that is not a [`LogLine`].
+pub fn parse_chunk(name: &str, chunk: &[u8]) -> Result<Vec<LogLine>, ReadLogError> {
+    chunk
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|raw| {
+            serde_json::from_slice(raw).map_err(|source| ReadLogError::Chunk {
+                name: name.to_owned(),
+                source,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -449,8 +449,12 @@ pub fn sha256_hex(data: &[u8]) -> String {
     out
 }
 
-/// Checks an artifact name: relative, `/`-separated, no empty, `.` or `..` parts.
-pub(crate) fn check_artifact_name(job_id: &str, name: &str) -> Result<()> {
+/// Checks a run's id and an artifact name: relative, `/`-separated, no empty, `.` or `..`
+/// parts (the id has no `/`).
+///
+/// # Errors
+/// [`StoreError::InvalidKey`] naming the key.
+pub fn check_artifact_name(job_id: &str, name: &str) -> Result<()> {
     let bad = |part: &str| part.is_empty() || part == "." || part == ".." || part.contains('\\');
     if bad(job_id) || job_id.contains('/') || name.split('/').any(bad) {
         return Err(StoreError::InvalidKey(format!("runs/{job_id}/{name}")));

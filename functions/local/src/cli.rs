@@ -2,12 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::{serve, state_cmd};
+use crate::store::{self, StoreUrl};
+use crate::{ops, serve, state_cmd};
 use clap::{Args, Parser, Subcommand};
 use shared::job::RawJob;
 use shared::result::{JobResult, Status};
@@ -15,7 +15,7 @@ use shared::runner::{RunOutcome, Runner, RunnerConfig};
 use shared::settings::Runtime;
 use shared::terraform::TerraformConfig;
 use shared::validate::{ValidatedJob, ValidationError, validate};
-use state_backends::fs::FsStore;
+use state_backends::WorkspaceId;
 use tokio_util::sync::CancellationToken;
 
 /// Exit codes, after sysexits(3) where one fits.
@@ -25,19 +25,34 @@ pub mod exit {
     pub const FAILED: u8 = 1;
     /// A drift check found drift.
     pub const DRIFT: u8 = 2;
+    /// The command line is wrong (EX_USAGE).
+    pub const USAGE: u8 = 64;
     /// The job file is invalid (EX_DATAERR).
     pub const INVALID: u8 = 65;
     /// The runner itself failed (EX_SOFTWARE).
     pub const INTERNAL: u8 = 70;
-    /// The workspace is busy; try again later (EX_TEMPFAIL).
+    /// No such job or workspace (EX_NOINPUT).
+    pub const NOT_FOUND: u8 = 66;
+    /// The workspace is busy, or the job has not finished; try again later (EX_TEMPFAIL).
     pub const BUSY: u8 = 75;
 }
+
+const EXIT_CODES: &str = "Exit codes:
+  0   done (a run succeeded, a check found no drift)
+  1   the job ran and failed; a command could not do what was asked
+  2   a drift check found drift
+  64  the command line is wrong (an unknown command or flag, a bad --store)
+  65  the job file is invalid; nothing was run
+  66  no such job or workspace
+  70  the runner itself failed (a store it cannot reach, a bug)
+  75  the workspace is busy, or the job has not finished: try again later";
 
 #[derive(Parser, Debug)]
 #[command(
     name = "terrace",
     version,
-    about = "Run Terraform/OpenTofu jobs with state in your own store"
+    about = "Run Terraform/OpenTofu jobs with state in your own store",
+    after_help = EXIT_CODES
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -49,9 +64,11 @@ pub struct Cli {
 /// Settings shared by every command; each has an environment variable.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Global {
-    /// Folder of the state store.
+    /// The state store: a folder, s3://BUCKET/PREFIX[?lease_table=T&role_arn=A&external_id=X&region=R],
+    /// gs://BUCKET/PREFIX[?impersonate=SA] or az://ACCOUNT/CONTAINER/PREFIX (README: "Operating a
+    /// cloud store").
     #[arg(long, env = "TERRACE_STORE", default_value = ".terrace", global = true)]
-    pub(crate) store: PathBuf,
+    pub(crate) store: StoreUrl,
     /// Folder of templates, `<name>/<version>/`.
     #[arg(
         long,
@@ -107,6 +124,9 @@ enum Cmd {
         /// Seconds to wait for a busy workspace before giving up.
         #[arg(long, default_value_t = 0)]
         wait: u64,
+        /// Print the result as JSON (result.json's schema) instead of the summary.
+        #[command(flatten)]
+        out: ops::Output,
     },
     /// Check a job file without running it.
     Validate { job: PathBuf },
@@ -132,11 +152,55 @@ enum Cmd {
         #[arg(long)]
         queue: PathBuf,
     },
+    /// List the store's workspaces, TENANT/WORKSPACE.
+    Workspaces {
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// List a workspace's runs, newest first: job, operation, status, start, duration.
+    Runs {
+        workspace: WorkspaceId,
+        /// How many of the newest runs to show.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Show a job's result (the exit code is the job's, as for `run`).
+    Result {
+        job: String,
+        /// The job's TENANT/WORKSPACE; without it every workspace is searched.
+        #[arg(long, short)]
+        workspace: Option<WorkspaceId>,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Print a run's log from the store (the newest run unless JOB is given).
+    Logs {
+        workspace: WorkspaceId,
+        job: Option<String>,
+        /// Keep printing as the running job writes its log, until its result is written.
+        #[arg(long, short)]
+        follow: bool,
+        /// With --follow, milliseconds between looks at the store.
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+        interval_ms: u64,
+        /// Print the stored lines as NDJSON (one log line object each).
+        #[command(flatten)]
+        out: ops::Output,
+    },
 }
 
 /// Runs the command line: `terrace …`.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are answers, not errors; clap's own code 2 is drift's.
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { exit::OK });
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
@@ -162,7 +226,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Cmd::Validate { job } => Ok(match load_job(&job, &g.templates)? {
             Ok(v) => {
-                println!(
+                outln!(
                     "{}: valid ({} {} in {}/{})",
                     job.display(),
                     v.job.operation,
@@ -174,37 +238,64 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             }
             Err(errors) => report_invalid(&job, &errors),
         }),
-        Cmd::Run { job, wait } => {
+        Cmd::Run { job, wait, out } => {
             let validated = match load_job(&job, &g.templates)? {
                 Ok(v) => v,
                 Err(errors) => return Ok(report_invalid(&job, &errors)),
             };
             let mut config = runner_config(&g);
             config.lease_wait = Duration::from_secs(wait);
-            let runner = Runner::new(Arc::new(FsStore::new(&g.store)), config);
+            let runner = Runner::new(store::open(&g.store).await?, config);
             let cancel = CancellationToken::new();
             tokio::spawn(cancel_on_signal(cancel.clone()));
             let outcome = runner.run(&validated, cancel).await?;
-            Ok(report_outcome(&outcome))
+            Ok(report_outcome(&outcome, out))
+        }
+        Cmd::Workspaces { out } => ops::workspaces(&*store::open(&g.store).await?, out).await,
+        Cmd::Runs {
+            workspace,
+            limit,
+            out,
+        } => ops::runs(&*store::open(&g.store).await?, &workspace, limit, out).await,
+        Cmd::Result {
+            job,
+            workspace,
+            out,
+        } => ops::result(&*store::open(&g.store).await?, &job, workspace.as_ref(), out).await,
+        Cmd::Logs {
+            workspace,
+            job,
+            follow,
+            interval_ms,
+            out,
+        } => {
+            let args = ops::LogsArgs {
+                ws: workspace,
+                job,
+                follow,
+                interval: Duration::from_millis(interval_ms),
+                out,
+            };
+            ops::logs(store::open(&g.store).await?, args).await
         }
         Cmd::Serve(args) => serve::serve(&g, args).await,
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
         Cmd::Drift { queue } => drift(&g, &queue).await,
         Cmd::Backup { hourly, daily } => {
-            let store = state_backends::fs::FsStore::new(&g.store);
+            let store = store::open(&g.store).await?;
             let keep = shared::backup::Retention { hourly, daily };
             let report =
-                shared::backup::sweep(&store, time::OffsetDateTime::now_utc(), keep).await?;
+                shared::backup::sweep(&*store, time::OffsetDateTime::now_utc(), keep).await?;
             for (ws, b) in &report.backed_up {
-                println!("{ws}: backed up version {} as {}", b.version, b.label);
+                outln!("{ws}: backed up version {} as {}", b.version, b.label);
             }
             for (ws, label) in &report.pruned {
-                println!("{ws}: dropped backup {label} (retention)");
+                outln!("{ws}: dropped backup {label} (retention)");
             }
             for (ws, why) in &report.failed {
                 eprintln!("{ws}: not backed up: {why}");
             }
-            println!(
+            outln!(
                 "{} changed, {} backed up, {} unchanged, {} dropped, {} failed",
                 report.changed,
                 report.backed_up.len(),
@@ -222,8 +313,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 }
 
 async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
-    let store = FsStore::new(&g.store);
-    let plan = shared::drift::plan(&store, time::OffsetDateTime::now_utc()).await?;
+    let store = store::open(&g.store).await?;
+    let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc()).await?;
     std::fs::create_dir_all(queue)
         .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
     for (ws, job) in &plan.jobs {
@@ -234,7 +325,7 @@ async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
         std::fs::write(&partial, serde_json::to_vec_pretty(&job.0)?)
             .with_context(|| format!("cannot write {}", partial.display()))?;
         std::fs::rename(&partial, queue.join(&name))?;
-        println!("{ws}: drift check queued as {name}");
+        outln!("{ws}: drift check queued as {name}");
     }
     for (ws, names) in &plan.needs_secrets {
         eprintln!(
@@ -245,7 +336,7 @@ async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
     for (ws, why) in &plan.failed {
         eprintln!("{ws}: not queued: {why}");
     }
-    println!(
+    outln!(
         "{} queued, {} need secrets, {} never applied, {} failed",
         plan.jobs.len(),
         plan.needs_secrets.len(),
@@ -337,8 +428,14 @@ fn report_invalid(path: &Path, errors: &[ValidationError]) -> u8 {
     exit::INVALID
 }
 
-/// Prints the summary of a run and returns the exit code.
-fn report_outcome(outcome: &RunOutcome) -> u8 {
+/// Prints the summary of a run (or its result as JSON) and returns the exit code.
+fn report_outcome(outcome: &RunOutcome, out: ops::Output) -> u8 {
+    if out.json
+        && let RunOutcome::AlreadyDone(result) | RunOutcome::Finished(result) = outcome
+    {
+        ops::print_json(&serde_json::to_value(result).expect("results serialize"));
+        return exit_code(result);
+    }
     match outcome {
         RunOutcome::Busy { holder } => {
             eprintln!(
@@ -350,7 +447,7 @@ fn report_outcome(outcome: &RunOutcome) -> u8 {
             exit::BUSY
         }
         RunOutcome::AlreadyDone(result) => {
-            println!(
+            outln!(
                 "job {} already finished ({}); not run again",
                 result.job_id,
                 result.status.as_str()
@@ -365,7 +462,7 @@ fn report_outcome(outcome: &RunOutcome) -> u8 {
     }
 }
 
-fn exit_code(result: &JobResult) -> u8 {
+pub(crate) fn exit_code(result: &JobResult) -> u8 {
     match (result.status, result.drift) {
         (Status::Succeeded, Some(true)) => exit::DRIFT,
         (Status::Succeeded, _) => exit::OK,
@@ -373,13 +470,13 @@ fn exit_code(result: &JobResult) -> u8 {
     }
 }
 
-fn print_summary(r: &JobResult) {
-    println!();
-    println!(
+pub(crate) fn print_summary(r: &JobResult) {
+    outln!();
+    outln!(
         "job:        {} ({} {} in {}/{})",
         r.job_id, r.operation, r.template, r.tenant, r.workspace
     );
-    println!(
+    outln!(
         "status:     {} in {:.1}s",
         r.status.as_str(),
         r.duration_ms as f64 / 1000.0
@@ -389,15 +486,15 @@ fn print_summary(r: &JobResult) {
         .iter()
         .map(|s| format!("{} {}ms", s.step, s.duration_ms))
         .collect();
-    println!("steps:      {}", steps.join(", "));
+    outln!("steps:      {}", steps.join(", "));
     if let Some(c) = &r.changes {
-        println!(
+        outln!(
             "changes:    {} to add, {} to change, {} to destroy",
             c.add, c.change, c.destroy
         );
     }
     if let Some(t) = &r.terraform {
-        println!("terraform:  {} {}", t.flavour.name(), t.version);
+        outln!("terraform:  {} {}", t.flavour.name(), t.version);
     }
     if let Some(drift) = r.drift {
         let what = match (drift, r.drifted.is_empty()) {
@@ -405,58 +502,58 @@ fn print_summary(r: &JobResult) {
             (true, false) => "yes: changed outside terraform since its last run",
             (true, true) => "yes: the infrastructure differs from the template",
         };
-        println!("drift:      {what}");
+        outln!("drift:      {what}");
         let redactor = shared::redact::Redactor::default();
         for resource in &r.drifted {
-            println!("  {}", resource.describe(&redactor));
+            outln!("  {}", resource.describe(&redactor));
         }
     }
     if !r.state_versions.is_empty() {
         let v: Vec<String> = r.state_versions.iter().map(u64::to_string).collect();
-        println!("state:      wrote version(s) {}", v.join(", "));
+        outln!("state:      wrote version(s) {}", v.join(", "));
     }
     if !r.outputs.is_empty() {
-        println!("outputs:");
+        outln!("outputs:");
         for (name, out) in &r.outputs {
-            println!("  {name} = {}", out.value);
+            outln!("  {name} = {}", out.value);
         }
     }
     if r.attempts.len() > 1 {
-        println!("attempts:   {}", r.attempts.len());
+        outln!("attempts:   {}", r.attempts.len());
         for a in &r.attempts {
             match (&a.error, a.retry_after_ms) {
-                (Some(e), Some(wait)) => println!(
+                (Some(e), Some(wait)) => outln!(
                     "  {}: {:?} at {}: {} (retried after {wait} ms)",
                     a.attempt, e.category, e.step, e.message
                 ),
-                (Some(e), None) => println!(
+                (Some(e), None) => outln!(
                     "  {}: {:?} at {}: {}",
                     a.attempt, e.category, e.step, e.message
                 ),
-                (None, _) => println!("  {}: succeeded", a.attempt),
+                (None, _) => outln!("  {}: succeeded", a.attempt),
             }
         }
     }
     for rec in &r.recovered {
-        println!(
+        outln!(
             "recovered:  {} {} as {} (it existed in the cloud but not in the state)",
             rec.action, rec.address, rec.id
         );
     }
     if let Some(u) = &r.unsaved_state {
         match (u.pushed_as, &u.error) {
-            (Some(v), _) => println!(
+            (Some(v), _) => outln!(
                 "unsaved:    terraform could not save its state; the runner saved it as version {v} (kept as {})",
                 u.artifact
             ),
-            (None, Some(e)) => println!("unsaved:    kept as {}; {e}", u.artifact),
-            (None, None) => println!("unsaved:    kept as {}", u.artifact),
+            (None, Some(e)) => outln!("unsaved:    kept as {}; {e}", u.artifact),
+            (None, None) => outln!("unsaved:    kept as {}", u.artifact),
         }
     }
     if let Some(c) = &r.cleanup
         && (!c.created.is_empty() || c.rolled_back_to.is_some())
     {
-        println!(
+        outln!(
             "cleanup:    policy {}; created {}",
             c.policy,
             if c.created.is_empty() {
@@ -466,28 +563,28 @@ fn print_summary(r: &JobResult) {
             }
         );
         if let Some(to) = &c.rolled_back_to {
-            println!("            rolled back to the configuration of {to}");
+            outln!("            rolled back to the configuration of {to}");
         }
         if !c.reverted.is_empty() {
-            println!("            reverted {}", c.reverted.join(", "));
+            outln!("            reverted {}", c.reverted.join(", "));
         }
         if !c.destroyed.is_empty() {
-            println!("            destroyed {}", c.destroyed.join(", "));
+            outln!("            destroyed {}", c.destroyed.join(", "));
         }
         if !c.left.is_empty() {
-            println!("            left in place {}", c.left.join(", "));
+            outln!("            left in place {}", c.left.join(", "));
         }
         if let Some(e) = &c.error {
-            println!("            {e}");
+            outln!("            {e}");
         }
     }
     if let Some(e) = &r.error {
-        println!(
+        outln!(
             "error:      [{:?}] at step {}: {}",
             e.category, e.step, e.message
         );
-        println!("hint:       {}", e.hint);
-        println!("retryable:  {}", e.retryable);
+        outln!("hint:       {}", e.hint);
+        outln!("retryable:  {}", e.retryable);
     }
 }
 

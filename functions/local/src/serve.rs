@@ -17,7 +17,6 @@ use shared::settings::Runtime;
 use shared::terraform::TerraformConfig;
 use shared::trigger::JobRef;
 use shared::validate::ValidatedJob;
-use state_backends::fs::FsStore;
 use state_backends::{StateStore, WorkspaceId};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -70,7 +69,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
     recover_orphans(q)?;
     let folder = Arc::new(Folder {
         runtime: runtime(g),
-        store: Arc::new(FsStore::new(&g.store)),
+        store: crate::store::open(&g.store).await?,
     });
     let cancel = CancellationToken::new();
     tokio::spawn(crate::cancel_on_signal(cancel.clone()));
@@ -245,7 +244,7 @@ fn settled(fate: Fate) -> Finished {
 /// the store is the local folder, and the result is written beside the file.
 struct Folder {
     runtime: Runtime,
-    store: Arc<FsStore>,
+    store: Arc<dyn StateStore>,
 }
 
 /// A job file names no customer: the store is this machine's.

@@ -5,16 +5,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Subcommand;
-use state_backends::fs::FsStore;
 use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId, display_time};
 use time::OffsetDateTime;
 
+use crate::ops::{JSON_SCHEMA, Output, print_json};
 use crate::{Global, exit};
 
 #[derive(Subcommand, Debug)]
 pub enum StateCmd {
     /// List every state version of TENANT/WORKSPACE, oldest first.
-    Versions { workspace: WorkspaceId },
+    Versions {
+        workspace: WorkspaceId,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Print the current state, or one version.
     Show {
         workspace: WorkspaceId,
@@ -32,7 +36,11 @@ pub enum StateCmd {
         backup: Option<String>,
     },
     /// List the workspace's backups, oldest first.
-    Backups { workspace: WorkspaceId },
+    Backups {
+        workspace: WorkspaceId,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Push a state file, such as a run's kept errored.tfstate, as a new version. It gets the
     /// checks of any write from terraform: same lineage, serial not going back.
     Push {
@@ -49,16 +57,25 @@ pub enum StateCmd {
 }
 
 pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
-    let store: Arc<dyn StateStore> = Arc::new(FsStore::new(&g.store));
+    let store: Arc<dyn StateStore> = crate::store::open(&g.store).await?;
     match cmd {
-        StateCmd::Versions { workspace } => {
+        StateCmd::Versions { workspace, out } => {
             let versions = store.versions(&workspace).await?;
-            if versions.is_empty() {
-                println!("{workspace} has no state versions");
+            let current = store.current(&workspace).await?.map(|c| c.version.number);
+            if out.json {
+                print_json(&serde_json::json!({
+                    "schema": JSON_SCHEMA,
+                    "workspace": workspace.to_string(),
+                    "current": current,
+                    "versions": versions,
+                }));
                 return Ok(exit::OK);
             }
-            let current = store.current(&workspace).await?.map(|c| c.version.number);
-            println!(
+            if versions.is_empty() {
+                outln!("{workspace} has no state versions");
+                return Ok(exit::OK);
+            }
+            outln!(
                 "{:>7}  {:>6}  {:<36}  {:>8}  {:<25}",
                 "VERSION", "SERIAL", "LINEAGE", "BYTES", "CREATED"
             );
@@ -68,7 +85,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 } else {
                     ""
                 };
-                println!(
+                outln!(
                     "{:>7}  {:>6}  {:<36}  {:>8}  {:<25}{mark}",
                     v.number,
                     v.serial,
@@ -93,9 +110,21 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             print!("{}", String::from_utf8_lossy(&data));
             Ok(exit::OK)
         }
-        StateCmd::Backups { workspace } => {
-            for b in store.backups(&workspace).await? {
-                println!("{}  version {}  sha256 {}", b.label, b.version, b.sha256);
+        StateCmd::Backups { workspace, out } => {
+            let backups = store.backups(&workspace).await?;
+            if out.json {
+                print_json(&serde_json::json!({
+                    "schema": JSON_SCHEMA,
+                    "workspace": workspace.to_string(),
+                    "backups": backups,
+                }));
+                return Ok(exit::OK);
+            }
+            if backups.is_empty() {
+                eprintln!("{workspace} has no backups");
+            }
+            for b in backups {
+                outln!("{}  version {}  sha256 {}", b.label, b.version, b.sha256);
             }
             Ok(exit::OK)
         }
@@ -133,7 +162,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 .await;
             store.release_lease(&workspace, &lease).await?;
             let info = restored?;
-            println!(
+            outln!(
                 "{workspace}: version {version} restored as version {} (serial {})",
                 info.number, info.serial
             );
@@ -164,11 +193,11 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             store.release_lease(&workspace, &lease).await?;
             match pushed {
                 Ok(Some(number)) => {
-                    println!("{workspace}: {} pushed as version {number}", file.display());
+                    outln!("{workspace}: {} pushed as version {number}", file.display());
                     Ok(exit::OK)
                 }
                 Ok(None) => {
-                    println!(
+                    outln!(
                         "{workspace}: {} is already the current state",
                         file.display()
                     );
@@ -182,7 +211,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
         }
         StateCmd::Unlock { workspace, force } => {
             let Some(lease) = store.lease(&workspace).await? else {
-                println!("{workspace} has no lease");
+                outln!("{workspace} has no lease");
                 return Ok(exit::OK);
             };
             let live = !lease.is_expired_at(OffsetDateTime::now_utc());
@@ -197,7 +226,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 return Ok(exit::BUSY);
             }
             store.break_lease(&workspace).await?;
-            println!(
+            outln!(
                 "{workspace}: broke the {} lease of job {} (fence {})",
                 if live { "live" } else { "expired" },
                 lease.owner,

@@ -1,0 +1,423 @@
+//! What an operator reads about a workspace's runs, on any store: `terrace workspaces`,
+//! `runs`, `result` and `logs` (with `--follow`), each with `--json` (the schema is in
+//! docs/cli-json.md; `schema` is raised when a field changes meaning or goes away).
+
+use std::collections::BTreeSet;
+use std::io::{IsTerminal as _, Write as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use futures::StreamExt as _;
+use serde::Serialize;
+use shared::records::JobRecord;
+use shared::result::JobResult;
+use shared::runner::{JOB_FILE, RESULT_FILE};
+use state_backends::{StateStore, WorkspaceId, display_time};
+use time::OffsetDateTime;
+
+use crate::exit;
+
+/// The format of every `--json` answer of this CLI.
+pub const JSON_SCHEMA: u32 = 1;
+
+/// `--json` on a read command.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct Output {
+    /// Print JSON (the schema is in docs/cli-json.md) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One run of a workspace, as `terrace runs` lists it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    pub job_id: String,
+    /// `succeeded`, `failed`, `cancelled`, `timed-out`, `interrupted` (from the result);
+    /// `running` (no result, its lease is live), `unfinished` (no result, no live lease: its
+    /// runner stopped; the next job on the workspace records it as interrupted), `queued`
+    /// (handed to a task that has not started), `unreadable`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// The lease's fencing token: later runs of a workspace have larger ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// `category at step: message` of a failed run, or why the run cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The runs of `ws`, newest first: one listing, then the job and result records of each run
+/// (read 16 at a time).
+///
+/// # Errors
+/// Store failures.
+pub async fn runs_of(store: &dyn StateStore, ws: &WorkspaceId) -> anyhow::Result<Vec<RunSummary>> {
+    let ids: Vec<String> = store
+        .runs(ws)
+        .await?
+        .into_iter()
+        .filter(|id| !id.starts_with('_'))
+        .collect();
+    let lease = store.lease(ws).await?;
+    let now = OffsetDateTime::now_utc();
+    let live_owner = lease
+        .filter(|l| !l.is_expired_at(now))
+        .map(|l| l.owner);
+    let mut runs: Vec<RunSummary> = futures::stream::iter(ids)
+        .map(|id| summary(store, ws, id, live_owner.as_deref()))
+        .buffered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
+    runs.sort_by(|a, b| {
+        (b.fence, &b.started_at, &b.job_id).cmp(&(a.fence, &a.started_at, &a.job_id))
+    });
+    Ok(runs)
+}
+
+async fn summary(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: String,
+    live_owner: Option<&str>,
+) -> anyhow::Result<RunSummary> {
+    let (record, result) = tokio::try_join!(
+        store.artifact(ws, &job_id, JOB_FILE),
+        store.artifact(ws, &job_id, RESULT_FILE)
+    )?;
+    let mut run = RunSummary {
+        status: String::new(),
+        operation: None,
+        template: None,
+        fence: None,
+        started_at: None,
+        finished_at: None,
+        duration_ms: None,
+        error: None,
+        job_id,
+    };
+    let mut problems = Vec::new();
+    if let Some(bytes) = &record {
+        match JobRecord::parse(bytes) {
+            Ok(r) => {
+                run.operation = Some(r.operation.to_string());
+                run.template = Some(r.template.to_string());
+                if let Some(lease) = r.lease {
+                    run.fence = Some(lease.fence);
+                    run.started_at = Some(lease.acquired_at);
+                }
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    match result.as_deref().map(serde_json::from_slice::<JobResult>) {
+        Some(Ok(r)) => {
+            run.status = r.status.as_str().to_owned();
+            run.operation = Some(r.operation.to_string());
+            run.started_at = Some(display_time(r.started_at));
+            run.finished_at = Some(display_time(r.finished_at));
+            run.duration_ms = Some(r.duration_ms);
+            run.error = r
+                .error
+                .map(|e| format!("{} at {}: {}", category(&e.category), e.step, e.message));
+        }
+        Some(Err(e)) => problems.push(format!("{RESULT_FILE} is not a result: {e}")),
+        None if live_owner == Some(run.job_id.as_str()) => run.status = "running".into(),
+        None if record.is_some() => run.status = "unfinished".into(),
+        None => {
+            let names = store.artifacts(ws, &run.job_id).await?;
+            run.status = if names.iter().any(|n| n == shared::trigger::REQUEST) {
+                "queued".into()
+            } else {
+                "unknown".into()
+            };
+        }
+    }
+    if !problems.is_empty() {
+        run.status = "unreadable".into();
+        run.error = Some(problems.join("; "));
+    }
+    Ok(run)
+}
+
+fn category(c: &shared::result::Category) -> String {
+    serde_json::to_value(c)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// `terrace workspaces`.
+pub async fn workspaces(store: &dyn StateStore, out: Output) -> anyhow::Result<u8> {
+    let list = store.workspaces().await?;
+    if out.json {
+        let names: Vec<String> = list.iter().map(ToString::to_string).collect();
+        print_json(&serde_json::json!({ "schema": JSON_SCHEMA, "workspaces": names }));
+    } else if list.is_empty() {
+        eprintln!("the store holds no workspaces");
+    } else {
+        for ws in &list {
+            outln!("{ws}");
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `terrace runs`.
+pub async fn runs(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    limit: usize,
+    out: Output,
+) -> anyhow::Result<u8> {
+    let mut runs = runs_of(store, ws).await?;
+    let total = runs.len();
+    runs.truncate(limit);
+    if out.json {
+        print_json(&serde_json::json!({
+            "schema": JSON_SCHEMA,
+            "workspace": ws.to_string(),
+            "total": total,
+            "runs": runs,
+        }));
+        return Ok(exit::OK);
+    }
+    if runs.is_empty() {
+        eprintln!("{ws} has no runs");
+        return Ok(exit::OK);
+    }
+    let paint = Paint::stdout();
+    outln!(
+        "{:<28}  {:<11}  {:<12}  {:<20}  {:>9}  ERROR",
+        "JOB", "OPERATION", "STATUS", "STARTED", "DURATION"
+    );
+    for r in &runs {
+        let status = format!("{:<12}", r.status);
+        outln!(
+            "{:<28}  {:<11}  {}  {:<20}  {:>9}  {}",
+            r.job_id,
+            r.operation.as_deref().unwrap_or("-"),
+            paint.status(&r.status, &status),
+            r.started_at.as_deref().unwrap_or("-"),
+            r.duration_ms
+                .map_or_else(|| "-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0)),
+            r.error.as_deref().unwrap_or("")
+        );
+    }
+    if total > runs.len() {
+        eprintln!("({} older runs not shown; use --limit)", total - runs.len());
+    }
+    Ok(exit::OK)
+}
+
+/// Finds the workspace holding `job_id`: `ws` when given, else every workspace is looked at
+/// (one listing per workspace).
+async fn locate(
+    store: &dyn StateStore,
+    job_id: &str,
+    ws: Option<&WorkspaceId>,
+) -> anyhow::Result<Option<WorkspaceId>> {
+    state_backends::check_artifact_name(job_id, "x")
+        .map_err(|_| anyhow::anyhow!("{job_id:?} is not a job id"))?;
+    let candidates = match ws {
+        Some(ws) => vec![ws.clone()],
+        None => store.workspaces().await?,
+    };
+    for ws in candidates {
+        if !store.artifacts(&ws, job_id).await?.is_empty() {
+            return Ok(Some(ws));
+        }
+    }
+    Ok(None)
+}
+
+/// `terrace result`.
+pub async fn result(
+    store: &dyn StateStore,
+    job_id: &str,
+    ws: Option<&WorkspaceId>,
+    out: Output,
+) -> anyhow::Result<u8> {
+    let Some(ws) = locate(store, job_id, ws).await? else {
+        eprintln!("no job {job_id} in {}", where_(ws));
+        return Ok(exit::NOT_FOUND);
+    };
+    match store.artifact(&ws, job_id, RESULT_FILE).await? {
+        Some(bytes) => {
+            let result: JobResult = serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("{ws}: job {job_id}'s {RESULT_FILE} is not a result: {e}"))?;
+            if out.json {
+                print_json(&serde_json::to_value(&result)?);
+            } else {
+                crate::cli::print_summary(&result);
+            }
+            Ok(crate::cli::exit_code(&result))
+        }
+        None => {
+            let run = summary(store, &ws, job_id.to_owned(), live_owner(store, &ws).await?.as_deref()).await?;
+            eprintln!(
+                "{ws}: job {job_id} has no result yet: it is {}{}",
+                run.status,
+                match run.status.as_str() {
+                    "unfinished" => " (its runner stopped; the next job on the workspace records it as interrupted)",
+                    _ => "",
+                }
+            );
+            Ok(exit::BUSY)
+        }
+    }
+}
+
+async fn live_owner(store: &dyn StateStore, ws: &WorkspaceId) -> anyhow::Result<Option<String>> {
+    let now = OffsetDateTime::now_utc();
+    Ok(store
+        .lease(ws)
+        .await?
+        .filter(|l| !l.is_expired_at(now))
+        .map(|l| l.owner))
+}
+
+fn where_(ws: Option<&WorkspaceId>) -> String {
+    ws.map_or_else(|| "any workspace".to_owned(), ToString::to_string)
+}
+
+/// `terrace logs`.
+pub struct LogsArgs {
+    pub ws: WorkspaceId,
+    pub job: Option<String>,
+    pub follow: bool,
+    pub interval: Duration,
+    pub out: Output,
+}
+
+/// Prints a run's log from the store; with `follow`, keeps printing the chunks the running
+/// job writes (it stores one a second) until its result is written.
+pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8> {
+    let job_id = match a.job {
+        Some(id) => id,
+        None => match runs_of(&*store, &a.ws).await?.into_iter().next() {
+            Some(newest) => newest.job_id,
+            None => {
+                eprintln!("{} has no runs", a.ws);
+                return Ok(exit::NOT_FOUND);
+            }
+        },
+    };
+    state_backends::check_artifact_name(&job_id, "x")
+        .map_err(|_| anyhow::anyhow!("{job_id:?} is not a job id"))?;
+    let mut printer = Printer::new(a.out);
+    let mut seen = BTreeSet::new();
+    let mut waiting_said = false;
+    let mut stopped_polls = 0;
+    loop {
+        let names = store.artifacts(&a.ws, &job_id).await?;
+        let finished = names.iter().any(|n| n == RESULT_FILE);
+        for name in names.iter().filter(|n| shared::logs::is_chunk(n)) {
+            if seen.contains(name) {
+                continue;
+            }
+            if let Some(chunk) = store.artifact(&a.ws, &job_id, name).await? {
+                for line in shared::logs::parse_chunk(name, &chunk)? {
+                    if !printer.line(&line) {
+                        return Ok(exit::OK); // stdout closed (`| head`)
+                    }
+                }
+            }
+            seen.insert(name.clone());
+        }
+        if finished || !a.follow {
+            if names.is_empty() {
+                eprintln!("{}: no job {job_id}", a.ws);
+                return Ok(exit::NOT_FOUND);
+            }
+            return Ok(exit::OK);
+        }
+        if names.is_empty() {
+            if !waiting_said {
+                eprintln!("{}: waiting for job {job_id} to start…", a.ws);
+                waiting_said = true;
+            }
+        } else if names.iter().any(|n| n == JOB_FILE)
+            && live_owner(&*store, &a.ws).await?.as_deref() != Some(job_id.as_str())
+        {
+            // No result and no live lease: the runner may be between its result and its
+            // release, so look twice before saying it stopped.
+            stopped_polls += 1;
+            if stopped_polls >= 2 {
+                eprintln!(
+                    "{}: job {job_id}'s runner stopped without a result (the next job on the \
+                     workspace records it as interrupted)",
+                    a.ws
+                );
+                return Ok(exit::FAILED);
+            }
+        } else {
+            stopped_polls = 0;
+        }
+        tokio::time::sleep(a.interval).await;
+    }
+}
+
+/// Prints log lines as text or NDJSON; says when stdout has closed.
+struct Printer {
+    json: bool,
+    out: std::io::Stdout,
+}
+
+impl Printer {
+    fn new(out: Output) -> Self {
+        Self {
+            json: out.json,
+            out: std::io::stdout(),
+        }
+    }
+
+    fn line(&mut self, line: &shared::logs::LogLine) -> bool {
+        let text = if self.json {
+            serde_json::to_string(line).expect("log lines serialize")
+        } else {
+            shared::logs::render(line)
+        };
+        let mut out = self.out.lock();
+        writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
+    }
+}
+
+/// Prints `value` as pretty JSON with a final newline.
+pub fn print_json(value: &serde_json::Value) {
+    let text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    outln!("{text}");
+}
+
+/// Colour on a terminal only, and never with `NO_COLOR` set (no-color.org).
+pub struct Paint(bool);
+
+impl Paint {
+    pub fn stdout() -> Self {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Self(!no_color && std::io::stdout().is_terminal())
+    }
+
+    /// `text` in the colour of `status`.
+    pub fn status(&self, status: &str, text: &str) -> String {
+        let code = match status {
+            _ if !self.0 => return text.to_owned(),
+            "succeeded" => "32",
+            "running" | "queued" => "36",
+            "failed" | "timed-out" | "unreadable" => "31",
+            _ => "33",
+        };
+        format!("\x1b[{code}m{text}\x1b[0m")
+    }
+}

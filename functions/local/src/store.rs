@@ -1,0 +1,530 @@
+//! `--store` / `TERRACE_STORE`: the store a command works on, named by a URL, so an operator
+//! reaches a customer's bucket with the same commands as the local folder.
+//!
+//! | URL | store |
+//! |---|---|
+//! | `PATH` or `file://PATH` | a local folder |
+//! | `s3://BUCKET[/PREFIX]` | S3, the lease in a DynamoDB table (`?lease_table=`) or a lock object |
+//! | `gs://BUCKET[/PREFIX]` | Google Cloud Storage |
+//! | `az://ACCOUNT/CONTAINER[/PREFIX]`, `https://ACCOUNT.blob.core.windows.net/CONTAINER[/PREFIX]` | Azure Blob Storage |
+//!
+//! Settings of the store go in the URL's query (`?lease_table=…&role_arn=…`), so one
+//! `TERRACE_STORE` names it completely; credentials never do. They come from the usual places:
+//! the AWS chain (environment, profile, instance or web identity), Google's application
+//! default credentials, and for Azure a SAS in `AZURE_STORAGE_SAS_TOKEN`, `az login`, or a
+//! managed identity. Emulators are reached with the settings the functions read
+//! (`AWS_ENDPOINT_URL` with `TERRACE_S3_FORCE_PATH_STYLE`, `TERRACE_GCS_ENDPOINT` with
+//! `TERRACE_GCS_ANONYMOUS`, an `http://HOST:PORT/ACCOUNT/CONTAINER` URL with a SAS).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use state_backends::StateStore;
+
+/// A parsed `--store`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreUrl {
+    Fs(PathBuf),
+    S3(S3Url),
+    Gcs(GcsUrl),
+    Azure(AzureUrl),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct S3Url {
+    pub bucket: String,
+    pub prefix: String,
+    /// The DynamoDB lease table; without one, the lease is a lock object in the bucket.
+    pub lease_table: Option<String>,
+    /// A role to assume first (the customer's cross-account role).
+    pub role_arn: Option<String>,
+    pub external_id: Option<String>,
+    pub region: Option<String>,
+    /// SSE-KMS key for every object written.
+    pub kms_key_id: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GcsUrl {
+    pub bucket: String,
+    pub prefix: String,
+    /// A service account to impersonate (the customer's).
+    pub impersonate: Option<String>,
+    pub kms_key: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AzureUrl {
+    /// `https://ACCOUNT.blob.core.windows.net/CONTAINER`, or an emulator's
+    /// `http://HOST:PORT/ACCOUNT/CONTAINER`; never with a SAS.
+    pub container_url: String,
+    pub prefix: String,
+    pub identity: AzureIdentity,
+}
+
+/// Who reaches an Azure container when no SAS is set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AzureIdentity {
+    /// `az login` or `azd auth login`.
+    DeveloperTools,
+    /// The machine's managed identity; a user-assigned one by client id.
+    Managed { client_id: Option<String> },
+}
+
+const STORES: &str = "a folder, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX";
+/// Query names of an Azure SAS: a SAS in the URL would show in process listings and logs.
+const SAS_FIELDS: [&str; 8] = ["sig", "sv", "se", "sp", "ss", "srt", "sr", "st"];
+
+impl FromStr for StoreUrl {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(format!("is empty: give {STORES}"));
+        }
+        let Some((scheme, rest)) = text.split_once("://") else {
+            return Ok(Self::Fs(PathBuf::from(text)));
+        };
+        if scheme == "file" {
+            return Ok(Self::Fs(PathBuf::from(rest)));
+        }
+        if !matches!(scheme, "s3" | "gs" | "az" | "http" | "https") {
+            return Err(format!("{scheme}:// is not a kind of store: give {STORES}"));
+        }
+        let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+        let mut query = Query::of(&url)?;
+        let host = url.host_str().unwrap_or_default().to_owned();
+        let path: Vec<String> = url
+            .path()
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let parsed = match scheme {
+            "s3" => {
+                let s3 = S3Url {
+                    bucket: named(&host, "the bucket", "s3://BUCKET/PREFIX")?,
+                    prefix: path.join("/"),
+                    lease_table: query.take("lease_table")?,
+                    role_arn: query.take("role_arn")?,
+                    external_id: query.take("external_id")?,
+                    region: query.take("region")?,
+                    kms_key_id: query.take("kms_key_id")?,
+                };
+                if s3.external_id.is_some() && s3.role_arn.is_none() {
+                    return Err("external_id is for assuming a role: add role_arn=… too".into());
+                }
+                Self::S3(s3)
+            }
+            "gs" => Self::Gcs(GcsUrl {
+                bucket: named(&host, "the bucket", "gs://BUCKET/PREFIX")?,
+                prefix: path.join("/"),
+                impersonate: query.take("impersonate")?,
+                kms_key: query.take("kms_key")?,
+            }),
+            _ => {
+                if let Some(field) = SAS_FIELDS.iter().find(|f| query.has(f)) {
+                    return Err(format!(
+                        "the URL carries a SAS ({field}=…): set the SAS in AZURE_STORAGE_SAS_TOKEN \
+                         instead, as a URL shows in process listings and logs"
+                    ));
+                }
+                let (container_url, prefix) = azure_container(scheme, &url, &host, &path)?;
+                let client_id = query.take("client_id")?;
+                let identity = match query.take("identity")?.as_deref() {
+                    None | Some("cli") if client_id.is_none() => AzureIdentity::DeveloperTools,
+                    None | Some("managed") => AzureIdentity::Managed { client_id },
+                    Some("cli") => {
+                        return Err("client_id is for a managed identity: use identity=managed".into());
+                    }
+                    Some(other) => {
+                        return Err(format!("identity={other} is not one: use cli or managed"));
+                    }
+                };
+                Self::Azure(AzureUrl {
+                    container_url,
+                    prefix,
+                    identity,
+                })
+            }
+        };
+        query.finish()?;
+        Ok(parsed)
+    }
+}
+
+fn named(value: &str, what: &str, form: &str) -> Result<String, String> {
+    if value.is_empty() {
+        Err(format!("{what} is missing: {form}"))
+    } else {
+        Ok(value.to_owned())
+    }
+}
+
+/// The container's URL and the prefix under it.
+fn azure_container(
+    scheme: &str,
+    url: &url::Url,
+    host: &str,
+    path: &[String],
+) -> Result<(String, String), String> {
+    const FORM: &str = "az://ACCOUNT/CONTAINER/PREFIX";
+    let (base, rest) = match scheme {
+        "az" => {
+            let account = named(host, "the storage account", FORM)?;
+            (format!("https://{account}.blob.core.windows.net"), path)
+        }
+        // `ACCOUNT.blob.core.windows.net/CONTAINER` (and the sovereign clouds' `.blob.` hosts)
+        _ if host.contains(".blob.") => (format!("{scheme}://{host}"), path),
+        // An emulator, path-style: `HOST:PORT/ACCOUNT/CONTAINER`.
+        _ => {
+            let Some((account, rest)) = path.split_first() else {
+                return Err(format!(
+                    "{url} names no storage account: use https://ACCOUNT.blob.core.windows.net/CONTAINER, \
+                     http://HOST:PORT/ACCOUNT/CONTAINER for an emulator, or {FORM}"
+                ));
+            };
+            let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+            (format!("{scheme}://{host}{port}/{account}"), rest)
+        }
+    };
+    let Some((container, prefix)) = rest.split_first() else {
+        return Err(format!("the container is missing: {FORM}"));
+    };
+    Ok((format!("{base}/{container}"), prefix.join("/")))
+}
+
+/// A URL's query: each setting once, none unknown, none empty.
+struct Query(BTreeMap<String, String>);
+
+impl Query {
+    fn of(url: &url::Url) -> Result<Self, String> {
+        let mut map = BTreeMap::new();
+        for (k, v) in url.query_pairs() {
+            if map.insert(k.to_string(), v.to_string()).is_some() {
+                return Err(format!("{k} is given twice in the URL's query"));
+            }
+        }
+        Ok(Self(map))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    fn take(&mut self, name: &str) -> Result<Option<String>, String> {
+        match self.0.remove(name) {
+            Some(v) if v.trim().is_empty() => Err(format!(
+                "{name} is empty in the URL's query: leave it out or give it a value"
+            )),
+            v => Ok(v),
+        }
+    }
+
+    fn finish(self) -> Result<(), String> {
+        match self.0.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(format!(
+                "{k} is not a setting of this store (s3: lease_table, role_arn, external_id, \
+                 region, kms_key_id; gs: impersonate, kms_key; az: identity, client_id)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for StoreUrl {
+    /// The store as people read it in messages (settings left out; never a secret).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let joined = |base: String, prefix: &str| {
+            if prefix.is_empty() {
+                base
+            } else {
+                format!("{base}/{prefix}")
+            }
+        };
+        match self {
+            Self::Fs(path) => write!(f, "{}", path.display()),
+            Self::S3(s) => f.write_str(&joined(format!("s3://{}", s.bucket), &s.prefix)),
+            Self::Gcs(g) => f.write_str(&joined(format!("gs://{}", g.bucket), &g.prefix)),
+            Self::Azure(a) => f.write_str(&joined(a.container_url.clone(), &a.prefix)),
+        }
+    }
+}
+
+#[cfg(any(feature = "aws", feature = "gcp"))]
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+#[cfg(not(all(feature = "aws", feature = "gcp", feature = "azure")))]
+fn not_built(kind: &str, feature: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "this terrace was built without {kind} stores: build it with `--features {feature}`"
+    )
+}
+
+/// Opens the store `url` names, with the credentials of this machine.
+///
+/// # Errors
+/// Missing credentials or settings, or a store kind this build leaves out.
+pub async fn open(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+    match url {
+        StoreUrl::Fs(path) => Ok(Arc::new(state_backends::fs::FsStore::new(path))),
+        #[cfg(feature = "aws")]
+        StoreUrl::S3(s3) => open_s3(s3).await,
+        #[cfg(not(feature = "aws"))]
+        StoreUrl::S3(_) => Err(not_built("S3", "aws")),
+        #[cfg(feature = "gcp")]
+        StoreUrl::Gcs(gcs) => open_gcs(gcs).await,
+        #[cfg(not(feature = "gcp"))]
+        StoreUrl::Gcs(_) => Err(not_built("GCS", "gcp")),
+        #[cfg(feature = "azure")]
+        StoreUrl::Azure(azure) => open_azure(azure),
+        #[cfg(not(feature = "azure"))]
+        StoreUrl::Azure(_) => Err(not_built("Azure", "azure")),
+    }
+}
+
+#[cfg(feature = "aws")]
+async fn open_s3(s3: &S3Url) -> anyhow::Result<Arc<dyn StateStore>> {
+    use aws_config::{BehaviorVersion, Region};
+    use state_backends::s3::{LeaseMode, S3Config, S3Store};
+    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    if let Some(region) = &s3.region {
+        loader = loader.region(Region::new(region.clone()));
+    }
+    let mut config = loader.load().await;
+    if config.region().is_none() {
+        anyhow::bail!(
+            "{}: no AWS region: add ?region=… to the store URL or set AWS_REGION",
+            StoreUrl::S3(s3.clone())
+        );
+    }
+    if let Some(role) = &s3.role_arn {
+        let user = std::env::var("USER").unwrap_or_else(|_| "operator".into());
+        let session: String = format!("terrace-cli-{user}")
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || "+=,.@-_".contains(*c))
+            .take(64)
+            .collect();
+        let mut provider = aws_config::sts::AssumeRoleProvider::builder(role)
+            .session_name(session)
+            .configure(&config);
+        if let Some(id) = &s3.external_id {
+            provider = provider.external_id(id);
+        }
+        let provider = provider.build().await;
+        config = config
+            .to_builder()
+            .credentials_provider(aws_sdk_s3::config::SharedCredentialsProvider::new(provider))
+            .build();
+    }
+    let client = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(&config)
+            .force_path_style(env_flag("TERRACE_S3_FORCE_PATH_STYLE"))
+            .build(),
+    );
+    let (lease, dynamodb) = match &s3.lease_table {
+        Some(table) => (
+            LeaseMode::DynamoDb {
+                table: table.clone(),
+            },
+            Some(aws_sdk_dynamodb::Client::new(&config)),
+        ),
+        None => (LeaseMode::LockObject, None),
+    };
+    let store = S3Store::new(
+        client,
+        dynamodb,
+        S3Config {
+            bucket: s3.bucket.clone(),
+            prefix: s3.prefix.clone(),
+            lease,
+            kms_key_id: s3.kms_key_id.clone(),
+        },
+    )?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(feature = "gcp")]
+async fn open_gcs(gcs: &GcsUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+    use google_cloud_auth::credentials;
+    use state_backends::gcs::{GcsConfig, GcsStore};
+    let endpoint = std::env::var("TERRACE_GCS_ENDPOINT")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| GcsConfig::ENDPOINT.to_owned());
+    let credentials = if env_flag("TERRACE_GCS_ANONYMOUS") {
+        credentials::anonymous::Builder::new().build()
+    } else {
+        let own = credentials::Builder::default().build().map_err(|e| {
+            anyhow::anyhow!(
+                "no Google credentials: run `gcloud auth application-default login` \
+                 or set GOOGLE_APPLICATION_CREDENTIALS ({e})"
+            )
+        })?;
+        match &gcs.impersonate {
+            Some(sa) => credentials::impersonated::Builder::from_source_credentials(own)
+                .with_target_principal(sa)
+                .build()
+                .map_err(|e| anyhow::anyhow!("cannot impersonate {sa}: {e}"))?,
+            None => own,
+        }
+    };
+    let storage = google_cloud_storage::client::Storage::builder()
+        .with_endpoint(&endpoint)
+        .with_credentials(credentials.clone())
+        .build()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot make a GCS client for {endpoint}: {e}"))?;
+    Ok(Arc::new(GcsStore::new(
+        storage,
+        credentials,
+        GcsConfig {
+            bucket: gcs.bucket.clone(),
+            prefix: gcs.prefix.clone(),
+            kms_key: gcs.kms_key.clone(),
+            endpoint,
+        },
+    )))
+}
+
+#[cfg(feature = "azure")]
+fn open_azure(azure: &AzureUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+    use azure_core::credentials::TokenCredential;
+    use state_backends::azure::{AzureConfig, AzureStore};
+    let sas = std::env::var("AZURE_STORAGE_SAS_TOKEN")
+        .ok()
+        .map(|s| s.trim().trim_start_matches('?').to_owned())
+        .filter(|s| !s.is_empty());
+    let (container_url, credential) = match sas {
+        Some(sas) => (format!("{}?{sas}", azure.container_url), None),
+        None => {
+            let credential: Arc<dyn TokenCredential> = match &azure.identity {
+                AzureIdentity::DeveloperTools => azure_identity::DeveloperToolsCredential::new(None)
+                    .map_err(|e| anyhow::anyhow!("cannot use `az login`: {e}"))?,
+                AzureIdentity::Managed { client_id } => {
+                    let options = azure_identity::ManagedIdentityCredentialOptions {
+                        user_assigned_id: client_id
+                            .clone()
+                            .map(azure_identity::UserAssignedId::ClientId),
+                        ..Default::default()
+                    };
+                    azure_identity::ManagedIdentityCredential::new(Some(options))
+                        .map_err(|e| anyhow::anyhow!("this machine has no managed identity: {e}"))?
+                }
+            };
+            (azure.container_url.clone(), Some(credential))
+        }
+    };
+    let store = AzureStore::new(
+        &AzureConfig {
+            container_url,
+            prefix: azure.prefix.clone(),
+        },
+        credential,
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", StoreUrl::Azure(azure.clone())))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> StoreUrl {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn refused(s: &str) -> String {
+        s.parse::<StoreUrl>().expect_err(s)
+    }
+
+    #[test]
+    fn a_path_or_file_url_is_a_folder() {
+        assert_eq!(parse(".terrace"), StoreUrl::Fs(".terrace".into()));
+        assert_eq!(parse("file:///srv/state"), StoreUrl::Fs("/srv/state".into()));
+    }
+
+    #[test]
+    fn an_s3_url_carries_its_settings_in_the_query() {
+        let StoreUrl::S3(s3) = parse(
+            "s3://acme-state/terrace/prod?lease_table=leases&role_arn=arn:aws:iam::123456789012:role/terrace&external_id=x-1&region=eu-west-1",
+        ) else {
+            panic!("not s3")
+        };
+        assert_eq!(s3.bucket, "acme-state");
+        assert_eq!(s3.prefix, "terrace/prod");
+        assert_eq!(s3.lease_table.as_deref(), Some("leases"));
+        assert_eq!(
+            s3.role_arn.as_deref(),
+            Some("arn:aws:iam::123456789012:role/terrace")
+        );
+        assert_eq!(s3.external_id.as_deref(), Some("x-1"));
+        assert_eq!(s3.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(parse("s3://b").to_string(), "s3://b");
+        assert_eq!(parse("s3://b/p/?region=x").to_string(), "s3://b/p");
+    }
+
+    #[test]
+    fn gs_and_azure_urls() {
+        let StoreUrl::Gcs(g) = parse("gs://bkt/pre?impersonate=sa@p.iam.gserviceaccount.com")
+        else {
+            panic!("not gcs")
+        };
+        assert_eq!((g.bucket.as_str(), g.prefix.as_str()), ("bkt", "pre"));
+        assert_eq!(g.impersonate.as_deref(), Some("sa@p.iam.gserviceaccount.com"));
+        for (url, container, prefix) in [
+            (
+                "az://acct/state/terrace",
+                "https://acct.blob.core.windows.net/state",
+                "terrace",
+            ),
+            (
+                "https://acct.blob.core.windows.net/state",
+                "https://acct.blob.core.windows.net/state",
+                "",
+            ),
+            (
+                "http://127.0.0.1:10000/devstoreaccount1/state/a/b",
+                "http://127.0.0.1:10000/devstoreaccount1/state",
+                "a/b",
+            ),
+        ] {
+            let StoreUrl::Azure(a) = parse(url) else {
+                panic!("{url}: not azure")
+            };
+            assert_eq!(a.container_url, container, "{url}");
+            assert_eq!(a.prefix, prefix, "{url}");
+            assert_eq!(a.identity, AzureIdentity::DeveloperTools);
+        }
+        let StoreUrl::Azure(a) = parse("az://acct/state?identity=managed&client_id=abc") else {
+            panic!("not azure")
+        };
+        assert_eq!(
+            a.identity,
+            AzureIdentity::Managed {
+                client_id: Some("abc".into())
+            }
+        );
+    }
+
+    #[test]
+    fn bad_urls_are_refused_naming_the_fix() {
+        assert!(refused("ftp://x/y").contains("not a kind of store"));
+        assert!(refused("s3://b?lease_tabel=x").starts_with("lease_tabel is not a setting"));
+        assert!(refused("s3://b?region=").starts_with("region is empty"));
+        assert!(refused("s3://b?region=a&region=b").contains("given twice"));
+        assert!(refused("s3://b?external_id=x").contains("add role_arn"));
+        assert!(refused("az://acct").contains("the container is missing"));
+        assert!(refused("az://acct/c?identity=root").contains("use cli or managed"));
+        let sas = refused("https://acct.blob.core.windows.net/c?sv=2025-11-05&sig=abc");
+        assert!(sas.contains("AZURE_STORAGE_SAS_TOKEN"), "{sas}");
+        assert!(!sas.contains("abc"), "the refusal must not repeat the SAS: {sas}");
+        assert!(refused("").starts_with("is empty"));
+    }
+}
