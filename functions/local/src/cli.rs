@@ -15,7 +15,8 @@ use shared::runner::{RunOutcome, Runner, RunnerConfig};
 use shared::settings::Runtime;
 use shared::terraform::TerraformConfig;
 use shared::validate::{ValidatedJob, ValidationError, validate};
-use state_backends::WorkspaceId;
+use state_backends::{StateStore, WorkspaceId};
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// Exit codes, after sysexits(3) where one fits.
@@ -67,8 +68,9 @@ pub(crate) struct Global {
     /// The state store: a folder, s3://BUCKET/PREFIX[?lease_table=T&role_arn=A&external_id=X&region=R],
     /// gs://BUCKET/PREFIX[?impersonate=SA] or az://ACCOUNT/CONTAINER/PREFIX (README: "Operating a
     /// cloud store").
+    /// (Parsed after clap, so a refused URL, which may hold a secret, is never echoed.)
     #[arg(long, env = "TERRACE_STORE", default_value = ".terrace", global = true)]
-    pub(crate) store: StoreUrl,
+    pub(crate) store: String,
     /// Folder of templates, `<name>/<version>/`.
     #[arg(
         long,
@@ -198,7 +200,11 @@ pub fn main() -> ExitCode {
         Err(e) => {
             let _ = e.print();
             // --help and --version are answers, not errors; clap's own code 2 is drift's.
-            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { exit::OK });
+            return ExitCode::from(if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            });
         }
     };
     tracing_subscriber::fmt()
@@ -221,8 +227,23 @@ pub fn main() -> ExitCode {
     }
 }
 
+impl Global {
+    /// The store `--store` names, with this machine's credentials.
+    pub(crate) async fn open_store(&self) -> anyhow::Result<Arc<dyn StateStore>> {
+        let url: StoreUrl = self
+            .store
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--store: {e}"))?;
+        store::open(&url).await
+    }
+}
+
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let g = cli.global;
+    if let Err(e) = g.store.parse::<StoreUrl>() {
+        eprintln!("error: --store (or TERRACE_STORE): {e}");
+        return Ok(exit::USAGE);
+    }
     match cli.command {
         Cmd::Validate { job } => Ok(match load_job(&job, &g.templates)? {
             Ok(v) => {
@@ -245,23 +266,23 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             };
             let mut config = runner_config(&g);
             config.lease_wait = Duration::from_secs(wait);
-            let runner = Runner::new(store::open(&g.store).await?, config);
+            let runner = Runner::new(g.open_store().await?, config);
             let cancel = CancellationToken::new();
             tokio::spawn(cancel_on_signal(cancel.clone()));
             let outcome = runner.run(&validated, cancel).await?;
             Ok(report_outcome(&outcome, out))
         }
-        Cmd::Workspaces { out } => ops::workspaces(&*store::open(&g.store).await?, out).await,
+        Cmd::Workspaces { out } => ops::workspaces(&*g.open_store().await?, out).await,
         Cmd::Runs {
             workspace,
             limit,
             out,
-        } => ops::runs(&*store::open(&g.store).await?, &workspace, limit, out).await,
+        } => ops::runs(&*g.open_store().await?, &workspace, limit, out).await,
         Cmd::Result {
             job,
             workspace,
             out,
-        } => ops::result(&*store::open(&g.store).await?, &job, workspace.as_ref(), out).await,
+        } => ops::result(&*g.open_store().await?, &job, workspace.as_ref(), out).await,
         Cmd::Logs {
             workspace,
             job,
@@ -276,13 +297,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 interval: Duration::from_millis(interval_ms),
                 out,
             };
-            ops::logs(store::open(&g.store).await?, args).await
+            ops::logs(g.open_store().await?, args).await
         }
         Cmd::Serve(args) => serve::serve(&g, args).await,
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
         Cmd::Drift { queue } => drift(&g, &queue).await,
         Cmd::Backup { hourly, daily } => {
-            let store = store::open(&g.store).await?;
+            let store = g.open_store().await?;
             let keep = shared::backup::Retention { hourly, daily };
             let report =
                 shared::backup::sweep(&*store, time::OffsetDateTime::now_utc(), keep).await?;
@@ -313,7 +334,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 }
 
 async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
-    let store = store::open(&g.store).await?;
+    let store = g.open_store().await?;
     let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc()).await?;
     std::fs::create_dir_all(queue)
         .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
@@ -474,7 +495,11 @@ pub(crate) fn print_summary(r: &JobResult) {
     outln!();
     outln!(
         "job:        {} ({} {} in {}/{})",
-        r.job_id, r.operation, r.template, r.tenant, r.workspace
+        r.job_id,
+        r.operation,
+        r.template,
+        r.tenant,
+        r.workspace
     );
     outln!(
         "status:     {} in {:.1}s",
@@ -490,7 +515,9 @@ pub(crate) fn print_summary(r: &JobResult) {
     if let Some(c) = &r.changes {
         outln!(
             "changes:    {} to add, {} to change, {} to destroy",
-            c.add, c.change, c.destroy
+            c.add,
+            c.change,
+            c.destroy
         );
     }
     if let Some(t) = &r.terraform {
@@ -524,11 +551,17 @@ pub(crate) fn print_summary(r: &JobResult) {
             match (&a.error, a.retry_after_ms) {
                 (Some(e), Some(wait)) => outln!(
                     "  {}: {:?} at {}: {} (retried after {wait} ms)",
-                    a.attempt, e.category, e.step, e.message
+                    a.attempt,
+                    e.category,
+                    e.step,
+                    e.message
                 ),
                 (Some(e), None) => outln!(
                     "  {}: {:?} at {}: {}",
-                    a.attempt, e.category, e.step, e.message
+                    a.attempt,
+                    e.category,
+                    e.step,
+                    e.message
                 ),
                 (None, _) => outln!("  {}: succeeded", a.attempt),
             }
@@ -537,7 +570,9 @@ pub(crate) fn print_summary(r: &JobResult) {
     for rec in &r.recovered {
         outln!(
             "recovered:  {} {} as {} (it existed in the cloud but not in the state)",
-            rec.action, rec.address, rec.id
+            rec.action,
+            rec.address,
+            rec.id
         );
     }
     if let Some(u) = &r.unsaved_state {
@@ -581,7 +616,9 @@ pub(crate) fn print_summary(r: &JobResult) {
     if let Some(e) = &r.error {
         outln!(
             "error:      [{:?}] at step {}: {}",
-            e.category, e.step, e.message
+            e.category,
+            e.step,
+            e.message
         );
         outln!("hint:       {}", e.hint);
         outln!("retryable:  {}", e.retryable);

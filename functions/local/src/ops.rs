@@ -70,9 +70,7 @@ pub async fn runs_of(store: &dyn StateStore, ws: &WorkspaceId) -> anyhow::Result
         .collect();
     let lease = store.lease(ws).await?;
     let now = OffsetDateTime::now_utc();
-    let live_owner = lease
-        .filter(|l| !l.is_expired_at(now))
-        .map(|l| l.owner);
+    let live_owner = lease.filter(|l| !l.is_expired_at(now)).map(|l| l.owner);
     let mut runs: Vec<RunSummary> = futures::stream::iter(ids)
         .map(|id| summary(store, ws, id, live_owner.as_deref()))
         .buffered(16)
@@ -200,7 +198,11 @@ pub async fn runs(
     let paint = Paint::stdout();
     outln!(
         "{:<28}  {:<11}  {:<12}  {:<20}  {:>9}  ERROR",
-        "JOB", "OPERATION", "STATUS", "STARTED", "DURATION"
+        "JOB",
+        "OPERATION",
+        "STATUS",
+        "STARTED",
+        "DURATION"
     );
     for r in &runs {
         let status = format!("{:<12}", r.status);
@@ -210,8 +212,10 @@ pub async fn runs(
             r.operation.as_deref().unwrap_or("-"),
             paint.status(&r.status, &status),
             r.started_at.as_deref().unwrap_or("-"),
-            r.duration_ms
-                .map_or_else(|| "-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0)),
+            r.duration_ms.map_or_else(
+                || "-".to_owned(),
+                |ms| format!("{:.1}s", ms as f64 / 1000.0)
+            ),
             r.error.as_deref().unwrap_or("")
         );
     }
@@ -255,8 +259,9 @@ pub async fn result(
     };
     match store.artifact(&ws, job_id, RESULT_FILE).await? {
         Some(bytes) => {
-            let result: JobResult = serde_json::from_slice(&bytes)
-                .map_err(|e| anyhow::anyhow!("{ws}: job {job_id}'s {RESULT_FILE} is not a result: {e}"))?;
+            let result: JobResult = serde_json::from_slice(&bytes).map_err(|e| {
+                anyhow::anyhow!("{ws}: job {job_id}'s {RESULT_FILE} is not a result: {e}")
+            })?;
             if out.json {
                 print_json(&serde_json::to_value(&result)?);
             } else {
@@ -265,12 +270,19 @@ pub async fn result(
             Ok(crate::cli::exit_code(&result))
         }
         None => {
-            let run = summary(store, &ws, job_id.to_owned(), live_owner(store, &ws).await?.as_deref()).await?;
+            let run = summary(
+                store,
+                &ws,
+                job_id.to_owned(),
+                live_owner(store, &ws).await?.as_deref(),
+            )
+            .await?;
             eprintln!(
                 "{ws}: job {job_id} has no result yet: it is {}{}",
                 run.status,
                 match run.status.as_str() {
-                    "unfinished" => " (its runner stopped; the next job on the workspace records it as interrupted)",
+                    "unfinished" =>
+                        " (its runner stopped; the next job on the workspace records it as interrupted)",
                     _ => "",
                 }
             );

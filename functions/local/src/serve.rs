@@ -69,7 +69,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
     recover_orphans(q)?;
     let folder = Arc::new(Folder {
         runtime: runtime(g),
-        store: crate::store::open(&g.store).await?,
+        store: g.open_store().await?,
     });
     let cancel = CancellationToken::new();
     tokio::spawn(crate::cancel_on_signal(cancel.clone()));

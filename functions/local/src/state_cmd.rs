@@ -57,7 +57,7 @@ pub enum StateCmd {
 }
 
 pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
-    let store: Arc<dyn StateStore> = crate::store::open(&g.store).await?;
+    let store: Arc<dyn StateStore> = g.open_store().await?;
     match cmd {
         StateCmd::Versions { workspace, out } => {
             let versions = store.versions(&workspace).await?;
@@ -77,7 +77,11 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             }
             outln!(
                 "{:>7}  {:>6}  {:<36}  {:>8}  {:<25}",
-                "VERSION", "SERIAL", "LINEAGE", "BYTES", "CREATED"
+                "VERSION",
+                "SERIAL",
+                "LINEAGE",
+                "BYTES",
+                "CREATED"
             );
             for v in versions {
                 let mark = if Some(v.number) == current {
@@ -164,7 +168,8 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             let info = restored?;
             outln!(
                 "{workspace}: version {version} restored as version {} (serial {})",
-                info.number, info.serial
+                info.number,
+                info.serial
             );
             Ok(exit::OK)
         }

@@ -74,7 +74,8 @@ pub enum AzureIdentity {
     Managed { client_id: Option<String> },
 }
 
-const STORES: &str = "a folder, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX";
+const STORES: &str =
+    "a folder, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX";
 /// Query names of an Azure SAS: a SAS in the URL would show in process listings and logs.
 const SAS_FIELDS: [&str; 8] = ["sig", "sv", "se", "sp", "ss", "srt", "sr", "st"];
 
@@ -129,8 +130,8 @@ impl FromStr for StoreUrl {
             _ => {
                 if let Some(field) = SAS_FIELDS.iter().find(|f| query.has(f)) {
                     return Err(format!(
-                        "the URL carries a SAS ({field}=…): set the SAS in AZURE_STORAGE_SAS_TOKEN \
-                         instead, as a URL shows in process listings and logs"
+                        "the URL carries a SAS (its `{field}` field): set the SAS in \
+                         AZURE_STORAGE_SAS_TOKEN instead, as a URL shows in process listings and logs"
                     ));
                 }
                 let (container_url, prefix) = azure_container(scheme, &url, &host, &path)?;
@@ -139,7 +140,9 @@ impl FromStr for StoreUrl {
                     None | Some("cli") if client_id.is_none() => AzureIdentity::DeveloperTools,
                     None | Some("managed") => AzureIdentity::Managed { client_id },
                     Some("cli") => {
-                        return Err("client_id is for a managed identity: use identity=managed".into());
+                        return Err(
+                            "client_id is for a managed identity: use identity=managed".into()
+                        );
                     }
                     Some(other) => {
                         return Err(format!("identity={other} is not one: use cli or managed"));
@@ -298,7 +301,7 @@ async fn open_s3(s3: &S3Url) -> anyhow::Result<Arc<dyn StateStore>> {
         loader = loader.region(Region::new(region.clone()));
     }
     let mut config = loader.load().await;
-    if config.region().is_none() {
+    if config.region().is_none_or(|r| r.as_ref().trim().is_empty()) {
         anyhow::bail!(
             "{}: no AWS region: add ?region=… to the store URL or set AWS_REGION",
             StoreUrl::S3(s3.clone())
@@ -405,8 +408,10 @@ fn open_azure(azure: &AzureUrl) -> anyhow::Result<Arc<dyn StateStore>> {
         Some(sas) => (format!("{}?{sas}", azure.container_url), None),
         None => {
             let credential: Arc<dyn TokenCredential> = match &azure.identity {
-                AzureIdentity::DeveloperTools => azure_identity::DeveloperToolsCredential::new(None)
-                    .map_err(|e| anyhow::anyhow!("cannot use `az login`: {e}"))?,
+                AzureIdentity::DeveloperTools => {
+                    azure_identity::DeveloperToolsCredential::new(None)
+                        .map_err(|e| anyhow::anyhow!("cannot use `az login`: {e}"))?
+                }
                 AzureIdentity::Managed { client_id } => {
                     let options = azure_identity::ManagedIdentityCredentialOptions {
                         user_assigned_id: client_id
@@ -447,7 +452,10 @@ mod tests {
     #[test]
     fn a_path_or_file_url_is_a_folder() {
         assert_eq!(parse(".terrace"), StoreUrl::Fs(".terrace".into()));
-        assert_eq!(parse("file:///srv/state"), StoreUrl::Fs("/srv/state".into()));
+        assert_eq!(
+            parse("file:///srv/state"),
+            StoreUrl::Fs("/srv/state".into())
+        );
     }
 
     #[test]
@@ -477,7 +485,10 @@ mod tests {
             panic!("not gcs")
         };
         assert_eq!((g.bucket.as_str(), g.prefix.as_str()), ("bkt", "pre"));
-        assert_eq!(g.impersonate.as_deref(), Some("sa@p.iam.gserviceaccount.com"));
+        assert_eq!(
+            g.impersonate.as_deref(),
+            Some("sa@p.iam.gserviceaccount.com")
+        );
         for (url, container, prefix) in [
             (
                 "az://acct/state/terrace",
@@ -524,7 +535,10 @@ mod tests {
         assert!(refused("az://acct/c?identity=root").contains("use cli or managed"));
         let sas = refused("https://acct.blob.core.windows.net/c?sv=2025-11-05&sig=abc");
         assert!(sas.contains("AZURE_STORAGE_SAS_TOKEN"), "{sas}");
-        assert!(!sas.contains("abc"), "the refusal must not repeat the SAS: {sas}");
+        assert!(
+            !sas.contains("abc"),
+            "the refusal must not repeat the SAS: {sas}"
+        );
         assert!(refused("").starts_with("is empty"));
     }
 }
