@@ -8,6 +8,7 @@ pub mod classify;
 pub mod client;
 pub mod drift;
 pub mod job;
+pub mod lifecycle;
 pub mod logs;
 pub mod pipeline;
 pub mod process;

@@ -53,6 +53,24 @@ pub enum Category {
     Internal,
 }
 
+impl Category {
+    /// The category as results spell it (`provider-conflict`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Validation => "validation",
+            Self::Auth => "auth",
+            Self::Quota => "quota",
+            Self::Transient => "transient",
+            Self::ProviderConflict => "provider-conflict",
+            Self::Provider => "provider",
+            Self::StateConflict => "state-conflict",
+            Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
+            Self::Internal => "internal",
+        }
+    }
+}
+
 /// A failure: what, where, and what to do about it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobError {
@@ -413,6 +431,13 @@ pub struct JobResult {
     pub unsaved_state: Option<UnsavedState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<JobError>,
+    /// The workspace's lifecycle move this run ended with (apply and destroy only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<crate::lifecycle::Transition>,
+    /// What a platform should alert its operators to: resources left after a failure, an
+    /// interrupted run, a workspace failing repeatedly.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention: Vec<crate::lifecycle::Attention>,
 }
 
 impl JobResult {
@@ -466,6 +491,12 @@ impl JobResult {
             recovery.address = text(&recovery.address);
             recovery.id = text(&recovery.id);
             recovery.after = text(&recovery.after);
+        }
+        if let Some(t) = &mut out.lifecycle {
+            t.reason = t.reason.as_ref().map(text);
+        }
+        for a in &mut out.attention {
+            a.message = text(&a.message);
         }
         out
     }
@@ -537,6 +568,24 @@ mod tests {
     }
 
     #[test]
+    fn categories_are_spelled_as_serialized() {
+        for c in [
+            Category::Validation,
+            Category::Auth,
+            Category::Quota,
+            Category::Transient,
+            Category::ProviderConflict,
+            Category::Provider,
+            Category::StateConflict,
+            Category::Timeout,
+            Category::Cancelled,
+            Category::Internal,
+        ] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
+    }
+
+    #[test]
     fn sensitive_outputs_are_masked() {
         let raw = br#"{"id":{"sensitive":false,"type":"string","value":"net-1"},
                        "pw":{"sensitive":true,"type":"string","value":"hunter2"}}"#;
@@ -592,12 +641,24 @@ mod tests {
                 hint: "check it".into(),
                 retryable: false,
             }),
+            lifecycle: Some(crate::lifecycle::Transition {
+                from: Some(crate::lifecycle::Phase::Updating),
+                to: crate::lifecycle::Phase::Failed,
+                at,
+                job_id: "j".into(),
+                operation: Operation::Apply,
+                reason: Some("refused: 2026 at plan".into()),
+            }),
+            attention: vec![crate::lifecycle::Attention {
+                kind: "resources-left".into(),
+                message: "left db-2026".into(),
+            }],
         };
         let redacted = result.redacted(&redactor);
         let error = redacted.error.as_ref().unwrap();
         assert_eq!(error.message, format!("the password {MASK} is wrong"));
         let all = serde_json::to_string(&redacted).unwrap();
-        for text in ["password 2026", "refused: 2026"] {
+        for text in ["password 2026", "refused: 2026", "db-2026"] {
             assert!(!all.contains(text), "{text} in {all}");
         }
         assert_eq!(redacted.started_at, at, "times are not text");

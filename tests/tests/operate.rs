@@ -120,6 +120,25 @@ fn every_command_works(sb: &Sandbox) {
     );
     sb.run(&["logs", ws, "ops-9"]).expect_code(66);
 
+    // The lifecycle record, written under the lease in this store.
+    let status = json(sb.run(&["status", ws, "--json"]).expect_code(0));
+    assert_eq!(status["status"], "active", "{status}");
+    let moves: Vec<(&str, &str)> = status["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["to"].as_str().unwrap(), t["job_id"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        moves,
+        [
+            ("provisioning", "ops-1"),
+            ("active", "ops-1"),
+            ("updating", "ops-2"),
+            ("active", "ops-2")
+        ]
+    );
+
     let versions = json(sb.run(&["state", "versions", ws, "--json"]).expect_code(0));
     assert_eq!(versions["current"], 2);
     assert_eq!(versions["versions"].as_array().unwrap().len(), 2);

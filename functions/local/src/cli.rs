@@ -168,6 +168,16 @@ enum Cmd {
         #[command(flatten)]
         out: ops::Output,
     },
+    /// Show a workspace's lifecycle status (provisioning, active, updating, deleting,
+    /// deleted, failed, interrupted) and how it got there.
+    Status {
+        workspace: WorkspaceId,
+        /// How many of the newest moves to show.
+        #[arg(long, default_value_t = 20)]
+        history: usize,
+        #[command(flatten)]
+        out: ops::Output,
+    },
     /// Show a job's result (the exit code is the job's, as for `run`).
     Result {
         job: String,
@@ -278,6 +288,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             limit,
             out,
         } => ops::runs(&*g.open_store().await?, &workspace, limit, out).await,
+        Cmd::Status {
+            workspace,
+            history,
+            out,
+        } => ops::status(&*g.open_store().await?, &workspace, history, out).await,
         Cmd::Result {
             job,
             workspace,
@@ -612,6 +627,16 @@ pub(crate) fn print_summary(r: &JobResult) {
         if let Some(e) = &c.error {
             outln!("            {e}");
         }
+    }
+    if let Some(t) = &r.lifecycle {
+        outln!(
+            "workspace:  {} → {}",
+            t.from.map_or("new", shared::lifecycle::Phase::as_str),
+            t.to.as_str()
+        );
+    }
+    for a in &r.attention {
+        outln!("attention:  [{}] {}", a.kind, a.message);
     }
     if let Some(e) = &r.error {
         outln!(

@@ -128,7 +128,7 @@ async fn summary(
             run.duration_ms = Some(r.duration_ms);
             run.error = r
                 .error
-                .map(|e| format!("{} at {}: {}", category(&e.category), e.step, e.message));
+                .map(|e| format!("{} at {}: {}", e.category.as_str(), e.step, e.message));
         }
         Some(Err(e)) => problems.push(format!("{RESULT_FILE} is not a result: {e}")),
         None if live_owner == Some(run.job_id.as_str()) => run.status = "running".into(),
@@ -147,13 +147,6 @@ async fn summary(
         run.error = Some(problems.join("; "));
     }
     Ok(run)
-}
-
-fn category(c: &shared::result::Category) -> String {
-    serde_json::to_value(c)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 /// `terrace workspaces`.
@@ -302,6 +295,89 @@ async fn live_owner(store: &dyn StateStore, ws: &WorkspaceId) -> anyhow::Result<
 
 fn where_(ws: Option<&WorkspaceId>) -> String {
     ws.map_or_else(|| "any workspace".to_owned(), ToString::to_string)
+}
+
+/// `terrace status`: the workspace's lifecycle record, with its newest `history` moves.
+pub async fn status(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    history: usize,
+    out: Output,
+) -> anyhow::Result<u8> {
+    let Some(record) = shared::lifecycle::read(store, ws).await? else {
+        // No apply or destroy has started: pending when a job is on its way, else unknown.
+        let runs = runs_of(store, ws).await?;
+        if runs.is_empty() {
+            eprintln!("{ws}: no such workspace in this store");
+            return Ok(exit::NOT_FOUND);
+        }
+        if out.json {
+            print_json(&serde_json::json!({
+                "schema": JSON_SCHEMA,
+                "workspace": ws.to_string(),
+                "status": "pending",
+                "history": [],
+            }));
+        } else {
+            outln!(
+                "{ws}: pending (no apply or destroy has started; {} run(s) recorded)",
+                runs.len()
+            );
+        }
+        return Ok(exit::OK);
+    };
+    let skip = record.history.len().saturating_sub(history);
+    if out.json {
+        let mut value = serde_json::to_value(&record)?;
+        value["schema"] = JSON_SCHEMA.into();
+        value["workspace"] = ws.to_string().into();
+        value["history"] = serde_json::to_value(&record.history[skip..])?;
+        print_json(&value);
+        return Ok(exit::OK);
+    }
+    let paint = Paint::stdout();
+    let phase = record.status.as_str();
+    outln!(
+        "{ws}: {} since {} (job {})",
+        paint.status(lifecycle_colour(phase), phase),
+        display_time(record.since),
+        record.job_id
+    );
+    if let Some(reason) = &record.reason {
+        outln!("reason:   {reason}");
+    }
+    if record.consecutive_failures > 0 {
+        outln!(
+            "failed:   the last {} run(s) in a row",
+            record.consecutive_failures
+        );
+    }
+    outln!("history (newest last):");
+    for t in &record.history[skip..] {
+        outln!(
+            "  {}  {:>12} → {:<12}  {:<11}  {}{}",
+            display_time(t.at),
+            t.from.map_or("new", shared::lifecycle::Phase::as_str),
+            t.to.as_str(),
+            t.operation.as_str(),
+            t.job_id,
+            t.reason
+                .as_ref()
+                .map(|r| format!("  ({r})"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(exit::OK)
+}
+
+/// A lifecycle phase in the colour of the run status it resembles.
+fn lifecycle_colour(phase: &str) -> &str {
+    match phase {
+        "active" | "deleted" => "succeeded",
+        "provisioning" | "updating" | "deleting" | "pending" => "running",
+        "failed" => "failed",
+        _ => "interrupted",
+    }
 }
 
 /// `terrace logs`.

@@ -211,6 +211,8 @@ fn finished(id: &str) -> Bytes {
         recovered: Vec::new(),
         unsaved_state: None,
         error: None,
+        lifecycle: None,
+        attention: Vec::new(),
     };
     Bytes::from(serde_json::to_vec(&result).unwrap())
 }

@@ -7,19 +7,25 @@ use super::*;
 impl Runner {
     /// When this job's lease took over an expired one, records the job that held it as
     /// interrupted (unless it left a result), so its status is known and it may run again.
-    pub(super) async fn note_interrupted(&self, ws: &WorkspaceId, lease: &Lease, logger: &Logger) {
-        let Some(prev) = &lease.took_over else { return };
+    /// Returns that job's id and operation when it did.
+    pub(super) async fn note_interrupted(
+        &self,
+        ws: &WorkspaceId,
+        lease: &Lease,
+        logger: &Logger,
+    ) -> Option<(String, Operation)> {
+        let prev = lease.took_over.as_ref()?;
         let (Ok(Some(job)), Ok(None)) = (
             self.store.artifact(ws, &prev.owner, JOB_FILE).await,
             self.store.artifact(ws, &prev.owner, RESULT_FILE).await,
         ) else {
-            return; // not a job of ours (a restore), or it did finish
+            return None; // not a job of ours (a restore), or it did finish
         };
         let job = match crate::records::JobRecord::parse(&job) {
             Ok(job) => job,
             Err(e) => {
                 tracing::warn!(job_id = %prev.owner, error = %e, "interrupted job has an unreadable job.json");
-                return;
+                return None;
             }
         };
         let operation = job.operation;
@@ -69,10 +75,10 @@ impl Runner {
                 hint: "every state version it wrote is kept; check `terrace state versions`, then run the job again".into(),
                 retryable: true,
             }),
+            lifecycle: None,
+            attention: Vec::new(),
         };
-        let Ok(data) = serde_json::to_vec_pretty(&result) else {
-            return;
-        };
+        let data = serde_json::to_vec_pretty(&result).ok()?;
         if self
             .store
             .put_artifact(ws, &prev.owner, RESULT_FILE, Bytes::from(data))
@@ -82,7 +88,9 @@ impl Runner {
             logger
                 .runner("prepare", &format!("job {} was interrupted: its runner stopped without a result and its lease expired at {expired}; continuing from the current state", prev.owner))
                 .await;
+            return Some((prev.owner.clone(), operation));
         }
+        None
     }
 
     /// Takes the workspace's lease, waiting up to `lease_wait` for a busy one, unless the job

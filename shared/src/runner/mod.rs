@@ -35,11 +35,13 @@ use crate::validate::ValidatedJob;
 
 mod cleanup;
 mod lease;
+mod life;
 mod steps;
 mod workdir;
 
 use cleanup::*;
 use lease::*;
+use life::Life;
 use steps::*;
 use workdir::*;
 
@@ -323,7 +325,8 @@ impl Runner {
             sinks.push(Box::new(ConsoleSink::new(&j.id)));
         }
         let (logger, pump) = logs::start(redactor.clone(), sinks);
-        self.note_interrupted(ws, lease, &logger).await;
+        let interrupted = self.note_interrupted(ws, lease, &logger).await;
+        let mut life = Life::start(self, job, ws, lease, interrupted, &logger).await;
 
         // The job's token: fired by the caller, the deadline, or a lost lease. The watchdog
         // keeps renewing the lease after that, through terraform's grace period, until the
@@ -382,7 +385,7 @@ impl Runner {
                 }
             }
         };
-        let result = JobResult {
+        let mut result = JobResult {
             schema: crate::result::RESULT_SCHEMA,
             job_id: j.id.clone(),
             tenant: j.tenant.clone(),
@@ -405,7 +408,10 @@ impl Runner {
             recovered: report.recovered,
             unsaved_state: report.unsaved_state,
             error,
+            lifecycle: None,
+            attention: Vec::new(),
         };
+        life.end(self, &mut result, &redactor, &logger).await;
         let summary = match &result.error {
             None => format!(
                 "job {} {} in {} ms",
