@@ -10,6 +10,7 @@ pub mod drift;
 pub mod job;
 pub mod lifecycle;
 pub mod logs;
+pub mod metrics;
 pub mod pipeline;
 pub mod process;
 pub mod records;

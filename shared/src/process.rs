@@ -65,14 +65,14 @@ pub fn task_exit(name: &str, fate: crate::pipeline::Fate) -> std::process::ExitC
             ExitCode::SUCCESS
         }
         Fate::Requeued { why, delay } => {
-            eprintln!(
+            tracing::warn!(
                 "{name}: the job is back on the queue, to run in {} s: {why}",
                 delay.as_secs()
             );
             ExitCode::SUCCESS
         }
         Fate::Again { why, .. } => {
-            eprintln!("{name}: {why}");
+            tracing::error!("{name}: {why}");
             ExitCode::from(75)
         }
         Fate::Interrupted(record) => {

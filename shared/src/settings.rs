@@ -203,6 +203,9 @@ pub struct Runtime {
     pub console: bool,
     /// `TERRACE_MAX_STATE_BYTES` (256 MiB): the largest state the state server accepts.
     pub max_state_bytes: usize,
+    /// `TERRACE_METRICS` (`emf`, `json` or `off`; the function's default): one metrics record
+    /// per job on stderr.
+    pub metrics: Option<crate::metrics::Format>,
 }
 
 impl Runtime {
@@ -235,6 +238,18 @@ impl Runtime {
             task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
             client_cache: var("TERRACE_CACHE_DIR").map(Into::into),
             console: false,
+            metrics: match var("TERRACE_METRICS").as_deref() {
+                None | Some("json") => Some(crate::metrics::Format::Json),
+                Some("emf") => Some(crate::metrics::Format::Emf),
+                Some("off") => None,
+                Some(other) => {
+                    return Err(ConfigError::Malformed {
+                        name: "TERRACE_METRICS".into(),
+                        value: other.into(),
+                        expected: "emf, json or off",
+                    });
+                }
+            },
             max_state_bytes: match var("TERRACE_MAX_STATE_BYTES") {
                 None => crate::state_server::MAX_STATE_BYTES,
                 Some(v) => v.parse().map_err(|_| ConfigError::Malformed {
@@ -283,6 +298,15 @@ impl Runtime {
         Ok(self)
     }
 
+    /// `format` for the metrics records unless `TERRACE_METRICS` chose.
+    #[must_use]
+    pub fn metrics_default(mut self, format: crate::metrics::Format) -> Self {
+        if var("TERRACE_METRICS").is_none() {
+            self.metrics = Some(format);
+        }
+        self
+    }
+
     /// A runner's settings: these, with the function's own defaults for the rest.
     pub fn runner_config(&self) -> RunnerConfig {
         RunnerConfig {
@@ -292,6 +316,7 @@ impl Runtime {
             client_cache: self.client_cache.clone(),
             console: self.console,
             max_state_bytes: self.max_state_bytes,
+            metrics: self.metrics,
             ..RunnerConfig::default()
         }
     }
@@ -356,6 +381,7 @@ mod tests {
             task_lease_wait: Duration::from_secs(1),
             client_cache: None,
             console: false,
+            metrics: None,
             max_state_bytes: 1,
         };
         let e = runtime.clone().isolate_terraform().unwrap_err().to_string();

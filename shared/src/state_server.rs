@@ -58,6 +58,8 @@ pub struct Activity {
     pub versions: Vec<u64>,
     /// Writes refused, with the reason.
     pub refused: Vec<String>,
+    /// Bytes of the last version accepted.
+    pub state_bytes: Option<u64>,
 }
 
 /// What the server needs: the store, the workspace, the job's fence, the password terraform
@@ -496,12 +498,11 @@ async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refu
         .put(&c.ws, state, mode, Some(&c.fence))
         .await
         .map_err(|e| Refusal::from_store(&e))?;
-    shared
-        .activity
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .versions
-        .push(info.number);
+    {
+        let mut activity = shared.activity.lock().unwrap_or_else(|e| e.into_inner());
+        activity.versions.push(info.number);
+        activity.state_bytes = Some(info.size);
+    }
     if let Some(logger) = &c.logger {
         logger
             .runner(

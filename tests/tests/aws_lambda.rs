@@ -1133,3 +1133,92 @@ async fn a_job_runs_against_the_bucket_table_and_role_the_quick_create_stack_mad
         "the workspace's lease (and fence) lives in the stack's table"
     );
 }
+
+/// The function's stderr is JSON lines only: its log, each event of a job in the job's span
+/// (job id, tenant, workspace, operation) and a step's in the step's, and one CloudWatch EMF
+/// record for the job, whose declared metrics are all there as numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_functions_stderr_is_json_lines_with_the_jobs_span_and_one_emf_record() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let child = w
+        .lambda_command(&api)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log.reopen().unwrap()))
+        .spawn()
+        .expect("terrace-aws starts");
+    let function = Function(child);
+    w.apply_one(&api, "obs-1", "obs").await;
+    drop(function);
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let in_job: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["span"]["job_id"] == "obs-1" || l["spans"][0]["job_id"] == "obs-1")
+        .collect();
+    let ended = in_job
+        .iter()
+        .find(|l| l["fields"]["message"] == "job succeeded")
+        .unwrap_or_else(|| panic!("no end of the job in its span: {text}"));
+    let span = &ended["span"];
+    assert_eq!(
+        (
+            span["tenant"].as_str(),
+            span["workspace"].as_str(),
+            span["operation"].as_str()
+        ),
+        (Some("acme"), Some("obs"), Some("apply")),
+        "{ended}"
+    );
+    let steps: Vec<&str> = in_job
+        .iter()
+        .filter(|l| l["span"]["name"] == "step" && l["fields"]["duration_ms"].is_u64())
+        .map(|l| l["span"]["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps, ["init", "plan", "apply"], "{text}");
+
+    let records: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["metric"] == "terrace.job")
+        .collect();
+    assert_eq!(records.len(), 1, "{text}");
+    let r = records[0];
+    assert_eq!(
+        (
+            r["job_id"].as_str(),
+            r["operation"].as_str(),
+            r["outcome"].as_str()
+        ),
+        (Some("obs-1"), Some("apply"), Some("succeeded"))
+    );
+    let directive = &r["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(directive["Namespace"], "Terrace");
+    let names: Vec<&str> = directive["Metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["Name"].as_str().unwrap())
+        .collect();
+    for name in [
+        "duration_ms",
+        "attempts",
+        "lease_wait_ms",
+        "state_bytes",
+        "step_apply_ms",
+    ] {
+        assert!(names.contains(&name), "{name} not declared: {r}");
+    }
+    for name in &names {
+        assert!(r[name].is_u64(), "{name}: {r}");
+    }
+    assert!(r["state_bytes"].as_u64().unwrap() > 100, "{r}");
+    assert!(
+        !text.contains("correct-horse-battery"),
+        "no secret in the function's log"
+    );
+}

@@ -67,7 +67,9 @@ impl Config {
             }
         };
         Ok(Self {
-            runtime: Runtime::from_env()?.isolate_terraform()?,
+            runtime: Runtime::from_env()?
+                .isolate_terraform()?
+                .metrics_default(shared::metrics::Format::Emf),
             tenants: Tenants::from_env(
                 |t: &Target| t.check().err().map(|e| e.to_string()).into_iter().collect(),
                 r#"{"acme": {"role_arn": "arn:aws:iam::123456789012:role/terrace", "external_id": "…", "bucket": "acme-states"}}"#,

@@ -165,7 +165,7 @@ pub async fn task(app: &App) -> ExitCode {
             pipeline::handle(app, delivery).await
         }
         (Err(_), Err(_)) => {
-            eprintln!(
+            tracing::error!(
                 "terrace-aws task: set TERRACE_JOB_REF (what the Lambda hands off) or TERRACE_JOB (a job message)"
             );
             return ExitCode::from(64);

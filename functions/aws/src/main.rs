@@ -17,7 +17,7 @@ async fn main() -> ExitCode {
     let config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("terrace-aws: {e}");
+            tracing::error!("terrace-aws: {e}");
             return ExitCode::from(78);
         }
     };
@@ -33,7 +33,7 @@ async fn main() -> ExitCode {
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("terrace-aws: {e}");
+            tracing::error!("terrace-aws: {e}");
             ExitCode::FAILURE
         }
     }

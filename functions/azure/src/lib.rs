@@ -27,7 +27,7 @@ pub async fn sweep(app: &App, kind: &str) -> ExitCode {
     let targets = match app.config.tenants.grouped(&app.config.sweep_tenants) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("terrace-azure: TERRACE_SWEEP_TENANTS: {e}");
+            tracing::error!("terrace-azure: TERRACE_SWEEP_TENANTS: {e}");
             return ExitCode::from(78);
         }
     };

@@ -14,7 +14,7 @@ async fn main() -> ExitCode {
     let config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("terrace-azure: {e}");
+            tracing::error!("terrace-azure: {e}");
             return ExitCode::from(78);
         }
     };
@@ -24,7 +24,7 @@ async fn main() -> ExitCode {
         match access::own(config.managed_identity.as_deref()) {
             Ok(own) => Some(own),
             Err(e) => {
-                eprintln!("terrace-azure: {e}");
+                tracing::error!("terrace-azure: {e}");
                 return ExitCode::from(78);
             }
         }
@@ -49,13 +49,13 @@ async fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("terrace-azure: {e}");
+                tracing::error!("terrace-azure: {e}");
                 ExitCode::from(75)
             }
         },
         ["sweep", kind @ ("backup" | "drift")] => azure::sweep(&app, kind).await,
         _ => {
-            eprintln!("usage: terrace-azure [run] | terrace-azure sweep backup|drift");
+            tracing::error!("usage: terrace-azure [run] | terrace-azure sweep backup|drift");
             ExitCode::from(64)
         }
     }

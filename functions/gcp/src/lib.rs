@@ -59,7 +59,7 @@ pub fn router(app: Arc<App>) -> Router {
 /// `terrace-gcp task`: the Cloud Run Job execution a long job was handed to.
 pub async fn task(app: &App) -> ExitCode {
     let Ok(reference) = std::env::var("TERRACE_JOB_REF") else {
-        eprintln!(
+        tracing::error!(
             "terrace-gcp task: TERRACE_JOB_REF is not set (the service sets it when it hands a job off)"
         );
         return ExitCode::from(64);

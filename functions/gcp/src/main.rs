@@ -18,7 +18,7 @@ async fn main() -> ExitCode {
     let config = match config::Config::from_env(serving) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("terrace-gcp: {e}");
+            tracing::error!("terrace-gcp: {e}");
             return ExitCode::from(78);
         }
     };
@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
     let own = match google::Own::new(config.anonymous) {
         Ok(own) => own,
         Err(e) => {
-            eprintln!("terrace-gcp: {e}");
+            tracing::error!("terrace-gcp: {e}");
             return ExitCode::from(78);
         }
     };
@@ -46,7 +46,7 @@ async fn main() -> ExitCode {
     {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("terrace-gcp: cannot listen on port {port}: {e}");
+            tracing::error!("terrace-gcp: cannot listen on port {port}: {e}");
             return ExitCode::from(71);
         }
     };
@@ -58,7 +58,7 @@ async fn main() -> ExitCode {
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("terrace-gcp: {e}");
+            tracing::error!("terrace-gcp: {e}");
             ExitCode::FAILURE
         }
     }

@@ -413,6 +413,8 @@ pub(crate) fn runtime(g: &Global) -> Runtime {
         task_lease_wait: Duration::ZERO,
         client_cache: g.cache_dir.clone().or_else(default_cache_dir),
         console: !g.quiet,
+        // The summary is what a person reads here; the functions write metrics records.
+        metrics: None,
         max_state_bytes: usize::try_from(g.max_state_bytes).unwrap_or(usize::MAX),
     }
 }

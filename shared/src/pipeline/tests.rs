@@ -53,6 +53,7 @@ impl Fake {
                 task_lease_wait: Duration::from_secs(1),
                 client_cache: None,
                 console: false,
+                metrics: None,
                 max_state_bytes: crate::state_server::MAX_STATE_BYTES,
             },
             reported: Mutex::default(),

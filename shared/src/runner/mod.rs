@@ -17,6 +17,7 @@ use bytes::Bytes;
 use state_backends::{Lease, LeaseRequest, StateStore, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::classify::classify;
 use crate::client::Client;
@@ -77,6 +78,8 @@ pub struct RunnerConfig {
     /// A folder where terraform's `version -json` answer is remembered between processes
     /// (see [`crate::client::probe_cached`]); `None` reads it once per runner.
     pub client_cache: Option<PathBuf>,
+    /// One metrics record per finished job on stderr, in this format (none: no record).
+    pub metrics: Option<crate::metrics::Format>,
 }
 
 impl Default for RunnerConfig {
@@ -90,6 +93,7 @@ impl Default for RunnerConfig {
             templates: None,
             shutdown: None,
             client_cache: None,
+            metrics: None,
             max_state_bytes: crate::state_server::MAX_STATE_BYTES,
         }
     }
@@ -241,6 +245,23 @@ impl Runner {
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         let j = &job.job;
+        // Every event of the job, in this task or the ones it starts, carries these.
+        let span = tracing::info_span!(
+            "job",
+            job_id = %j.id,
+            tenant = %j.tenant,
+            workspace = %j.workspace,
+            operation = %j.operation,
+        );
+        self.run_in_span(job, cancel).instrument(span).await
+    }
+
+    async fn run_in_span(
+        &self,
+        job: &ValidatedJob,
+        cancel: CancellationToken,
+    ) -> Result<RunOutcome, RunError> {
+        let j = &job.job;
         let ws = WorkspaceId::new(&j.tenant, &j.workspace)?;
         // Terraform's version is read while the store is: it is needed only once leased.
         let probe = tokio::spawn({
@@ -252,6 +273,7 @@ impl Runner {
         let _probe = tokio_util::task::AbortOnDropHandle::new(probe);
         // A job delivered again is found done under the lease (see `run_leased`), or, when the
         // workspace is busy, before waiting for it.
+        let asked = tokio::time::Instant::now();
         let (lease, granted) = match self.acquire(&ws, job, &cancel).await? {
             Acquired::Lease(lease, granted) => (lease, granted),
             Acquired::Busy(holder) => return Ok(RunOutcome::Busy { holder }),
@@ -261,11 +283,13 @@ impl Runner {
         // (an error, a panic), the lease is released here.
         let leased = tokio::spawn({
             let (runner, job, ws, lease) = (self.clone(), job.clone(), ws.clone(), lease.clone());
+            let waited = granted.saturating_duration_since(asked);
             async move {
                 runner
-                    .run_leased(&job, &ws, (&lease, granted), cancel)
+                    .run_leased(&job, &ws, (&lease, granted, waited), cancel)
                     .await
             }
+            .instrument(tracing::Span::current())
         })
         .await;
         let released = self.store.release_lease(&ws, &lease).await;
@@ -290,7 +314,7 @@ impl Runner {
         &self,
         job: &ValidatedJob,
         ws: &WorkspaceId,
-        (lease, granted): (&Lease, tokio::time::Instant),
+        (lease, granted, waited): (&Lease, tokio::time::Instant, Duration),
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         let j = &job.job;
@@ -385,6 +409,7 @@ impl Runner {
                 }
             }
         };
+        let state_bytes = report.state_bytes;
         let mut result = JobResult {
             schema: crate::result::RESULT_SCHEMA,
             job_id: j.id.clone(),
@@ -470,6 +495,19 @@ impl Runner {
             }
         };
         drop(watchdog);
+        tracing::info!(
+            status = redacted.status.as_str(),
+            duration_ms = redacted.duration_ms,
+            "job {}",
+            redacted.status.as_str()
+        );
+        if let Some(format) = self.config.metrics {
+            let extra = crate::metrics::Extra {
+                lease_wait_ms: waited.as_millis() as u64,
+                state_bytes,
+            };
+            crate::metrics::emit(&redacted, extra, format);
+        }
         written?;
         Ok(RunOutcome::Finished(Box::new(redacted)))
     }
@@ -589,6 +627,7 @@ impl Runner {
         }
         let activity = server.shutdown().await;
         report.versions = activity.versions;
+        report.state_bytes = activity.state_bytes;
         if report.keep_workdir {
             let kept = workdir.keep();
             tracing::error!(workdir = %kept.display(), "kept the workdir: it holds a state that could not be saved");

@@ -387,6 +387,8 @@ pub(super) struct Report {
     pub(super) drift: Option<bool>,
     pub(super) outputs: std::collections::BTreeMap<String, crate::result::Output>,
     pub(super) versions: Vec<u64>,
+    /// Bytes of the last state version written.
+    pub(super) state_bytes: Option<u64>,
     pub(super) attempts: Vec<Attempt>,
     pub(super) cleanup: Option<Cleanup>,
     /// Drift checks: what changed outside terraform, attribute by attribute.
@@ -489,7 +491,9 @@ impl Steps<'_> {
             return Err(internal(step, "stopped before the step started".into()));
         }
         self.logger.runner(step, &format!("terraform {step}")).await;
+        let span = tracing::info_span!("step", step);
         let outcome = terraform::run(self.config, self.dir, command, self.logger, self.stop)
+            .instrument(span.clone())
             .await
             .map_err(|e| JobError {
                 category: Category::Internal,
@@ -501,9 +505,17 @@ impl Steps<'_> {
                         .into(),
                 retryable: false,
             })?;
+        let duration_ms = outcome.duration.as_millis() as u64;
+        span.in_scope(|| {
+            tracing::info!(
+                duration_ms,
+                exit_code = outcome.exit_code,
+                "terraform {step} ended"
+            );
+        });
         report.steps.push(StepTiming {
             step: step.into(),
-            duration_ms: outcome.duration.as_millis() as u64,
+            duration_ms,
             exit_code: outcome.exit_code,
         });
         Ok(Ran { step, outcome })
