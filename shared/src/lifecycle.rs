@@ -41,6 +41,12 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// A run of the workspace is under way in this phase (a record left in it by a run that
+    /// has ended means that run stopped without finishing).
+    pub fn in_progress(self) -> bool {
+        matches!(self, Self::Provisioning | Self::Updating | Self::Deleting)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
@@ -69,6 +75,13 @@ pub struct Transition {
     /// Why a run failed or stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+impl Transition {
+    /// The phase it left, `new` for a workspace's first move.
+    pub fn from_name(&self) -> &'static str {
+        self.from.map_or("new", Phase::as_str)
+    }
 }
 
 /// `status.json`: where the workspace is, since when and why, and how it got there.
@@ -291,6 +304,56 @@ mod tests {
             operation: Operation::Apply,
             reason: None,
         }
+    }
+
+    #[tokio::test]
+    async fn a_move_is_written_only_under_the_live_lease() {
+        use state_backends::memory::MemoryStore;
+        use state_backends::{LeaseRequest, StateStore};
+        let store = MemoryStore::new();
+        let ws = WorkspaceId::new("acme", "demo").unwrap();
+        let request = |owner: &str| LeaseRequest {
+            owner: owner.into(),
+            ttl: std::time::Duration::from_secs(60),
+            info: serde_json::Value::Null,
+        };
+        let first = store.acquire_lease(&ws, &request("a")).await.unwrap();
+        let written = record(
+            &store,
+            &ws,
+            &first.fence(),
+            None,
+            t(Phase::Provisioning, "a"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(read(&store, &ws).await.unwrap(), Some(written.clone()));
+        store.break_lease(&ws).await.unwrap();
+        let second = store.acquire_lease(&ws, &request("b")).await.unwrap();
+        let refused = record(
+            &store,
+            &ws,
+            &first.fence(),
+            Some(written.clone()),
+            t(Phase::Active, "a"),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(refused, StoreError::LeaseLost { .. }), "{refused}");
+        assert_eq!(
+            read(&store, &ws).await.unwrap(),
+            Some(written.clone()),
+            "a runner that lost the lease changes nothing"
+        );
+        record(
+            &store,
+            &ws,
+            &second.fence(),
+            Some(written),
+            t(Phase::Interrupted, "a"),
+        )
+        .await
+        .unwrap();
     }
 
     #[test]

@@ -71,6 +71,18 @@ impl Category {
     }
 }
 
+impl JobError {
+    /// `category at step: message`, as a status or a listing shows it in one line.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} at {}: {}",
+            self.category.as_str(),
+            self.step,
+            self.message
+        )
+    }
+}
+
 /// A failure: what, where, and what to do about it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobError {

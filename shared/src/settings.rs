@@ -121,6 +121,11 @@ impl TerraformConfig {
     }
 }
 
+/// An on/off setting: `1` or `true` is on; anything else, unset or blank, is off.
+pub fn flag(name: &str) -> bool {
+    var(name).is_some_and(|v| v == "1" || v == "true")
+}
+
 /// A variable's value; unset and blank are the same.
 pub fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())

@@ -108,8 +108,12 @@ fn staged_name() -> String {
     format!("request-{hex}.json")
 }
 
-/// Whether `name` is one [`staged_name`] makes (a reference names nothing else).
-fn is_staged_name(name: &str) -> bool {
+/// Whether `name` is one [`staged_name`] makes (a reference names nothing else), or the
+/// [`REQUEST`] of older references: a staged job message.
+pub fn is_staged_name(name: &str) -> bool {
+    if name == REQUEST {
+        return true;
+    }
     name.strip_prefix("request-")
         .and_then(|rest| rest.strip_suffix(".json"))
         .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -193,7 +197,7 @@ impl<T> JobRef<T> {
                 "the task's job reference carries no digest of the staged message, so the message cannot be trusted".into(),
             ));
         }
-        if name != REQUEST && !is_staged_name(name) {
+        if !is_staged_name(name) {
             return Err(refuse(format!(
                 "the task's job reference names {name:?}, which is not a staged message"
             )));
@@ -219,7 +223,7 @@ impl<T> JobRef<T> {
     /// job's fate stands.
     pub async fn unstage(&self, store: &dyn state_backends::StateStore) {
         let name = self.name();
-        if name != REQUEST && !is_staged_name(name) {
+        if !is_staged_name(name) {
             return;
         }
         let deleted = match self.ws() {
@@ -245,10 +249,7 @@ impl<T> JobRef<T> {
                 return;
             }
         };
-        for name in names
-            .iter()
-            .filter(|n| n.as_str() == REQUEST || is_staged_name(n))
-        {
+        for name in names.iter().filter(|n| is_staged_name(n)) {
             if let Err(e) = store.delete_artifact(&ws, &self.job_id, name).await {
                 tracing::warn!(job_id = %self.job_id, name, error = %e, "could not delete a staged job message");
             }

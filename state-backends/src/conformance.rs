@@ -537,6 +537,15 @@ pub async fn artifacts_round_trip(store: &dyn StateStore) {
         vec!["job-0".to_owned(), "job-1".to_owned()],
         "every run with an artifact is listed once, sorted, however deep its artifacts"
     );
+    store
+        .delete_artifact(&ws, "job-0", "log/a/b.ndjson")
+        .await
+        .unwrap();
+    assert_eq!(
+        store.runs(&ws).await.unwrap(),
+        vec!["job-1".to_owned()],
+        "a run whose artifacts are all deleted is not listed"
+    );
     assert!(
         store
             .runs(&fresh_workspace("no-runs"))

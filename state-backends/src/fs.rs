@@ -194,6 +194,20 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
+/// Whether `dir` or a folder in it holds a file (not a write under way).
+fn holds_a_file(dir: &Path) -> bool {
+    list_names(dir).is_ok_and(|names| {
+        names.iter().any(|name| {
+            let path = dir.join(name);
+            if path.is_dir() {
+                holds_a_file(&path)
+            } else {
+                !name.starts_with(".tmp-")
+            }
+        })
+    })
+}
+
 fn list_names(dir: &Path) -> Result<Vec<String>> {
     match fs::read_dir(dir) {
         Ok(entries) => entries
@@ -678,7 +692,12 @@ impl StateStore for FsStore {
             let runs = dir.path.join("runs");
             let mut ids: Vec<String> = list_names(&runs)?
                 .into_iter()
-                .filter(|name| !name.starts_with(".tmp-") && runs.join(name).is_dir())
+                // An emptied run folder (its staged message deleted) holds no run, as on a
+                // bucket, where a "folder" is only its objects' common prefix.
+                .filter(|name| {
+                    let run = runs.join(name);
+                    !name.starts_with(".tmp-") && run.is_dir() && holds_a_file(&run)
+                })
                 .collect();
             ids.sort();
             Ok(ids)

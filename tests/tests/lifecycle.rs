@@ -297,7 +297,7 @@ async fn an_interrupted_update_is_recorded_whether_the_runner_is_stopped_or_kill
         i3["reason"]
             .as_str()
             .unwrap()
-            .contains("stopped without a result"),
+            .contains("stopped without finishing"),
         "{i3}"
     );
 }

@@ -229,6 +229,81 @@ async fn every_command_works_on_s3_with_a_lease_table_through_an_assumed_role() 
     assert_eq!(items.count(), 1, "one lease item for the workspace");
 }
 
+/// The role in the URL is assumed: with STS out of reach, nothing is read with the caller's
+/// own credentials instead.
+#[tokio::test]
+async fn an_s3_store_with_a_role_is_reached_only_through_the_role() {
+    let bucket = tests::aws::bucket().await;
+    let mut env = moto_env();
+    env.push(("AWS_ENDPOINT_URL_STS", "http://127.0.0.1:9".into()));
+    let sb = sandbox(
+        &format!(
+            "s3://{bucket}?region=us-east-1&role_arn=arn:aws:iam::123456789012:role/terrace&external_id=x"
+        ),
+        &env,
+    );
+    let run = sb.run(&["runs", "acme/ops"]);
+    run.expect_code(70);
+    assert!(!run.stderr().contains("testing"), "{}", run.stderr());
+}
+
+/// Job ids a person may type wrongly, and runs not started yet, on the folder store.
+#[tokio::test]
+async fn queued_runs_records_and_ambiguous_ids_are_told_apart() {
+    let sb = Sandbox::new();
+    every_command_works(&sb);
+    // A job staged for a task that has not started: newest, and queued.
+    let staged = sb.store.join("acme/ops/runs/q-1");
+    std::fs::create_dir_all(&staged).unwrap();
+    std::fs::write(staged.join("request-0123456789abcdef.json"), "{}").unwrap();
+    let runs = json(sb.run(&["runs", "acme/ops", "--json"]).expect_code(0));
+    assert_eq!(
+        (
+            runs["runs"][0]["job_id"].as_str(),
+            runs["runs"][0]["status"].as_str()
+        ),
+        (Some("q-1"), Some("queued")),
+        "{runs}"
+    );
+    let waiting = sb.run(&["result", "q-1"]);
+    waiting.expect_code(75);
+    assert!(
+        waiting.stderr().contains("it is queued"),
+        "{}",
+        waiting.stderr()
+    );
+    // The workspace's own records are not a job; nor is a path.
+    for id in ["_workspace", "../ops-1"] {
+        let refused = sb.run(&["result", id]);
+        refused.expect_code(64);
+        assert!(
+            refused.stderr().contains("is not a job id"),
+            "{}",
+            refused.stderr()
+        );
+        sb.run(&["logs", "acme/ops", id]).expect_code(64);
+    }
+    // The same id in two workspaces: the workspace must be named.
+    let copy = sb.store.join("acme/ops2/runs/ops-1");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::copy(
+        sb.store.join("acme/ops/runs/ops-1/result.json"),
+        copy.join("result.json"),
+    )
+    .unwrap();
+    let ambiguous = sb.run(&["result", "ops-1"]);
+    ambiguous.expect_code(64);
+    assert!(
+        ambiguous
+            .stderr()
+            .contains("acme/ops, acme/ops2: name one with -w"),
+        "{}",
+        ambiguous.stderr()
+    );
+    sb.run(&["result", "ops-1", "-w", "acme/ops2"])
+        .expect_code(0);
+}
+
 #[tokio::test]
 async fn every_command_works_on_s3_with_a_lock_object() {
     let bucket = tests::aws::bucket().await;

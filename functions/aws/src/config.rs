@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use shared::settings::{ConfigError, Runtime, list, seconds, var};
+use shared::settings::{ConfigError, Runtime, flag, list, seconds, var};
 use shared::tenants::Tenants;
 
 use crate::access::Target;
@@ -76,8 +76,7 @@ impl Config {
             )?,
             jobs_queue_url: var("TERRACE_JOBS_QUEUE_URL"),
             results_queue_url: var("TERRACE_RESULTS_QUEUE_URL"),
-            s3_path_style: var("TERRACE_S3_FORCE_PATH_STYLE")
-                .is_some_and(|v| v == "1" || v == "true"),
+            s3_path_style: flag("TERRACE_S3_FORCE_PATH_STYLE"),
             handoff,
             margin: seconds("TERRACE_DEADLINE_MARGIN", 45)?,
             keep_invisible_every: seconds("TERRACE_KEEP_INVISIBLE_EVERY", 30)?

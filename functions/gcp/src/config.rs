@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use shared::settings::{ConfigError, Runtime, list, seconds, var};
+use shared::settings::{ConfigError, Runtime, flag, list, seconds, var};
 use shared::tenants::Tenants;
 
 use crate::access::Target;
@@ -93,7 +93,7 @@ impl Config {
             margin: seconds("TERRACE_DEADLINE_MARGIN", 30)?,
             gcs_endpoint: var("TERRACE_GCS_ENDPOINT")
                 .unwrap_or_else(|| state_backends::gcs::GcsConfig::ENDPOINT.into()),
-            anonymous: var("TERRACE_GCS_ANONYMOUS").is_some_and(|v| v == "1" || v == "true"),
+            anonymous: flag("TERRACE_GCS_ANONYMOUS"),
             cloud_run_job: var("TERRACE_CLOUD_RUN_JOB"),
             run_endpoint: var("TERRACE_CLOUD_RUN_ENDPOINT")
                 .unwrap_or_else(|| "https://run.googleapis.com".into()),

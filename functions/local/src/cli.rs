@@ -42,9 +42,10 @@ const EXIT_CODES: &str = "Exit codes:
   0   done (a run succeeded, a check found no drift)
   1   the job ran and failed; a command could not do what was asked
   2   a drift check found drift
-  64  the command line is wrong (an unknown command or flag, a bad --store)
+  64  the command line is wrong (an unknown command or flag, a bad --store, a job id
+      that is not one or is in several workspaces)
   65  the job file is invalid; nothing was run
-  66  no such job or workspace
+  66  no such job (result, logs) or workspace (status)
   70  the runner itself failed (a store it cannot reach, a bug)
   75  the workspace is busy, or the job has not finished: try again later";
 
@@ -68,8 +69,15 @@ pub(crate) struct Global {
     /// The state store: a folder, s3://BUCKET/PREFIX[?lease_table=T&role_arn=A&external_id=X&region=R],
     /// gs://BUCKET/PREFIX[?impersonate=SA] or az://ACCOUNT/CONTAINER/PREFIX (README: "Operating a
     /// cloud store").
-    /// (Parsed after clap, so a refused URL, which may hold a secret, is never echoed.)
-    #[arg(long, env = "TERRACE_STORE", default_value = ".terrace", global = true)]
+    // Parsed after clap, so a refused URL (which may hold a secret) is never echoed; its
+    // value from the environment is never shown in --help either.
+    #[arg(
+        long,
+        env = "TERRACE_STORE",
+        default_value = ".terrace",
+        hide_env_values = true,
+        global = true
+    )]
     pub(crate) store: String,
     /// Folder of templates, `<name>/<version>/`.
     #[arg(
@@ -631,11 +639,7 @@ pub(crate) fn print_summary(r: &JobResult) {
         }
     }
     if let Some(t) = &r.lifecycle {
-        outln!(
-            "workspace:  {} → {}",
-            t.from.map_or("new", shared::lifecycle::Phase::as_str),
-            t.to.as_str()
-        );
+        outln!("workspace:  {} → {}", t.from_name(), t.to.as_str());
     }
     for a in &r.attention {
         outln!("attention:  [{}] {}", a.kind, a.message);

@@ -3,7 +3,7 @@
 //! docs/cli-json.md; `schema` is raised when a field changes meaning or goes away).
 
 use std::collections::BTreeSet;
-use std::io::{IsTerminal as _, Write as _};
+use std::io::IsTerminal as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,9 +34,9 @@ pub struct Output {
 pub struct RunSummary {
     pub job_id: String,
     /// `succeeded`, `failed`, `cancelled`, `timed-out`, `interrupted` (from the result);
-    /// `running` (no result, its lease is live), `unfinished` (no result, no live lease: its
-    /// runner stopped; the next job on the workspace records it as interrupted), `queued`
-    /// (handed to a task that has not started), `unreadable`.
+    /// `running` (its lease is live), `unfinished` (no result, no live lease: its runner
+    /// stopped; the next job on the workspace records it as interrupted), `queued` (handed to
+    /// a task that has not started), `unreadable`, `unknown` (none of those records).
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operation: Option<String>,
@@ -68,18 +68,27 @@ pub async fn runs_of(store: &dyn StateStore, ws: &WorkspaceId) -> anyhow::Result
         .into_iter()
         .filter(|id| !id.starts_with('_'))
         .collect();
-    let lease = store.lease(ws).await?;
-    let now = OffsetDateTime::now_utc();
-    let live_owner = lease.filter(|l| !l.is_expired_at(now)).map(|l| l.owner);
+    let live = live_owner(store, ws).await?;
     let mut runs: Vec<RunSummary> = futures::stream::iter(ids)
-        .map(|id| summary(store, ws, id, live_owner.as_deref()))
+        .map(|id| summary(store, ws, id, live.as_deref()))
         .buffered(16)
         .collect::<Vec<_>>()
         .await
         .into_iter()
         .collect::<anyhow::Result<_>>()?;
+    // A job that took the workspace while the records were read is running, not unfinished.
+    if runs.iter().any(|r| r.status == "unfinished")
+        && let Some(owner) = live_owner(store, ws).await?
+        && let Some(run) = runs.iter_mut().find(|r| r.job_id == owner)
+        && run.status == "unfinished"
+    {
+        run.status = "running".into();
+    }
+    // Newest first: runs not started yet (no fence), then by the lease's fence, which grows
+    // with each run of the workspace.
     runs.sort_by(|a, b| {
-        (b.fence, &b.started_at, &b.job_id).cmp(&(a.fence, &a.started_at, &a.job_id))
+        let key = |r: &RunSummary| (r.fence.is_none(), r.fence, r.started_at.clone());
+        key(b).cmp(&key(a)).then_with(|| a.job_id.cmp(&b.job_id))
     });
     Ok(runs)
 }
@@ -126,16 +135,21 @@ async fn summary(
             run.started_at = Some(display_time(r.started_at));
             run.finished_at = Some(display_time(r.finished_at));
             run.duration_ms = Some(r.duration_ms);
-            run.error = r
-                .error
-                .map(|e| format!("{} at {}: {}", e.category.as_str(), e.step, e.message));
+            run.error = r.error.map(|e| e.summary());
+            // An interrupted job runs again under its own id: it is running if it holds the
+            // workspace now.
+            if r.status == shared::result::Status::Interrupted
+                && live_owner == Some(run.job_id.as_str())
+            {
+                run.status = "running".into();
+            }
         }
         Some(Err(e)) => problems.push(format!("{RESULT_FILE} is not a result: {e}")),
         None if live_owner == Some(run.job_id.as_str()) => run.status = "running".into(),
         None if record.is_some() => run.status = "unfinished".into(),
         None => {
             let names = store.artifacts(ws, &run.job_id).await?;
-            run.status = if names.iter().any(|n| n == shared::trigger::REQUEST) {
+            run.status = if names.iter().any(|n| shared::trigger::is_staged_name(n)) {
                 "queued".into()
             } else {
                 "unknown".into()
@@ -218,25 +232,47 @@ pub async fn runs(
     Ok(exit::OK)
 }
 
+/// Checks a job id from the command line: `None` when it is one, else why not.
+fn bad_job_id(job_id: &str) -> Option<String> {
+    if job_id.starts_with('_') || state_backends::check_artifact_name(job_id, "x").is_err() {
+        Some(format!(
+            "{job_id:?} is not a job id: a job id has no `/` and is not `.` or `..`, and `_` \
+             starts the workspace's own records"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Where a job id is.
+enum Found {
+    One(WorkspaceId),
+    None,
+    Several(Vec<WorkspaceId>),
+}
+
 /// Finds the workspace holding `job_id`: `ws` when given, else every workspace is looked at
 /// (one listing per workspace).
 async fn locate(
     store: &dyn StateStore,
     job_id: &str,
     ws: Option<&WorkspaceId>,
-) -> anyhow::Result<Option<WorkspaceId>> {
-    state_backends::check_artifact_name(job_id, "x")
-        .map_err(|_| anyhow::anyhow!("{job_id:?} is not a job id"))?;
+) -> anyhow::Result<Found> {
     let candidates = match ws {
         Some(ws) => vec![ws.clone()],
         None => store.workspaces().await?,
     };
+    let mut found = Vec::new();
     for ws in candidates {
         if !store.artifacts(&ws, job_id).await?.is_empty() {
-            return Ok(Some(ws));
+            found.push(ws);
         }
     }
-    Ok(None)
+    Ok(match found.len() {
+        0 => Found::None,
+        1 => Found::One(found.remove(0)),
+        _ => Found::Several(found),
+    })
 }
 
 /// `terrace result`.
@@ -246,12 +282,30 @@ pub async fn result(
     ws: Option<&WorkspaceId>,
     out: Output,
 ) -> anyhow::Result<u8> {
-    let Some(ws) = locate(store, job_id, ws).await? else {
-        eprintln!("no job {job_id} in {}", where_(ws));
-        return Ok(exit::NOT_FOUND);
+    if let Some(why) = bad_job_id(job_id) {
+        eprintln!("error: {why}");
+        return Ok(exit::USAGE);
+    }
+    let ws = match locate(store, job_id, ws).await? {
+        Found::One(ws) => ws,
+        Found::None => {
+            eprintln!("no job {job_id} in {}", where_(ws));
+            return Ok(exit::NOT_FOUND);
+        }
+        Found::Several(all) => {
+            let names: Vec<String> = all.iter().map(ToString::to_string).collect();
+            eprintln!(
+                "job {job_id} is in {}: name one with -w TENANT/WORKSPACE",
+                names.join(", ")
+            );
+            return Ok(exit::USAGE);
+        }
     };
-    match store.artifact(&ws, job_id, RESULT_FILE).await? {
-        Some(bytes) => {
+    let live = live_owner(store, &ws).await?;
+    let run = summary(store, &ws, job_id.to_owned(), live.as_deref()).await?;
+    let stored = store.artifact(&ws, job_id, RESULT_FILE).await?;
+    match stored {
+        Some(bytes) if run.status != "running" => {
             let result: JobResult = serde_json::from_slice(&bytes).map_err(|e| {
                 anyhow::anyhow!("{ws}: job {job_id}'s {RESULT_FILE} is not a result: {e}")
             })?;
@@ -262,14 +316,7 @@ pub async fn result(
             }
             Ok(crate::cli::exit_code(&result))
         }
-        None => {
-            let run = summary(
-                store,
-                &ws,
-                job_id.to_owned(),
-                live_owner(store, &ws).await?.as_deref(),
-            )
-            .await?;
+        _ => {
             eprintln!(
                 "{ws}: job {job_id} has no result yet: it is {}{}",
                 run.status,
@@ -305,24 +352,32 @@ pub async fn status(
     out: Output,
 ) -> anyhow::Result<u8> {
     let Some(record) = shared::lifecycle::read(store, ws).await? else {
-        // No apply or destroy has started: pending when a job is on its way, else unknown.
-        let runs = runs_of(store, ws).await?;
-        if runs.is_empty() {
-            eprintln!("{ws}: no such workspace in this store");
-            return Ok(exit::NOT_FOUND);
-        }
+        // No record: no apply or destroy has started since runners kept one. A workspace with
+        // a state is older than records; one with runs only is waiting for its first.
+        let (has_state, runs) = (
+            store.current(ws).await?.is_some(),
+            runs_of(store, ws).await?,
+        );
+        let (status, why) = match (has_state, runs.is_empty()) {
+            (true, _) => (
+                "unknown",
+                "it has a state but no status record yet: the next apply or destroy writes one",
+            ),
+            (false, false) => ("pending", "no apply or destroy has started in it"),
+            (false, true) => {
+                eprintln!("{ws}: no such workspace in this store");
+                return Ok(exit::NOT_FOUND);
+            }
+        };
         if out.json {
             print_json(&serde_json::json!({
                 "schema": JSON_SCHEMA,
                 "workspace": ws.to_string(),
-                "status": "pending",
+                "status": status,
                 "history": [],
             }));
         } else {
-            outln!(
-                "{ws}: pending (no apply or destroy has started; {} run(s) recorded)",
-                runs.len()
-            );
+            outln!("{ws}: {status} ({why}; {} run(s) recorded)", runs.len());
         }
         return Ok(exit::OK);
     };
@@ -357,7 +412,7 @@ pub async fn status(
         outln!(
             "  {}  {:>12} → {:<12}  {:<11}  {}{}",
             display_time(t.at),
-            t.from.map_or("new", shared::lifecycle::Phase::as_str),
+            t.from_name(),
             t.to.as_str(),
             t.operation.as_str(),
             t.job_id,
@@ -394,37 +449,51 @@ pub struct LogsArgs {
 pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8> {
     let job_id = match a.job {
         Some(id) => id,
-        None => match runs_of(&*store, &a.ws).await?.into_iter().next() {
-            Some(newest) => newest.job_id,
-            None => {
-                eprintln!("{} has no runs", a.ws);
-                return Ok(exit::NOT_FOUND);
+        // The newest run that has started; the newest queued one when none has.
+        None => {
+            let runs = runs_of(&*store, &a.ws).await?;
+            match runs.iter().find(|r| r.fence.is_some()).or(runs.first()) {
+                Some(newest) => newest.job_id.clone(),
+                None => {
+                    eprintln!("{} has no runs", a.ws);
+                    return Ok(exit::NOT_FOUND);
+                }
             }
-        },
+        }
     };
-    state_backends::check_artifact_name(&job_id, "x")
-        .map_err(|_| anyhow::anyhow!("{job_id:?} is not a job id"))?;
-    let mut printer = Printer::new(a.out);
+    if let Some(why) = bad_job_id(&job_id) {
+        eprintln!("error: {why}");
+        return Ok(exit::USAGE);
+    }
+    let json = a.out.json;
     let mut seen = BTreeSet::new();
+    let waiting_since = tokio::time::Instant::now();
     let mut waiting_said = false;
     let mut stopped_polls = 0;
     loop {
         let names = store.artifacts(&a.ws, &job_id).await?;
-        let finished = names.iter().any(|n| n == RESULT_FILE);
         for name in names.iter().filter(|n| shared::logs::is_chunk(n)) {
             if seen.contains(name) {
                 continue;
             }
             if let Some(chunk) = store.artifact(&a.ws, &job_id, name).await? {
                 for line in shared::logs::parse_chunk(name, &chunk)? {
-                    if !printer.line(&line) {
-                        return Ok(exit::OK); // stdout closed (`| head`)
+                    if json {
+                        outln!(
+                            "{}",
+                            serde_json::to_string(&line).expect("log lines serialize")
+                        );
+                    } else {
+                        outln!("{}", shared::logs::render(&line));
                     }
+                }
+                if crate::stdout_closed() {
+                    return Ok(exit::OK); // `| head` has what it wanted
                 }
             }
             seen.insert(name.clone());
         }
-        if finished || !a.follow {
+        if !a.follow {
             if names.is_empty() {
                 eprintln!("{}: no job {job_id}", a.ws);
                 return Ok(exit::NOT_FOUND);
@@ -432,55 +501,49 @@ pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8>
             return Ok(exit::OK);
         }
         if names.is_empty() {
+            if waiting_since.elapsed() >= WAIT_TO_START {
+                eprintln!(
+                    "{}: job {job_id} did not start within {} minutes (is the id right?)",
+                    a.ws,
+                    WAIT_TO_START.as_secs() / 60
+                );
+                return Ok(exit::NOT_FOUND);
+            }
             if !waiting_said {
                 eprintln!("{}: waiting for job {job_id} to start…", a.ws);
                 waiting_said = true;
             }
-        } else if names.iter().any(|n| n == JOB_FILE)
-            && live_owner(&*store, &a.ws).await?.as_deref() != Some(job_id.as_str())
-        {
-            // No result and no live lease: the runner may be between its result and its
-            // release, so look twice before saying it stopped.
-            stopped_polls += 1;
-            if stopped_polls >= 2 {
-                eprintln!(
-                    "{}: job {job_id}'s runner stopped without a result (the next job on the \
-                     workspace records it as interrupted)",
-                    a.ws
-                );
-                return Ok(exit::FAILED);
-            }
         } else {
+            let live = live_owner(&*store, &a.ws).await?;
+            let holds = live.as_deref() == Some(job_id.as_str());
+            if names.iter().any(|n| n == RESULT_FILE) {
+                // Done, unless an interrupted job is running again under its own id.
+                if !holds {
+                    return Ok(exit::OK);
+                }
+            } else if names.iter().any(|n| n == JOB_FILE) && !holds {
+                // No result and no live lease: the runner may be between its result and its
+                // release, so look twice before saying it stopped.
+                stopped_polls += 1;
+                if stopped_polls >= 2 {
+                    eprintln!(
+                        "{}: job {job_id}'s runner stopped without a result (the next job on the \
+                         workspace records it as interrupted)",
+                        a.ws
+                    );
+                    return Ok(exit::FAILED);
+                }
+                tokio::time::sleep(a.interval).await;
+                continue;
+            }
             stopped_polls = 0;
         }
         tokio::time::sleep(a.interval).await;
     }
 }
 
-/// Prints log lines as text or NDJSON; says when stdout has closed.
-struct Printer {
-    json: bool,
-    out: std::io::Stdout,
-}
-
-impl Printer {
-    fn new(out: Output) -> Self {
-        Self {
-            json: out.json,
-            out: std::io::stdout(),
-        }
-    }
-
-    fn line(&mut self, line: &shared::logs::LogLine) -> bool {
-        let text = if self.json {
-            serde_json::to_string(line).expect("log lines serialize")
-        } else {
-            shared::logs::render(line)
-        };
-        let mut out = self.out.lock();
-        writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
-    }
-}
+/// How long `logs --follow` waits for a job that has not started.
+const WAIT_TO_START: Duration = Duration::from_secs(600);
 
 /// Prints `value` as pretty JSON with a final newline.
 pub fn print_json(value: &serde_json::Value) {

@@ -96,7 +96,9 @@ impl FromStr for StoreUrl {
         if !matches!(scheme, "s3" | "gs" | "az" | "http" | "https") {
             return Err(format!("{scheme}:// is not a kind of store: give {STORES}"));
         }
-        let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+        // Never the text itself in a refusal: it may carry a secret.
+        let url = url::Url::parse(text)
+            .map_err(|e| format!("the {scheme}:// URL cannot be read ({e}): give {STORES}"))?;
         let mut query = Query::of(&url)?;
         let host = url.host_str().unwrap_or_default().to_owned();
         let path: Vec<String> = url
@@ -118,6 +120,19 @@ impl FromStr for StoreUrl {
                 };
                 if s3.external_id.is_some() && s3.role_arn.is_none() {
                     return Err("external_id is for assuming a role: add role_arn=… too".into());
+                }
+                if let Some(role) = &s3.role_arn {
+                    let parts: Vec<&str> = role.splitn(6, ':').collect();
+                    let is_role = parts.len() == 6
+                        && parts[..3] == ["arn", parts[1], "iam"]
+                        && parts[5]
+                            .strip_prefix("role/")
+                            .is_some_and(|n| !n.is_empty());
+                    if !is_role {
+                        return Err(format!(
+                            "role_arn {role:?} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)"
+                        ));
+                    }
                 }
                 Self::S3(s3)
             }
@@ -184,21 +199,37 @@ fn azure_container(
         // `ACCOUNT.blob.core.windows.net/CONTAINER` (and the sovereign clouds' `.blob.` hosts)
         _ if host.contains(".blob.") => (format!("{scheme}://{host}"), path),
         // An emulator, path-style: `HOST:PORT/ACCOUNT/CONTAINER`.
-        _ => {
+        _ if url.port().is_some() || is_local(url) => {
             let Some((account, rest)) = path.split_first() else {
                 return Err(format!(
-                    "{url} names no storage account: use https://ACCOUNT.blob.core.windows.net/CONTAINER, \
-                     http://HOST:PORT/ACCOUNT/CONTAINER for an emulator, or {FORM}"
+                    "an emulator's URL names its storage account first: \
+                     {scheme}://{host}:PORT/ACCOUNT/CONTAINER/PREFIX"
                 ));
             };
             let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
             (format!("{scheme}://{host}{port}/{account}"), rest)
+        }
+        _ => {
+            return Err(format!(
+                "{scheme}://{host} is not an Azure Blob endpoint: use {FORM}, \
+                 https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX, or an emulator's \
+                 http://127.0.0.1:PORT/ACCOUNT/CONTAINER/PREFIX"
+            ));
         }
     };
     let Some((container, prefix)) = rest.split_first() else {
         return Err(format!("the container is missing: {FORM}"));
     };
     Ok((format!("{base}/{container}"), prefix.join("/")))
+}
+
+/// A loopback or IP-literal host: an emulator's.
+fn is_local(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) => true,
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    }
 }
 
 /// A URL's query: each setting once, none unknown, none empty.
@@ -256,11 +287,6 @@ impl fmt::Display for StoreUrl {
             Self::Azure(a) => f.write_str(&joined(a.container_url.clone(), &a.prefix)),
         }
     }
-}
-
-#[cfg(any(feature = "aws", feature = "gcp"))]
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
 #[cfg(not(all(feature = "aws", feature = "gcp", feature = "azure")))]
@@ -328,7 +354,7 @@ async fn open_s3(s3: &S3Url) -> anyhow::Result<Arc<dyn StateStore>> {
     }
     let client = aws_sdk_s3::Client::from_conf(
         aws_sdk_s3::config::Builder::from(&config)
-            .force_path_style(env_flag("TERRACE_S3_FORCE_PATH_STYLE"))
+            .force_path_style(shared::settings::flag("TERRACE_S3_FORCE_PATH_STYLE"))
             .build(),
     );
     let (lease, dynamodb) = match &s3.lease_table {
@@ -361,7 +387,7 @@ async fn open_gcs(gcs: &GcsUrl) -> anyhow::Result<Arc<dyn StateStore>> {
         .ok()
         .filter(|e| !e.is_empty())
         .unwrap_or_else(|| GcsConfig::ENDPOINT.to_owned());
-    let credentials = if env_flag("TERRACE_GCS_ANONYMOUS") {
+    let credentials = if shared::settings::flag("TERRACE_GCS_ANONYMOUS") {
         credentials::anonymous::Builder::new().build()
     } else {
         let own = credentials::Builder::default().build().map_err(|e| {
@@ -406,6 +432,11 @@ fn open_azure(azure: &AzureUrl) -> anyhow::Result<Arc<dyn StateStore>> {
         .filter(|s| !s.is_empty());
     let (container_url, credential) = match sas {
         Some(sas) => (format!("{}?{sas}", azure.container_url), None),
+        None if azure.container_url.starts_with("http://") => anyhow::bail!(
+            "{}: a credential is never sent over plain http: for an emulator, set its SAS in \
+             AZURE_STORAGE_SAS_TOKEN",
+            StoreUrl::Azure(azure.clone())
+        ),
         None => {
             let credential: Arc<dyn TokenCredential> = match &azure.identity {
                 AzureIdentity::DeveloperTools => {
@@ -531,6 +562,9 @@ mod tests {
         assert!(refused("s3://b?region=").starts_with("region is empty"));
         assert!(refused("s3://b?region=a&region=b").contains("given twice"));
         assert!(refused("s3://b?external_id=x").contains("add role_arn"));
+        assert!(
+            refused("s3://b?role_arn=arn:aws:iam::1:user/bob").contains("is not an IAM role ARN")
+        );
         assert!(refused("az://acct").contains("the container is missing"));
         assert!(refused("az://acct/c?identity=root").contains("use cli or managed"));
         let sas = refused("https://acct.blob.core.windows.net/c?sv=2025-11-05&sig=abc");
@@ -540,5 +574,13 @@ mod tests {
             "the refusal must not repeat the SAS: {sas}"
         );
         assert!(refused("").starts_with("is empty"));
+        let bad = refused("https://acct.blob.core.windows.net:bad/c?sv=1&sig=SECRET");
+        assert!(!bad.contains("SECRET"), "{bad}");
+        let bad = refused("s3://b?external_id=SECRET&region=");
+        assert!(!bad.contains("SECRET"), "{bad}");
+        assert!(
+            refused("https://storage.googleapis.com/b/p").contains("is not an Azure Blob endpoint")
+        );
+        assert!(refused("http://127.0.0.1:10000").contains("names its storage account first"));
     }
 }

@@ -1,6 +1,8 @@
 //! The workspace's lifecycle around a run (see [`crate::lifecycle`]): the move a mutating job
 //! starts with, the one it ends with, and what needs an operator's attention. A record that
-//! cannot be written is logged and the run goes on: it reports state, it is not state.
+//! cannot be written is logged and the run goes on: it reports state, it is not state. A record
+//! that cannot be read for now (a store error, a newer runner's schema) is left alone for the
+//! whole run, never replaced; only one that is not a record at all is started afresh.
 
 use super::*;
 use crate::lifecycle::{self, Phase, Transition, WorkspaceStatus};
@@ -12,12 +14,15 @@ pub(super) struct Life {
     operation: Operation,
     job_id: String,
     status: Option<WorkspaceStatus>,
+    /// The record could not be read: this run writes none.
+    skip: bool,
+    /// A job found interrupted when this one took the workspace (for `attention`).
     interrupted_before: Option<String>,
 }
 
 impl Life {
-    /// Reads the record, records a previous run found interrupted (when it was an apply or a
-    /// destroy), then the move this job starts with.
+    /// Reads the record, records as interrupted a run it shows under way, then the move this
+    /// job starts with.
     pub(super) async fn start(
         runner: &Runner,
         job: &ValidatedJob,
@@ -27,18 +32,24 @@ impl Life {
         logger: &Logger,
     ) -> Self {
         let j = &job.job;
-        let status = match lifecycle::read(runner.store.as_ref(), ws).await {
-            Ok(status) => status,
+        let (status, skip) = match lifecycle::read(runner.store.as_ref(), ws).await {
+            Ok(status) => (status, false),
+            Err(lifecycle::StatusError::Record(crate::records::RecordError::Malformed {
+                source,
+                ..
+            })) => {
+                let line = format!(
+                    "the workspace's status record is not one ({source}); starting a new one"
+                );
+                logger.runner("prepare", &line).await;
+                (None, false)
+            }
             Err(e) => {
-                logger
-                    .runner(
-                        "prepare",
-                        &format!(
-                            "the workspace's status record cannot be read ({e}); starting a new one"
-                        ),
-                    )
-                    .await;
-                None
+                let line = format!(
+                    "the workspace's status record cannot be read ({e}); this run leaves it as it is"
+                );
+                logger.runner("prepare", &line).await;
+                (None, true)
             }
         };
         let mut life = Self {
@@ -47,12 +58,18 @@ impl Life {
             operation: j.operation,
             job_id: j.id.clone(),
             status,
-            interrupted_before: interrupted.as_ref().map(|(id, _)| id.clone()),
+            skip,
+            interrupted_before: interrupted.map(|(id, _)| id),
         };
-        if let Some((prev, operation)) = interrupted
-            && operation.mutates()
-        {
-            let reason = "its runner stopped without a result and its lease expired".to_owned();
+        // The workspace is ours now, so a run the record shows under way has stopped without
+        // finishing (killed or crashed, even before it wrote its job record).
+        if let Some(stale) = life.status.as_ref().filter(|s| s.status.in_progress()) {
+            let prev = stale.job_id.clone();
+            let operation = stale
+                .history
+                .last()
+                .map_or(Operation::Apply, |t| t.operation);
+            let reason = "its runner stopped without finishing and its lease expired".to_owned();
             life.move_to(
                 runner,
                 Phase::Interrupted,
@@ -90,14 +107,7 @@ impl Life {
     ) {
         if self.operation.mutates() {
             let to = lifecycle::ending(self.operation, result.status);
-            let reason = result.error.as_ref().map(|e| {
-                redactor.redact(&format!(
-                    "{} at {}: {}",
-                    e.category.as_str(),
-                    e.step,
-                    e.message
-                ))
-            });
+            let reason = result.error.as_ref().map(|e| redactor.redact(&e.summary()));
             let id = self.job_id.clone();
             result.lifecycle = self
                 .move_to(runner, to, &id, self.operation, reason, logger)
@@ -126,6 +136,9 @@ impl Life {
         reason: Option<String>,
         logger: &Logger,
     ) -> Option<Transition> {
+        if self.skip {
+            return None;
+        }
         let from = self.status.as_ref().map(|s| s.status);
         let t = Transition {
             from,
@@ -145,13 +158,8 @@ impl Life {
         .await
         {
             Ok(next) => {
-                let from = from.map_or("new", Phase::as_str);
-                logger
-                    .runner(
-                        "",
-                        &format!("workspace {}: {from} → {}", self.ws, to.as_str()),
-                    )
-                    .await;
+                let line = format!("workspace {}: {} → {}", self.ws, t.from_name(), to.as_str());
+                logger.runner("", &line).await;
                 self.status = Some(next);
                 Some(t)
             }
