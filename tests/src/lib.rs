@@ -237,6 +237,24 @@ impl Sandbox {
         Run(output)
     }
 
+    /// Waits until the stored log of `job` (as `terrace logs` prints it) contains `text`,
+    /// failing after `within`.
+    pub async fn wait_for_log(&self, ws: &str, job: &str, text: &str, within: std::time::Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let log = self.run(&["logs", ws, job]);
+            if log.stdout().contains(text) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{job}'s log never showed {text:?}: {}",
+                log.stdout()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// Writes a job file and returns its path.
     pub fn job(&self, name: &str, text: &str) -> PathBuf {
         let path = self.dir.path().join(name);

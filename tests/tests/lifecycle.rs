@@ -4,7 +4,7 @@
 //! what needs an operator's attention.
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tests::Sandbox;
@@ -210,20 +210,14 @@ async fn start_slow_update(sb: &Sandbox, id: &str) -> std::process::Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let log = sb.run(&["logs", "acme/life", id]);
-        // The cluster's slow create has begun (its delete came first).
-        if log.stdout().contains("testcloud_cluster.main: Creating") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the apply never started: {}",
-            log.stdout()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // The cluster's slow create has begun (its delete came first).
+    sb.wait_for_log(
+        "acme/life",
+        id,
+        "testcloud_cluster.main: Creating",
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(status(sb)["status"], "updating");
     child
 }

@@ -465,19 +465,13 @@ async fn a_killed_runs_logs_and_status_say_it_stopped() {
         .spawn()
         .unwrap();
     // Killed once the apply has started (its first stored chunk mentions it).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let log = sb.run(&["logs", "acme/killed", "killed-1"]);
-        if log.stdout().contains("terraform apply") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the apply never started: {}",
-            log.stdout()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    sb.wait_for_log(
+        "acme/killed",
+        "killed-1",
+        "==> terraform apply",
+        Duration::from_secs(60),
+    )
+    .await;
     let runs = json(sb.run(&["runs", "acme/killed", "--json"]).expect_code(0));
     assert_eq!(runs["runs"][0]["status"], "running", "{runs}");
     Command::new("kill")
