@@ -297,8 +297,15 @@ fn check<T: Trigger + ?Sized>(
     }
 }
 
-/// Sees one message through: check, hand off or run, report.
+/// Sees one message through: check, hand off or run, report; then sends its spans, when they
+/// are exported, before the platform may freeze or stop the process.
 pub async fn handle<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
+    let fate = handle_one(trigger, d).await;
+    crate::process::flush_telemetry().await;
+    fate
+}
+
+async fn handle_one<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
     let (target, job) = match check(trigger, &d) {
         Ok(checked) => checked,
         Err(problems) => return reject(trigger, rejection(d.message_id, problems)).await,
@@ -460,6 +467,17 @@ async fn run<T: Trigger + ?Sized>(
 /// fresh copy ([`Fate::Requeued`]), so a handed-off job ends with a reported result or runs
 /// again; only when even that fails is it [`Fate::Again`] (the task's own retry, if any).
 pub async fn task<T: Trigger + ?Sized>(
+    trigger: &T,
+    reference: &str,
+    lease_wait: Duration,
+    cancel: CancellationToken,
+) -> Fate {
+    let fate = task_one(trigger, reference, lease_wait, cancel).await;
+    crate::process::flush_telemetry().await;
+    fate
+}
+
+async fn task_one<T: Trigger + ?Sized>(
     trigger: &T,
     reference: &str,
     lease_wait: Duration,

@@ -1136,14 +1136,18 @@ async fn a_job_runs_against_the_bucket_table_and_role_the_quick_create_stack_mad
 
 /// The function's stderr is JSON lines only: its log, each event of a job in the job's span
 /// (job id, tenant, workspace, operation) and a step's in the step's, and one CloudWatch EMF
-/// record for the job, whose declared metrics are all there as numbers.
+/// record for the job, whose declared metrics are all there as numbers. With an OTLP endpoint
+/// set, the spans are exported there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_functions_stderr_is_json_lines_with_the_jobs_span_and_one_emf_record() {
+async fn the_functions_stderr_is_json_lines_with_the_jobs_span_and_one_emf_record_and_otlp_gets_the_spans()
+ {
     let w = World::new().await;
     let api = RuntimeApi::start().await;
+    let (collector, exports) = otlp_collector().await;
     let log = tempfile::NamedTempFile::new().unwrap();
     let child = w
         .lambda_command(&api)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector)
         .stdout(Stdio::null())
         .stderr(Stdio::from(log.reopen().unwrap()))
         .spawn()
@@ -1221,4 +1225,51 @@ async fn the_functions_stderr_is_json_lines_with_the_jobs_span_and_one_emf_recor
         !text.contains("correct-horse-battery"),
         "no secret in the function's log"
     );
+
+    // The same spans went to the OTLP collector, sent before the batch was answered.
+    let exports = exports.lock().unwrap();
+    assert!(!exports.is_empty(), "no spans were exported");
+    let all: Vec<u8> = exports.iter().flat_map(|(_, body)| body.clone()).collect();
+    for (content_type, _) in exports.iter() {
+        assert_eq!(content_type, "application/x-protobuf");
+    }
+    // Protobuf keeps strings as they are: the service, the span names and the job's fields.
+    for needle in ["terrace-aws", "job", "step", "obs-1", "apply"] {
+        assert!(
+            all.windows(needle.len()).any(|w| w == needle.as_bytes()),
+            "{needle} is not in the exported spans"
+        );
+    }
+    assert!(
+        !all.windows(21).any(|w| w == b"correct-horse-battery"),
+        "no secret in the exported spans"
+    );
+}
+
+/// An OTLP/HTTP collector on loopback that keeps what is posted to `/v1/traces`: its URL
+/// (the base an exporter adds `/v1/traces` to) and the (content type, body) of each export.
+async fn otlp_collector() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>,
+) {
+    let exports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = exports.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: bytes::Bytes| {
+            let content_type = headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            kept.lock().unwrap().push((content_type, body.to_vec()));
+            async { axum::http::StatusCode::OK }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, exports)
 }
