@@ -169,6 +169,7 @@ enum Cmd {
     },
     /// List a workspace's runs, newest first: job, operation, status, start, duration.
     Runs {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
         /// How many of the newest runs to show.
         #[arg(long, default_value_t = 20)]
@@ -179,6 +180,7 @@ enum Cmd {
     /// Show a workspace's lifecycle status (provisioning, active, updating, deleting,
     /// deleted, failed, interrupted) and how it got there.
     Status {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
         /// How many of the newest moves to show.
         #[arg(long, default_value_t = 20)]
@@ -188,6 +190,7 @@ enum Cmd {
     },
     /// Show a job's result (the exit code is the job's, as for `run`).
     Result {
+        /// The job's id.
         job: String,
         /// The job's TENANT/WORKSPACE; without it every workspace is searched.
         #[arg(long, short)]
@@ -197,7 +200,9 @@ enum Cmd {
     },
     /// Print a run's log from the store (the newest run unless JOB is given).
     Logs {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
+        /// The job's id; the workspace's newest run when left out.
         job: Option<String>,
         /// Keep printing as the running job writes its log, until its result is written.
         #[arg(long, short)]

@@ -15,12 +15,14 @@ use crate::{Global, exit};
 pub enum StateCmd {
     /// List every state version of TENANT/WORKSPACE, oldest first.
     Versions {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
         #[command(flatten)]
         out: Output,
     },
     /// Print the current state, or one version.
     Show {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
         #[arg(long)]
         version: Option<u64>,
@@ -28,6 +30,7 @@ pub enum StateCmd {
     /// Roll the workspace forward to an old version or an hourly backup (copied into a new
     /// version; history kept).
     Restore {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
         #[arg(long, required_unless_present = "backup", conflicts_with = "backup")]
         version: Option<u64>,
@@ -37,6 +40,7 @@ pub enum StateCmd {
     },
     /// List the workspace's backups, oldest first.
     Backups {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
         #[command(flatten)]
         out: Output,
@@ -44,11 +48,14 @@ pub enum StateCmd {
     /// Push a state file, such as a run's kept errored.tfstate, as a new version. It gets the
     /// checks of any write from terraform: same lineage, serial not going back.
     Push {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
+        /// The state file (terraform's JSON state).
         file: std::path::PathBuf,
     },
     /// Break the workspace's lease. A live lease is only broken with --force.
     Unlock {
+        /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
         /// Break a lease that has not expired (its runner must be gone: its writes are refused from now on).
         #[arg(long)]
