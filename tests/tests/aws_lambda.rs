@@ -1153,8 +1153,17 @@ async fn the_functions_stderr_is_json_lines_with_the_jobs_span_and_one_emf_recor
         .spawn()
         .expect("terrace-aws starts");
     let function = Function(child);
-    w.apply_one(&api, "obs-1", "obs").await;
+    let result = w.apply_one(&api, "obs-1", "obs").await;
     drop(function);
+    // The results queue carries the workspace's move with the result.
+    assert_eq!(
+        (
+            result["lifecycle"]["from"].as_str(),
+            result["lifecycle"]["to"].as_str()
+        ),
+        (Some("provisioning"), Some("active")),
+        "{result}"
+    );
     let text = std::fs::read_to_string(log.path()).unwrap();
     let lines: Vec<Value> = text
         .lines()
