@@ -32,4 +32,8 @@ cat <<TXT
 Next: change node_count in examples/demo-job.yaml (and its id), run it again, then
   TERRACE_STORE=$demo/store $terrace state versions acme/demo
   TERRACE_STORE=$demo/store $terrace state restore acme/demo --version 1
+and see what happened to the workspace:
+  TERRACE_STORE=$demo/store $terrace status acme/demo
+  TERRACE_STORE=$demo/store $terrace runs acme/demo
+  TERRACE_STORE=$demo/store $terrace logs acme/demo          # --follow while a job runs
 TXT
