@@ -237,6 +237,16 @@ impl Sandbox {
         Run(output)
     }
 
+    /// Starts `terrace ARGS` in the background, its output dropped (a test reads the store).
+    pub fn start(&self, args: &[&str]) -> std::process::Child {
+        self.terrace()
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("terrace starts")
+    }
+
     /// Waits until the stored log of `job` (as `terrace logs` prints it) contains `text`,
     /// failing after `within`.
     pub async fn wait_for_log(&self, ws: &str, job: &str, text: &str, within: std::time::Duration) {

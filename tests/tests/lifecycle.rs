@@ -3,7 +3,6 @@
 //! record and its history that `terrace status` reads, the transition each result carries, and
 //! what needs an operator's attention.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -203,13 +202,7 @@ async fn start_slow_update(sb: &Sandbox, id: &str) -> std::process::Child {
         &format!("{id}.yaml"),
         &job(id, "apply", "us-east-1", 2, "keep"),
     );
-    let child = sb
-        .terrace()
-        .args(["-q", "run", path.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = sb.start(&["-q", "run", path.to_str().unwrap()]);
     // The cluster's slow create has begun (its delete came first).
     sb.wait_for_log(
         "acme/life",

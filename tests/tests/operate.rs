@@ -374,13 +374,7 @@ async fn logs_follow_prints_a_running_jobs_lines_before_it_ends() {
     env.push(("TESTCLOUD_CREATE_DELAY_MS", "3000".into()));
     let sb = sandbox(&format!("s3://{bucket}/follow"), &env);
     let job = sb.job("slow.yaml", &demo_job("slow-1", "slow", "apply", "slow", 1));
-    let mut runner = sb
-        .terrace()
-        .args(["--quiet", "run", job.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut runner = sb.start(&["--quiet", "run", job.to_str().unwrap()]);
     let mut follower = sb
         .terrace()
         .args([
@@ -457,13 +451,7 @@ async fn a_killed_runs_logs_and_status_say_it_stopped() {
         "killed.yaml",
         &demo_job("killed-1", "killed", "apply", "killed", 1),
     );
-    let mut runner = sb
-        .terrace()
-        .args(["--quiet", "run", job.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut runner = sb.start(&["--quiet", "run", job.to_str().unwrap()]);
     // Killed once the apply has started (its first stored chunk mentions it).
     sb.wait_for_log(
         "acme/killed",
