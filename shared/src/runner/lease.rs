@@ -7,13 +7,13 @@ use super::*;
 impl Runner {
     /// When this job's lease took over an expired one, records the job that held it as
     /// interrupted (unless it left a result), so its status is known and it may run again.
-    /// Returns that job's id and operation when it did.
+    /// Returns that job's id when it did.
     pub(super) async fn note_interrupted(
         &self,
         ws: &WorkspaceId,
         lease: &Lease,
         logger: &Logger,
-    ) -> Option<(String, Operation)> {
+    ) -> Option<String> {
         let prev = lease.took_over.as_ref()?;
         let (Ok(Some(job)), Ok(None)) = (
             self.store.artifact(ws, &prev.owner, JOB_FILE).await,
@@ -88,7 +88,7 @@ impl Runner {
             logger
                 .runner("prepare", &format!("job {} was interrupted: its runner stopped without a result and its lease expired at {expired}; continuing from the current state", prev.owner))
                 .await;
-            return Some((prev.owner.clone(), operation));
+            return Some(prev.owner.clone());
         }
         None
     }

@@ -28,7 +28,7 @@ impl Life {
         job: &ValidatedJob,
         ws: &WorkspaceId,
         lease: &Lease,
-        interrupted: Option<(String, Operation)>,
+        interrupted: Option<String>,
         logger: &Logger,
     ) -> Self {
         let j = &job.job;
@@ -59,7 +59,7 @@ impl Life {
             job_id: j.id.clone(),
             status,
             skip,
-            interrupted_before: interrupted.map(|(id, _)| id),
+            interrupted_before: interrupted,
         };
         // The workspace is ours now, so a run the record shows under way has stopped without
         // finishing (killed or crashed, even before it wrote its job record).
@@ -69,7 +69,9 @@ impl Life {
                 .history
                 .last()
                 .map_or(Operation::Apply, |t| t.operation);
-            let reason = "its runner stopped without finishing and its lease expired".to_owned();
+            let reason =
+                "its runner stopped without finishing (killed, crashed, or its lease broken)"
+                    .to_owned();
             life.move_to(
                 runner,
                 Phase::Interrupted,
