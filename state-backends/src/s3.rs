@@ -35,6 +35,16 @@ pub enum LeaseMode {
     LockObject,
 }
 
+impl LeaseMode {
+    /// In the DynamoDB `table` when there is one, else a lock object.
+    pub fn from_table(table: Option<String>) -> Self {
+        match table {
+            Some(table) => Self::DynamoDb { table },
+            None => Self::LockObject,
+        }
+    }
+}
+
 /// The customer's bucket.
 #[derive(Clone, Debug)]
 pub struct S3Config {
@@ -79,6 +89,29 @@ impl BucketStore<S3Bucket> {
             kms_key_id: config.kms_key_id,
         };
         Ok(Self::over(bucket, &config.prefix, leases))
+    }
+}
+
+impl BucketStore<S3Bucket> {
+    /// A store over clients made from `sdk` (region, credentials, endpoint): S3, path-style
+    /// when `path_style` (S3-compatible endpoints, emulators), and DynamoDB when the lease is
+    /// kept there.
+    ///
+    /// # Errors
+    /// As [`BucketStore::new`].
+    pub fn from_sdk(
+        sdk: &aws_config::SdkConfig,
+        path_style: bool,
+        config: S3Config,
+    ) -> Result<Self> {
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(sdk)
+                .force_path_style(path_style)
+                .build(),
+        );
+        let dynamodb = matches!(config.lease, LeaseMode::DynamoDb { .. })
+            .then(|| aws_sdk_dynamodb::Client::new(sdk));
+        Self::new(s3, dynamodb, config)
     }
 }
 

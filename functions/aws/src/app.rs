@@ -79,27 +79,13 @@ impl App {
         customer: &aws_config::SdkConfig,
         target: &Target,
     ) -> Result<Arc<dyn StateStore>, state_backends::StoreError> {
-        let s3 = aws_sdk_s3::Client::from_conf(
-            aws_sdk_s3::config::Builder::from(customer)
-                .force_path_style(self.config.s3_path_style)
-                .build(),
-        );
-        let (lease, dynamodb) = match &target.lease_table {
-            Some(table) => (
-                LeaseMode::DynamoDb {
-                    table: table.clone(),
-                },
-                Some(aws_sdk_dynamodb::Client::new(customer)),
-            ),
-            None => (LeaseMode::LockObject, None),
-        };
-        let store = S3Store::new(
-            s3,
-            dynamodb,
+        let store = S3Store::from_sdk(
+            customer,
+            self.config.s3_path_style,
             S3Config {
                 bucket: target.bucket.clone(),
                 prefix: target.prefix.clone(),
-                lease,
+                lease: LeaseMode::from_table(target.lease_table.clone()),
                 kms_key_id: target.kms_key_id.clone(),
             },
         )?;

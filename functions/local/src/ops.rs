@@ -70,11 +70,12 @@ pub async fn runs_of(store: &dyn StateStore, ws: &WorkspaceId) -> anyhow::Result
         .collect();
     let live = live_owner(store, ws).await?;
     let mut runs: Vec<RunSummary> = futures::stream::iter(ids)
-        .map(|id| summary(store, ws, id, live.as_deref()))
+        .map(|id| read_run(store, ws, id, live.as_deref()))
         .buffered(16)
         .collect::<Vec<_>>()
         .await
         .into_iter()
+        .map(|read| read.map(|(run, _)| run))
         .collect::<anyhow::Result<_>>()?;
     // A job that took the workspace while the records were read is running, not unfinished.
     if runs.iter().any(|r| r.status == "unfinished")
@@ -93,12 +94,13 @@ pub async fn runs_of(store: &dyn StateStore, ws: &WorkspaceId) -> anyhow::Result
     Ok(runs)
 }
 
-async fn summary(
+/// A run's summary from its records, and its result as read (or why it is not one).
+async fn read_run(
     store: &dyn StateStore,
     ws: &WorkspaceId,
     job_id: String,
     live_owner: Option<&str>,
-) -> anyhow::Result<RunSummary> {
+) -> anyhow::Result<(RunSummary, Option<Result<JobResult, String>>)> {
     let (record, result) = tokio::try_join!(
         store.artifact(ws, &job_id, JOB_FILE),
         store.artifact(ws, &job_id, RESULT_FILE)
@@ -128,6 +130,7 @@ async fn summary(
             Err(e) => problems.push(e.to_string()),
         }
     }
+    let mut parsed = None;
     match result.as_deref().map(serde_json::from_slice::<JobResult>) {
         Some(Ok(r)) => {
             run.status = r.status.as_str().to_owned();
@@ -135,7 +138,7 @@ async fn summary(
             run.started_at = Some(display_time(r.started_at));
             run.finished_at = Some(display_time(r.finished_at));
             run.duration_ms = Some(r.duration_ms);
-            run.error = r.error.map(|e| e.summary());
+            run.error = r.error.as_ref().map(shared::result::JobError::summary);
             // An interrupted job runs again under its own id: it is running if it holds the
             // workspace now.
             if r.status == shared::result::Status::Interrupted
@@ -143,8 +146,12 @@ async fn summary(
             {
                 run.status = "running".into();
             }
+            parsed = Some(Ok(r));
         }
-        Some(Err(e)) => problems.push(format!("{RESULT_FILE} is not a result: {e}")),
+        Some(Err(e)) => {
+            problems.push(format!("{RESULT_FILE} is not a result: {e}"));
+            parsed = Some(Err(e.to_string()));
+        }
         None if live_owner == Some(run.job_id.as_str()) => run.status = "running".into(),
         None if record.is_some() => run.status = "unfinished".into(),
         None => {
@@ -160,7 +167,7 @@ async fn summary(
         run.status = "unreadable".into();
         run.error = Some(problems.join("; "));
     }
-    Ok(run)
+    Ok((run, parsed))
 }
 
 /// `terrace workspaces`.
@@ -302,19 +309,18 @@ pub async fn result(
         }
     };
     let live = live_owner(store, &ws).await?;
-    let run = summary(store, &ws, job_id.to_owned(), live.as_deref()).await?;
-    let stored = store.artifact(&ws, job_id, RESULT_FILE).await?;
-    match stored {
-        Some(bytes) if run.status != "running" => {
-            let result: JobResult = serde_json::from_slice(&bytes).map_err(|e| {
-                anyhow::anyhow!("{ws}: job {job_id}'s {RESULT_FILE} is not a result: {e}")
-            })?;
+    let (run, result) = read_run(store, &ws, job_id.to_owned(), live.as_deref()).await?;
+    match result {
+        Some(Ok(result)) if run.status != "running" => {
             if out.json {
                 print_json(&serde_json::to_value(&result)?);
             } else {
                 crate::cli::print_summary(&result);
             }
             Ok(crate::cli::exit_code(&result))
+        }
+        Some(Err(e)) if run.status != "running" => {
+            anyhow::bail!("{ws}: job {job_id}'s {RESULT_FILE} is not a result: {e}")
         }
         _ => {
             eprintln!(

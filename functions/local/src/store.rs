@@ -352,27 +352,13 @@ async fn open_s3(s3: &S3Url) -> anyhow::Result<Arc<dyn StateStore>> {
             .credentials_provider(aws_sdk_s3::config::SharedCredentialsProvider::new(provider))
             .build();
     }
-    let client = aws_sdk_s3::Client::from_conf(
-        aws_sdk_s3::config::Builder::from(&config)
-            .force_path_style(shared::settings::flag("TERRACE_S3_FORCE_PATH_STYLE"))
-            .build(),
-    );
-    let (lease, dynamodb) = match &s3.lease_table {
-        Some(table) => (
-            LeaseMode::DynamoDb {
-                table: table.clone(),
-            },
-            Some(aws_sdk_dynamodb::Client::new(&config)),
-        ),
-        None => (LeaseMode::LockObject, None),
-    };
-    let store = S3Store::new(
-        client,
-        dynamodb,
+    let store = S3Store::from_sdk(
+        &config,
+        shared::settings::flag("TERRACE_S3_FORCE_PATH_STYLE"),
         S3Config {
             bucket: s3.bucket.clone(),
             prefix: s3.prefix.clone(),
-            lease,
+            lease: LeaseMode::from_table(s3.lease_table.clone()),
             kms_key_id: s3.kms_key_id.clone(),
         },
     )?;
