@@ -94,6 +94,9 @@ pub struct Job {
     pub on_failure: OnFailure,
     #[serde(default)]
     pub retry: RetryPolicy,
+    /// The most the plan may add to the monthly cost (an apply over it stops before applying).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::cost::Budget>,
 }
 
 /// How transient failures are retried: exponential backoff with full jitter. Attempt `n`
@@ -136,7 +139,7 @@ impl RetryPolicy {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The fields a job file may have, for the "unknown field" message.
-pub const FIELDS: [&str; 9] = [
+pub const FIELDS: [&str; 10] = [
     "id",
     "tenant",
     "workspace",
@@ -146,6 +149,7 @@ pub const FIELDS: [&str; 9] = [
     "timeout",
     "on_failure",
     "retry",
+    "budget",
 ];
 
 /// A job document as written, before its fields are checked.

@@ -6,6 +6,7 @@
 pub mod backup;
 pub mod classify;
 pub mod client;
+pub mod cost;
 pub mod drift;
 pub mod job;
 pub mod lifecycle;

@@ -50,6 +50,8 @@ pub enum Category {
     StateConflict,
     Timeout,
     Cancelled,
+    /// The plan's cost is over the job's budget: nothing was applied.
+    Budget,
     Internal,
 }
 
@@ -66,6 +68,7 @@ impl Category {
             Self::StateConflict => "state-conflict",
             Self::Timeout => "timeout",
             Self::Cancelled => "cancelled",
+            Self::Budget => "budget",
             Self::Internal => "internal",
         }
     }
@@ -417,6 +420,9 @@ pub struct JobResult {
     pub steps: Vec<StepTiming>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changes: Option<Changes>,
+    /// The plan's monthly cost estimate, when the runner has price books (plan, apply, destroy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::cost::Estimate>,
     /// For drift checks: whether the infrastructure changed outside terraform or differs from
     /// the configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -488,6 +494,7 @@ impl JobResult {
                 change.address = text(&change.address);
             }
         }
+        out.cost = self.cost.as_ref().map(|c| c.redacted(redactor));
         for drifted in &mut out.drifted {
             drifted.address = text(&drifted.address);
             for attribute in &mut drifted.attributes {
@@ -591,6 +598,7 @@ mod tests {
             Category::StateConflict,
             Category::Timeout,
             Category::Cancelled,
+            Category::Budget,
             Category::Internal,
         ] {
             assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
@@ -613,6 +621,7 @@ mod tests {
         let redactor = crate::redact::Redactor::new(["2026".to_owned(), "plan".to_owned()]);
         let at = time::macros::datetime!(2026-11-24 10:20:26 UTC);
         let result = JobResult {
+            cost: None,
             schema: RESULT_SCHEMA,
             job_id: "j-2026".into(),
             tenant: "t".into(),

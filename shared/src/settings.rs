@@ -193,6 +193,9 @@ pub fn seconds(name: &str, default: u64) -> Result<Duration, ConfigError> {
 pub struct Runtime {
     /// `TERRACE_TEMPLATES` (default `/opt/terrace/templates`).
     pub templates: PathBuf,
+    /// `TERRACE_PRICE_BOOKS` (default `/opt/terrace/price-books`): plans are estimated when the
+    /// folder exists.
+    pub price_books: PathBuf,
     /// `TERRACE_TERRAFORM`, `TERRACE_PLUGIN_CACHE`, `TERRACE_TF_CLI_CONFIG`, `TERRACE_PASS_ENV`,
     /// `TERRACE_GRACE` (30 s).
     pub terraform: TerraformConfig,
@@ -223,6 +226,9 @@ impl Runtime {
         let mut runtime = Self {
             templates: var("TERRACE_TEMPLATES")
                 .unwrap_or_else(|| "/opt/terrace/templates".into())
+                .into(),
+            price_books: var("TERRACE_PRICE_BOOKS")
+                .unwrap_or_else(|| "/opt/terrace/price-books".into())
                 .into(),
             terraform: TerraformConfig {
                 binary: var("TERRACE_TERRAFORM")
@@ -318,6 +324,7 @@ impl Runtime {
             terraform: self.terraform.clone(),
             lease_ttl: self.lease_ttl,
             templates: Some(self.templates.clone()),
+            price_books: Some(self.price_books.clone()),
             client_cache: self.client_cache.clone(),
             console: self.console,
             max_state_bytes: self.max_state_bytes,
@@ -378,6 +385,7 @@ mod tests {
     fn a_function_refuses_to_pass_its_own_credentials_to_terraform() {
         let mut runtime = Runtime {
             templates: PathBuf::new(),
+            price_books: PathBuf::new(),
             terraform: TerraformConfig {
                 pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
                 ..TerraformConfig::default()

@@ -158,6 +158,7 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
         },
     };
     let retry = retry_policy(doc.get("retry"), &mut errors);
+    let budget = budget(doc.get("budget"), &mut errors);
     let template = template_ref(doc.get("template"), &mut errors).and_then(|r| {
         match Template::load(templates_root, &r.name, &r.version) {
             Ok(t) => Some((r, t)),
@@ -235,6 +236,7 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
             timeout,
             on_failure,
             retry,
+            budget,
         },
         template,
         sensitive_values,
@@ -297,6 +299,74 @@ fn retry_policy(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Opt
         ));
     }
     (errors.len() == before).then_some(policy)
+}
+
+/// Reads `budget: { max_monthly_increase, currency, on_unpriced }`.
+fn budget(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Option<crate::cost::Budget> {
+    use crate::cost::{Budget, OnUnpriced};
+    let value = value.filter(|v| !v.is_null())?;
+    let Value::Object(map) = value else {
+        errors.push(ValidationError::new(
+            "budget",
+            format!("must be a mapping, found {}", kind_of(value)),
+            "write budget: { max_monthly_increase: 100 }",
+        ));
+        return None;
+    };
+    let mut budget = Budget {
+        max_monthly_increase: -1.0,
+        currency: None,
+        on_unpriced: OnUnpriced::Allow,
+    };
+    let before = errors.len();
+    for (key, v) in map {
+        let field = format!("budget.{key}");
+        match key.as_str() {
+            "max_monthly_increase" => match v.as_f64().filter(|n| n.is_finite() && *n >= 0.0) {
+                Some(n) => budget.max_monthly_increase = n,
+                None => errors.push(ValidationError::new(
+                    field,
+                    format!("{} is not an amount", quoted(v)),
+                    "use a number of 0 or more, in the price books' currency (0: no increase at all)",
+                )),
+            },
+            "currency" => match v.as_str() {
+                Some(c) if c.len() == 3 && c.chars().all(|c| c.is_ascii_uppercase()) => {
+                    budget.currency = Some(c.to_owned());
+                }
+                _ => errors.push(ValidationError::new(
+                    field,
+                    format!("{} is not a currency code", quoted(v)),
+                    "use an ISO 4217 code as USD or EUR, or leave it out",
+                )),
+            },
+            "on_unpriced" => match serde_json::from_value::<OnUnpriced>(v.clone()) {
+                Ok(p) => budget.on_unpriced = p,
+                Err(_) => errors.push(ValidationError::new(
+                    field,
+                    format!("{} is not a choice", quoted(v)),
+                    "use allow (what cannot be priced counts as nothing) or stop",
+                )),
+            },
+            _ => errors.push(ValidationError::new(
+                field,
+                "is not a budget field",
+                suggest(
+                    key,
+                    &["max_monthly_increase", "currency", "on_unpriced"],
+                    "remove it",
+                ),
+            )),
+        }
+    }
+    if errors.len() == before && budget.max_monthly_increase < 0.0 {
+        errors.push(ValidationError::new(
+            "budget.max_monthly_increase",
+            "is required",
+            "add the most the monthly cost may rise, as max_monthly_increase: 100",
+        ));
+    }
+    (errors.len() == before).then_some(budget)
 }
 
 /// The strings a sensitive value may show up as in terraform's output.

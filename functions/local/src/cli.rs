@@ -9,7 +9,8 @@ use anyhow::Context as _;
 use crate::store::{self, StoreUrl};
 use crate::{ops, serve, state_cmd};
 use clap::{Args, Parser, Subcommand};
-use shared::job::RawJob;
+use shared::cost;
+use shared::job::{Operation, RawJob};
 use shared::result::{JobResult, Status};
 use shared::runner::{RunOutcome, Runner, RunnerConfig};
 use shared::settings::Runtime;
@@ -87,6 +88,14 @@ pub(crate) struct Global {
         global = true
     )]
     pub(crate) templates: PathBuf,
+    /// Folder of price books: plans are estimated when it exists (docs/templates.md).
+    #[arg(
+        long,
+        env = "TERRACE_PRICE_BOOKS",
+        default_value = "price-books",
+        global = true
+    )]
+    pub(crate) price_books: PathBuf,
     /// The terraform or tofu binary.
     #[arg(
         long,
@@ -140,6 +149,16 @@ enum Cmd {
     },
     /// Check a job file without running it.
     Validate { job: PathBuf },
+    /// Estimate a plan or apply job's monthly cost: plan it, price the plan with the price
+    /// books, hold it to the job's budget, and apply nothing (exit 1 when over budget).
+    Estimate {
+        job: PathBuf,
+        /// Seconds to wait for a busy workspace before giving up.
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+        #[command(flatten)]
+        out: ops::Output,
+    },
     /// Process job files dropped into a folder, moving each to done/ or failed/ with its result.
     Serve(serve::ServeArgs),
     /// Inspect and repair a workspace's state.
@@ -295,6 +314,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             let outcome = runner.run(&validated, cancel).await?;
             Ok(report_outcome(&outcome, out))
         }
+        Cmd::Estimate { job, wait, out } => estimate(&g, &job, wait, out).await,
         Cmd::Workspaces { out } => ops::workspaces(&*g.open_store().await?, out).await,
         Cmd::Runs {
             workspace,
@@ -361,6 +381,77 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
+/// `terrace estimate`: the job planned under an id of its own (so the job itself can still
+/// run), its plan priced, nothing applied.
+async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyhow::Result<u8> {
+    let mut validated = match load_job(path, &g.templates)? {
+        Ok(v) => v,
+        Err(errors) => return Ok(report_invalid(path, &errors)),
+    };
+    let j = &mut validated.job;
+    if !matches!(j.operation, Operation::Plan | Operation::Apply) {
+        eprintln!(
+            "error: {} is a {} job: estimate prices what a plan or apply job would leave running",
+            path.display(),
+            j.operation
+        );
+        return Ok(exit::USAGE);
+    }
+    if !g.price_books.is_dir() {
+        eprintln!(
+            "error: there are no price books at {}: point --price-books (or TERRACE_PRICE_BOOKS) at a folder of them (docs/templates.md)",
+            g.price_books.display()
+        );
+        return Ok(exit::USAGE);
+    }
+    let base: String = j.id.chars().take(100).collect();
+    j.id = format!("{base}.estimate-{:08x}", rand::random::<u32>());
+    j.operation = Operation::Plan;
+    let mut config = runner_config(g);
+    config.lease_wait = Duration::from_secs(wait);
+    let runner = Runner::new(g.open_store().await?, config);
+    let cancel = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(cancel.clone()));
+    let result = match runner.run(&validated, cancel).await? {
+        RunOutcome::Finished(result) | RunOutcome::AlreadyDone(result) => result,
+        busy @ RunOutcome::Busy { .. } => return Ok(report_outcome(&busy, out)),
+    };
+    let over = result
+        .cost
+        .as_ref()
+        .and_then(|c| c.budget.as_ref())
+        .is_some_and(|b| b.exceeded);
+    if out.json {
+        ops::print_json(&serde_json::json!({
+            "schema": ops::JSON_SCHEMA,
+            "job_id": result.job_id,
+            "status": result.status,
+            "changes": result.changes,
+            "cost": result.cost,
+            "error": result.error,
+        }));
+    } else if result.status == Status::Succeeded {
+        if let Some(c) = &result.changes {
+            outln!();
+            outln!(
+                "changes:    {} to add, {} to change, {} to destroy",
+                c.add,
+                c.change,
+                c.destroy
+            );
+        }
+        print_cost(&result);
+        outln!("planned as job {}; nothing was applied", result.job_id);
+    } else {
+        print_summary(&result);
+    }
+    Ok(match result.status {
+        Status::Succeeded if over => exit::FAILED,
+        Status::Succeeded => exit::OK,
+        _ => exit::FAILED,
+    })
+}
+
 async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
     let store = g.open_store().await?;
     let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc()).await?;
@@ -403,6 +494,7 @@ async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
 pub(crate) fn runtime(g: &Global) -> Runtime {
     Runtime {
         templates: g.templates.clone(),
+        price_books: g.price_books.clone(),
         terraform: TerraformConfig {
             binary: g.terraform.clone(),
             plugin_cache: g.plugin_cache.clone(),
@@ -553,6 +645,7 @@ pub(crate) fn print_summary(r: &JobResult) {
     if let Some(t) = &r.terraform {
         outln!("terraform:  {} {}", t.flavour.name(), t.version);
     }
+    print_cost(r);
     if let Some(drift) = r.drift {
         let what = match (drift, r.drifted.is_empty()) {
             (false, _) => "none",
@@ -658,6 +751,47 @@ pub(crate) fn print_summary(r: &JobResult) {
         );
         outln!("hint:       {}", e.hint);
         outln!("retryable:  {}", e.retryable);
+    }
+}
+
+/// The estimate of a result: the totals, the largest changes, what is not priced, the budget.
+pub(crate) fn print_cost(r: &JobResult) {
+    let Some(c) = &r.cost else {
+        return;
+    };
+    let books: Vec<String> = c
+        .price_books
+        .iter()
+        .map(|b| format!("{} {}", b.name, b.as_of))
+        .collect();
+    if books.is_empty() {
+        outln!("cost:       {}", c.headline());
+    } else {
+        outln!(
+            "cost:       {} (prices: {})",
+            c.headline(),
+            books.join(", ")
+        );
+    }
+    for t in &c.top {
+        outln!(
+            "            {} {}",
+            t.address,
+            cost::show_delta(t.monthly_delta)
+        );
+    }
+    for u in &c.not_priced {
+        outln!("            not priced: {} ({})", u.address, u.reason);
+    }
+    if let Some(b) = &c.budget {
+        match &b.reason {
+            Some(why) if b.exceeded => outln!("budget:     exceeded: {why}"),
+            _ => outln!(
+                "budget:     within: at most {} {} more a month",
+                cost::show(b.max_monthly_increase),
+                c.currency
+            ),
+        }
     }
 }
 

@@ -44,6 +44,7 @@ impl Fake {
             store: Arc::new(MemoryStore::new()),
             runtime: Runtime {
                 templates: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates"),
+                price_books: PathBuf::from("/nonexistent/price-books"),
                 // Never started by these tests: every run here stops before terraform.
                 terraform: TerraformConfig {
                     binary: "/nonexistent/terraform".into(),
@@ -190,6 +191,7 @@ fn ws() -> WorkspaceId {
 fn finished(id: &str) -> Bytes {
     let now = time::OffsetDateTime::now_utc();
     let result = crate::result::JobResult {
+        cost: None,
         schema: crate::result::RESULT_SCHEMA,
         job_id: id.into(),
         tenant: "acme".into(),

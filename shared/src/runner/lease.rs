@@ -43,6 +43,7 @@ impl Runner {
             .unwrap_or(prev.expired_at);
         let template = job.template.to_string();
         let result = JobResult {
+            cost: None,
             schema: crate::result::RESULT_SCHEMA,
             job_id: prev.owner.clone(),
             tenant: ws.tenant().to_owned(),

@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use crate::classify::classify;
 use crate::client::Client;
+use crate::cost;
 use crate::job::{OnFailure, Operation, RetryPolicy};
 use crate::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
 use crate::recover::{self, Recovery};
@@ -80,6 +81,9 @@ pub struct RunnerConfig {
     pub client_cache: Option<PathBuf>,
     /// One metrics record per finished job on stderr, in this format (none: no record).
     pub metrics: Option<crate::metrics::Format>,
+    /// A folder of price books (see [`crate::cost`]): plans are estimated when it exists, read
+    /// afresh by each job.
+    pub price_books: Option<PathBuf>,
 }
 
 impl Default for RunnerConfig {
@@ -94,6 +98,7 @@ impl Default for RunnerConfig {
             shutdown: None,
             client_cache: None,
             metrics: None,
+            price_books: None,
             max_state_bytes: crate::state_server::MAX_STATE_BYTES,
         }
     }
@@ -424,6 +429,7 @@ impl Runner {
             terraform: report.client,
             steps: report.steps,
             changes: report.changes,
+            cost: report.cost,
             drift: report.drift,
             drifted: report.drifted,
             outputs: report.outputs,
@@ -512,6 +518,62 @@ impl Runner {
         Ok(RunOutcome::Finished(Box::new(redacted)))
     }
 
+    /// The price books and budget the job's plans are estimated with: none for drift checks,
+    /// or without books. A budget that cannot be checked (no books, books that cannot be
+    /// read, another currency) stops the job before terraform runs; without a budget, books
+    /// that cannot be read only cost the job its estimate.
+    async fn costing(
+        &self,
+        job: &ValidatedJob,
+        logger: &Logger,
+    ) -> Result<Option<Costing>, JobError> {
+        let j = &job.job;
+        if j.operation == Operation::DriftCheck {
+            return Ok(None);
+        }
+        let loaded = match self.config.price_books.clone() {
+            None => Ok(None),
+            Some(dir) => tokio::task::spawn_blocking(move || cost::PriceBooks::load(&dir))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string())),
+        };
+        const FIX_BOOKS: &str = "fix the price book as the message says (docs/templates.md describes the format), or remove the job's budget";
+        match (loaded, &j.budget) {
+            (Ok(None), None) => Ok(None),
+            (Err(why), None) => {
+                logger
+                    .runner("estimate", &format!("no cost estimate: {why}"))
+                    .await;
+                Ok(None)
+            }
+            (Ok(None), Some(_)) => Err(budget_error(
+                "the job sets a budget, but this runner has no price books to estimate its cost with".into(),
+                "set TERRACE_PRICE_BOOKS (terrace: --price-books) to a folder of price books, or remove the job's budget",
+            )),
+            (Err(why), Some(_)) => Err(budget_error(
+                format!("the job sets a budget, but the price books cannot be read: {why}"),
+                FIX_BOOKS,
+            )),
+            (Ok(Some(books)), budget) => {
+                if let Some(currency) = budget.as_ref().and_then(|b| b.currency.as_deref())
+                    && currency != books.currency
+                {
+                    return Err(budget_error(
+                        format!(
+                            "budget.currency is {currency}, but this runner's price books are in {}",
+                            books.currency
+                        ),
+                        BUDGET_CURRENCY_HINT,
+                    ));
+                }
+                Ok(Some(Costing {
+                    books,
+                    budget: budget.clone(),
+                }))
+            }
+        }
+    }
+
     /// Prepares the workdir and runs the operation's steps.
     #[allow(clippy::too_many_arguments)] // the job's whole context, passed once
     async fn execute(
@@ -585,6 +647,8 @@ impl Runner {
             });
         }
         let (client, server, before) = prepared?;
+        // Refused before terraform runs: a budget this runner cannot check.
+        let costing = self.costing(job, logger).await?;
         report.client = Some(client);
         let workdir = prepare_workdir(
             self.config.work_root.as_deref(),
@@ -603,6 +667,7 @@ impl Runner {
             dir,
             logger,
             stop,
+            costing: costing.as_ref(),
         };
         let result = self.steps(j.operation, j.retry, &steps, report).await;
         if result.is_ok() && j.operation == Operation::Apply {

@@ -277,6 +277,65 @@ impl Runner {
         Ok(())
     }
 
+    /// Prices the saved plan, logs the estimate and holds the job's budget against it: an
+    /// apply over budget stops here, before anything is applied.
+    pub(super) async fn estimate(
+        &self,
+        op: Operation,
+        costing: &Costing,
+        s: &Steps<'_>,
+        report: &mut Report,
+    ) -> Result<(), JobError> {
+        let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
+        let mut estimate =
+            cost::estimate(&shown.stdout, &costing.books).map_err(|e| internal("estimate", e))?;
+        let mut lines = vec![format!("cost: {}", estimate.headline())];
+        lines.extend(
+            estimate
+                .top
+                .iter()
+                .map(|t| format!("cost: {} {}", t.address, cost::show_delta(t.monthly_delta))),
+        );
+        lines.extend(
+            estimate
+                .not_priced
+                .iter()
+                .map(|u| format!("cost: not priced: {} ({})", u.address, u.reason)),
+        );
+        let check = match &costing.budget {
+            Some(budget) => Some(
+                estimate
+                    .check(budget)
+                    .map_err(|e| budget_error(e, BUDGET_CURRENCY_HINT))?
+                    .clone(),
+            ),
+            None => None,
+        };
+        match &check {
+            Some(c) if c.exceeded => lines.push(format!(
+                "budget: exceeded: {}",
+                c.reason.as_deref().unwrap_or_default()
+            )),
+            Some(c) => lines.push(format!(
+                "budget: within the max_monthly_increase of {} {}",
+                cost::show(c.max_monthly_increase),
+                estimate.currency
+            )),
+            None => {}
+        }
+        for line in &lines {
+            s.logger.runner("estimate", line).await;
+        }
+        report.cost = Some(estimate);
+        match check {
+            Some(c) if c.exceeded && op == Operation::Apply => Err(budget_error(
+                c.reason.unwrap_or_default(),
+                "nothing was applied: raise budget.max_monthly_increase if the increase is meant, or change the job's variables so it costs less",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// One attempt: plan, and for apply and destroy, apply the plan; changes and outputs come
     /// from terraform's messages.
     pub(super) async fn attempt(
@@ -319,6 +378,9 @@ impl Runner {
             )
             .await;
         report.changes = Some(changes);
+        if let Some(costing) = s.costing {
+            self.estimate(op, costing, s, report).await?;
+        }
         if !op.mutates() {
             return Ok(());
         }
@@ -384,6 +446,7 @@ pub(super) fn is_state_save_error(message: &str) -> bool {
 pub(super) struct Report {
     pub(super) steps: Vec<StepTiming>,
     pub(super) changes: Option<Changes>,
+    pub(super) cost: Option<cost::Estimate>,
     pub(super) drift: Option<bool>,
     pub(super) outputs: std::collections::BTreeMap<String, crate::result::Output>,
     pub(super) versions: Vec<u64>,
@@ -410,6 +473,14 @@ pub(super) struct Steps<'a> {
     pub(super) dir: &'a Path,
     pub(super) logger: &'a Logger,
     pub(super) stop: &'a CancellationToken,
+    /// Price books (and the job's budget) when plans are estimated.
+    pub(super) costing: Option<&'a Costing>,
+}
+
+/// What a job's plans are priced with.
+pub(super) struct Costing {
+    pub(super) books: cost::PriceBooks,
+    pub(super) budget: Option<cost::Budget>,
 }
 
 /// A regular file in a workdir, read without following a link and only up to `cap` bytes;
@@ -519,6 +590,22 @@ impl Steps<'_> {
             exit_code: outcome.exit_code,
         });
         Ok(Ran { step, outcome })
+    }
+}
+
+/// What fixes a budget in another currency than the runner's price books.
+pub(super) const BUDGET_CURRENCY_HINT: &str =
+    "give the budget in the price books' currency, or leave budget.currency out";
+
+/// A job stopped by its budget, or a budget that cannot be checked: never retried.
+pub(super) fn budget_error(message: String, hint: &str) -> JobError {
+    JobError {
+        category: Category::Budget,
+        step: "estimate".into(),
+        address: None,
+        message,
+        hint: hint.into(),
+        retryable: false,
     }
 }
 
