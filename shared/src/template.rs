@@ -25,6 +25,30 @@ mod sensitivity;
 /// The file in a template folder that declares its variables.
 pub const SPEC_FILE: &str = "template.yaml";
 
+/// The variable the runner fills with the job's tags, when a template declares it (as
+/// `{ type: map }`): see [`default_tags`].
+pub const TAGS_VARIABLE: &str = "terrace_tags";
+
+/// The tags a template declaring [`TAGS_VARIABLE`] gets: who the infrastructure is for, and
+/// which job and template version last applied it (`job_id`).
+pub fn default_tags(
+    tenant: &str,
+    workspace: &str,
+    job_id: &str,
+    template: &crate::job::TemplateRef,
+) -> BTreeMap<String, String> {
+    [
+        ("terrace_tenant", tenant),
+        ("terrace_workspace", workspace),
+        ("terrace_job", job_id),
+        ("terrace_template", &template.name),
+        ("terrace_template_version", &template.version),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
 /// The type of a template variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -207,6 +231,17 @@ impl TemplateSpec {
     /// Checks that patterns compile, defaults fit their declarations and rules name declared
     /// variables.
     fn check(&self) -> Result<(), String> {
+        if let Some(tags) = self.variables.get(TAGS_VARIABLE)
+            && (tags.var_type != VarType::Map
+                || tags.required
+                || tags.default.is_some()
+                || tags.sensitive
+                || tags.constraint != Constraint::default())
+        {
+            return Err(format!(
+                "variables.{TAGS_VARIABLE} is filled by the runner (tenant, workspace, job, template and version): declare it as `{{ type: map }}`, without required, default, sensitive or limits"
+            ));
+        }
         for (name, var) in &self.variables {
             if let Some(pattern) = &var.constraint.pattern {
                 regex::Regex::new(pattern)

@@ -507,7 +507,13 @@ fn check_variables(
     let declared = &template.spec.variables;
     let names: Vec<&str> = declared.keys().map(String::as_str).collect();
     for key in supplied.keys() {
-        if !declared.contains_key(key) {
+        if key == crate::template::TAGS_VARIABLE {
+            errors.push(ValidationError::new(
+                format!("variables.{key}"),
+                "is filled by the runner (tenant, workspace, job id, template and version)",
+                "remove it from the job",
+            ));
+        } else if !declared.contains_key(key) {
             errors.push(ValidationError::new(
                 format!("variables.{key}"),
                 "is not declared by the template",
@@ -521,6 +527,9 @@ fn check_variables(
     }
     let mut values = BTreeMap::new();
     for (name, var) in declared {
+        if name == crate::template::TAGS_VARIABLE {
+            continue;
+        }
         let field = format!("variables.{name}");
         let value = match supplied.get(name) {
             Some(Value::Null) | None => match &var.default {

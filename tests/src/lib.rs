@@ -185,7 +185,7 @@ impl Sandbox {
         let repo = repo_root();
         std::os::unix::fs::symlink(repo.join("templates/demo"), templates.join("demo"))
             .expect("link demo");
-        for name in ["leaky", "fleet", "tiers", "awscreds", "probe"] {
+        for name in ["leaky", "fleet", "tiers", "awscreds", "probe", "tagged"] {
             std::os::unix::fs::symlink(
                 repo.join("tests/templates").join(name),
                 templates.join(name),

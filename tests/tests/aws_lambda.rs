@@ -1019,6 +1019,11 @@ async fn the_image_runs_a_job_as_lambda_runs_it() {
     );
     let log = w.keys("states/acme/img/runs/img-1/log/").await;
     assert!(!log.is_empty(), "the job's log is in the bucket");
+    // The image's price books (/opt/terrace/price-books) priced the plan.
+    assert_eq!(
+        result["cost"]["price_books"][0]["name"], "testcloud",
+        "{result}"
+    );
 }
 
 /// The customer's side from the quick-create template (`deploy/aws/customer-quick-create.yaml`),

@@ -181,9 +181,11 @@ impl Runner {
                 ),
             )
             .await;
+        // Tagged as the apply whose configuration it restores.
         let workdir = prepare_workdir(
             self.config.work_root.as_deref(),
             &previous,
+            &to,
             s.server.endpoint(),
             self.config.terraform.user,
         )

@@ -574,6 +574,31 @@ impl Runner {
         }
     }
 
+    /// The job id a template's tags name: the job's own, but for a drift check the last
+    /// successful apply's, so that the check finds only what changed since, not the tag.
+    async fn tag_job(&self, job: &ValidatedJob, ws: &WorkspaceId, logger: &Logger) -> String {
+        let j = &job.job;
+        let tagged = job
+            .template
+            .spec
+            .variables
+            .contains_key(crate::template::TAGS_VARIABLE);
+        if !tagged || j.operation != Operation::DriftCheck {
+            return j.id.clone();
+        }
+        match rollback::last_apply(self.store.as_ref(), ws).await {
+            Ok(Some((id, _))) => id,
+            Ok(None) => j.id.clone(),
+            Err(why) => {
+                let line = format!(
+                    "the tags name this check, not the last apply ({why}): they may read as drift"
+                );
+                logger.runner("prepare", &line).await;
+                j.id.clone()
+            }
+        }
+    }
+
     /// Prepares the workdir and runs the operation's steps.
     #[allow(clippy::too_many_arguments)] // the job's whole context, passed once
     async fn execute(
@@ -650,9 +675,11 @@ impl Runner {
         // Refused before terraform runs: a budget this runner cannot check.
         let costing = self.costing(job, logger).await?;
         report.client = Some(client);
+        let tag_job = self.tag_job(job, ws, logger).await;
         let workdir = prepare_workdir(
             self.config.work_root.as_deref(),
             job,
+            &tag_job,
             server.endpoint(),
             self.config.terraform.user,
         )

@@ -53,10 +53,12 @@ impl Workdir {
     }
 }
 
-/// Makes the job's workdir: a copy of the template, the variables as tfvars, and the backend.
+/// Makes the job's workdir: a copy of the template, the variables as tfvars (with the tags
+/// naming `tag_job`, when the template declares them), and the backend.
 pub(super) fn prepare_workdir(
     root: Option<&Path>,
     job: &ValidatedJob,
+    tag_job: &str,
     endpoint: &state_server::Endpoint,
     user: Option<RunAs>,
 ) -> std::io::Result<Workdir> {
@@ -86,9 +88,23 @@ pub(super) fn prepare_workdir(
                 .create(dir.path().join(private))?;
         }
     }
+    let mut variables = job.job.variables.clone();
+    let j = &job.job;
+    if job
+        .template
+        .spec
+        .variables
+        .contains_key(crate::template::TAGS_VARIABLE)
+    {
+        let tags = crate::template::default_tags(&j.tenant, &j.workspace, tag_job, &j.template);
+        variables.insert(
+            crate::template::TAGS_VARIABLE.to_owned(),
+            serde_json::to_value(tags)?,
+        );
+    }
     write_private(
         &dir.path().join("terrace.auto.tfvars.json"),
-        &serde_json::to_vec_pretty(&job.job.variables)?,
+        &serde_json::to_vec_pretty(&variables)?,
     )?;
     std::fs::write(
         dir.path().join("terrace_backend.tf"),
@@ -202,6 +218,7 @@ pub(super) mod tests {
         let dir = prepare_workdir(
             Some(root.path()),
             &demo_job("w2"),
+            "tag-job",
             &endpoint,
             Some(RunAs::NOBODY),
         )
@@ -232,7 +249,7 @@ pub(super) mod tests {
             password: "pw-0123".into(),
         };
         let job = demo_job("w1");
-        let dir = prepare_workdir(Some(root.path()), &job, &endpoint, None).unwrap();
+        let dir = prepare_workdir(Some(root.path()), &job, "tag-job", &endpoint, None).unwrap();
         let path = dir.path();
         assert!(path.starts_with(root.path()));
         assert!(path.join("main.tf").exists(), "the template's files");
@@ -279,15 +296,34 @@ pub(super) mod tests {
             username: "terrace".into(),
             password: "pw".into(),
         };
-        let live = prepare_workdir(Some(root.path()), &demo_job("live"), &endpoint, None).unwrap();
-        let kept = prepare_workdir(Some(root.path()), &demo_job("kept"), &endpoint, None)
-            .unwrap()
-            .keep();
+        let live = prepare_workdir(
+            Some(root.path()),
+            &demo_job("live"),
+            "tag-job",
+            &endpoint,
+            None,
+        )
+        .unwrap();
+        let kept = prepare_workdir(
+            Some(root.path()),
+            &demo_job("kept"),
+            "tag-job",
+            &endpoint,
+            None,
+        )
+        .unwrap()
+        .keep();
         // A runner killed outright: its workdir stays, and nothing holds its lock.
-        let dead = prepare_workdir(Some(root.path()), &demo_job("dead"), &endpoint, None)
-            .unwrap()
-            .dir
-            .keep();
+        let dead = prepare_workdir(
+            Some(root.path()),
+            &demo_job("dead"),
+            "tag-job",
+            &endpoint,
+            None,
+        )
+        .unwrap()
+        .dir
+        .keep();
         let other = root.path().join("terrace-it-sandbox");
         std::fs::create_dir_all(&other).unwrap();
 
