@@ -99,7 +99,7 @@ pub async fn plan(store: &dyn StateStore, now: OffsetDateTime) -> Result<DriftPl
     for ws in store.workspaces().await? {
         match last_apply(store, &ws).await {
             Ok(None) => out.never_applied += 1,
-            Ok(Some((_, record))) => match store.current(&ws).await {
+            Ok(Some((_, record))) => match store.current_version(&ws).await {
                 // Destroyed or deleted since: a check would only plan to recreate it all.
                 Ok(None) => out.never_applied += 1,
                 Ok(Some(_)) => match drift_job(&record, &ws, &id) {

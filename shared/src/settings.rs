@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use state_backends::StateStore;
+
 use crate::runner::RunnerConfig;
 use crate::terraform::{RunAs, TerraformConfig};
 
@@ -144,6 +146,38 @@ pub fn list(name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The keys states are sealed with (see [`state_backends::sealed`]): `key_file` seals, `old`
+/// (after a rotation) still open what they sealed. None without a key file.
+///
+/// # Errors
+/// A key file that cannot be read or is not a key, named by its setting; old keys without a
+/// current one.
+pub fn keyring(
+    key_file: Option<&std::path::Path>,
+    old: &[PathBuf],
+) -> Result<Option<state_backends::sealed::Keyring>, ConfigError> {
+    use state_backends::sealed::{KeyFile, KeySource, Keyring};
+    let read = |name: &str, path: &std::path::Path| {
+        KeyFile::read(path)
+            .map(|k| std::sync::Arc::new(k) as std::sync::Arc<dyn KeySource>)
+            .map_err(|e| ConfigError::Invalid(format!("{name}: {e}")))
+    };
+    let Some(current) = key_file else {
+        if old.is_empty() {
+            return Ok(None);
+        }
+        return Err(
+            "TERRACE_STATE_OLD_KEY_FILES needs TERRACE_STATE_KEY_FILE: the key new states are sealed with"
+                .into(),
+        );
+    };
+    let mut keys = Keyring::new(read("TERRACE_STATE_KEY_FILE", current)?);
+    for path in old {
+        keys.older.push(read("TERRACE_STATE_OLD_KEY_FILES", path)?);
+    }
+    Ok(Some(keys))
+}
+
 /// A setting that is missing, malformed, or at odds with another; each names its variable.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -214,6 +248,9 @@ pub struct Runtime {
     /// `TERRACE_METRICS` (`emf`, `json` or `off`; the function's default): one metrics record
     /// per job on stderr.
     pub metrics: Option<crate::metrics::Format>,
+    /// `TERRACE_STATE_KEY_FILE` and `TERRACE_STATE_OLD_KEY_FILES`: the keys states are sealed
+    /// with before they leave the runner (none: states are stored as terraform wrote them).
+    pub keys: Option<state_backends::sealed::Keyring>,
 }
 
 impl Runtime {
@@ -269,8 +306,17 @@ impl Runtime {
                     expected: "a number of bytes",
                 })?,
             },
+            keys: None,
         };
         runtime.terraform.set_user(who);
+        let old: Vec<PathBuf> = list("TERRACE_STATE_OLD_KEY_FILES")
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        runtime.keys = keyring(
+            var("TERRACE_STATE_KEY_FILE").map(PathBuf::from).as_deref(),
+            &old,
+        )?;
         Ok(runtime)
     }
 
@@ -316,6 +362,11 @@ impl Runtime {
             self.metrics = Some(format);
         }
         self
+    }
+
+    /// `store`, sealing states with this runtime's keys (and refusing sealed ones without).
+    pub fn seal(&self, store: std::sync::Arc<dyn StateStore>) -> std::sync::Arc<dyn StateStore> {
+        state_backends::sealed::SealedStore::wrap(store, self.keys.clone())
     }
 
     /// A runner's settings: these, with the function's own defaults for the rest.
@@ -386,6 +437,7 @@ mod tests {
         let mut runtime = Runtime {
             templates: PathBuf::new(),
             price_books: PathBuf::new(),
+            keys: None,
             terraform: TerraformConfig {
                 pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
                 ..TerraformConfig::default()

@@ -62,6 +62,14 @@ pub enum StoreError {
         source: std::io::Error,
     },
 
+    /// A sealed (encrypted) object that cannot be opened: no key, the wrong key, or changed.
+    #[error("{what} of workspace {workspace} cannot be decrypted: {reason}")]
+    Sealed {
+        workspace: WorkspaceId,
+        what: String,
+        reason: String,
+    },
+
     /// A stored record could not be read back.
     #[error("corrupt record {path}: {detail}")]
     Corrupt { path: String, detail: String },

@@ -16,11 +16,14 @@
 pub mod azure;
 #[cfg(feature = "gcp")]
 pub mod gcs;
+#[cfg(feature = "aws")]
+pub mod kms;
 pub mod lease;
 pub mod memory;
 pub mod objects;
 #[cfg(feature = "aws")]
 pub mod s3;
+pub mod sealed;
 pub mod tfstate;
 
 #[cfg(feature = "fs")]
@@ -202,6 +205,15 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// # Errors
     /// Backend failures.
     async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>>;
+
+    /// Which version is current, without its content (which a sealing store would have to
+    /// open): `None` when the workspace has none.
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn current_version(&self, ws: &WorkspaceId) -> Result<Option<VersionInfo>> {
+        Ok(self.current(ws).await?.map(|c| c.version))
+    }
 
     /// Accepts `state` as the workspace's new current state and records it as a new version.
     ///

@@ -55,6 +55,28 @@ impl StateMeta {
     }
 }
 
+impl StateMeta {
+    /// The facts of a state as a store keeps it: a plain state, or a sealed one (whose header
+    /// carries its serial and lineage; see [`crate::sealed`]).
+    ///
+    /// # Errors
+    /// As [`StateMeta::parse`], or a sealed object without them.
+    pub fn parse_stored(data: &[u8]) -> Result<Self, String> {
+        if !crate::sealed::is_sealed(data) {
+            return Self::parse(data);
+        }
+        let (_, header, _) = crate::sealed::split(data)?;
+        match (header.serial, header.lineage) {
+            (Some(serial), Some(lineage)) if !lineage.is_empty() => Ok(Self {
+                serial,
+                lineage,
+                terraform_version: String::new(),
+            }),
+            _ => Err("the sealed state's header has no serial and lineage".to_owned()),
+        }
+    }
+}
+
 /// What to do with a state write, given the current state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WriteCheck {

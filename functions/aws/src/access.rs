@@ -32,6 +32,10 @@ pub struct Target {
     /// Encrypt every object the function writes with this KMS key (SSE-KMS).
     #[serde(default)]
     pub kms_key_id: Option<String>,
+    /// Seal every state before it leaves the runner with a data key from this KMS key of the
+    /// customer's (client-side envelope encryption, see `state_backends::sealed`).
+    #[serde(default)]
+    pub client_side_kms_key: Option<String>,
 }
 
 /// Why access was refused.
@@ -79,6 +83,11 @@ impl Target {
                 "kms_key_id",
                 &self.kms_key_id,
                 "the bucket's own encryption applies",
+            ),
+            (
+                "client_side_kms_key",
+                &self.client_side_kms_key,
+                "states are sealed with the runner's key file, if it has one",
             ),
         ] {
             if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
@@ -155,6 +164,7 @@ mod tests {
             lease_table: None,
             region: None,
             kms_key_id: None,
+            client_side_kms_key: None,
         }
     }
 

@@ -89,7 +89,23 @@ impl App {
                 kms_key_id: target.kms_key_id.clone(),
             },
         )?;
-        Ok(Arc::new(store))
+        let store: Arc<dyn StateStore> = Arc::new(store);
+        let runtime = &self.config.runtime;
+        Ok(match &target.client_side_kms_key {
+            // The customer's key, reached as the customer; the runner's key files still open
+            // what they sealed before.
+            Some(key) => {
+                use state_backends::sealed::{Keyring, SealedStore};
+                let mut keys =
+                    Keyring::new(Arc::new(state_backends::kms::KmsKey::new(customer, key)));
+                if let Some(own) = &runtime.keys {
+                    keys.older.push(own.current.clone());
+                    keys.older.extend(own.older.iter().cloned());
+                }
+                SealedStore::wrap(store, Some(keys))
+            }
+            None => runtime.seal(store),
+        })
     }
 
     /// Sends a result or a rejection to the results queue, when there is one.

@@ -103,9 +103,9 @@ impl App {
             container_url: self.config.storage_url(target.container_url.trim()),
             prefix: target.prefix.clone(),
         };
-        Ok(Arc::new(
+        Ok(self.config.runtime.seal(Arc::new(
             AzureStore::new(&config, credential).map_err(|e| e.to_string())?,
-        ))
+        )))
     }
 
     /// Sends a result or a rejection to the results queue, when there is one.

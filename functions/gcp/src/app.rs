@@ -111,7 +111,7 @@ impl App {
             .build()
             .await
             .map_err(|e| format!("cannot make a GCS client: {e}"))?;
-        Ok(Arc::new(GcsStore::new(
+        Ok(self.config.runtime.seal(Arc::new(GcsStore::new(
             storage,
             credentials,
             GcsConfig {
@@ -120,7 +120,7 @@ impl App {
                 kms_key: target.kms_key.clone(),
                 endpoint: self.config.gcs_endpoint.clone(),
             },
-        )))
+        ))))
     }
 
     /// `POST /pubsub`.

@@ -130,6 +130,18 @@ pub(crate) struct Global {
           default_value_t = shared::state_server::MAX_STATE_BYTES as u64,
           value_parser = clap::value_parser!(u64).range(1024..))]
     pub(crate) max_state_bytes: u64,
+    /// A key file (32 bytes, base64: `openssl rand -base64 32`) whose key seals every state
+    /// before it leaves this machine, and opens what it sealed (docs/SECURITY.md).
+    #[arg(long, env = "TERRACE_STATE_KEY_FILE", global = true)]
+    pub(crate) state_key_file: Option<PathBuf>,
+    /// Key files rotated out: they still open what they sealed, comma-separated.
+    #[arg(
+        long,
+        env = "TERRACE_STATE_OLD_KEY_FILES",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub(crate) state_old_key_files: Vec<PathBuf>,
     /// Print only the summary, not the live log.
     #[arg(long, short, global = true)]
     pub(crate) quiet: bool,
@@ -276,7 +288,9 @@ impl Global {
             .store
             .parse()
             .map_err(|e| anyhow::anyhow!("--store: {e}"))?;
-        store::open(&url).await
+        let keys =
+            shared::settings::keyring(self.state_key_file.as_deref(), &self.state_old_key_files)?;
+        store::open(&url, keys).await
     }
 }
 
@@ -495,6 +509,8 @@ pub(crate) fn runtime(g: &Global) -> Runtime {
     Runtime {
         templates: g.templates.clone(),
         price_books: g.price_books.clone(),
+        // The CLI seals in `Global::open_store`, which every command opens its store with.
+        keys: None,
         terraform: TerraformConfig {
             binary: g.terraform.clone(),
             plugin_cache: g.plugin_cache.clone(),

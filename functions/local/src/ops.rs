@@ -361,7 +361,7 @@ pub async fn status(
         // No record: no apply or destroy has started since runners kept one. A workspace with
         // a state is older than records; one with runs only is waiting for its first.
         let (has_state, runs) = (
-            store.current(ws).await?.is_some(),
+            store.current_version(ws).await?.is_some(),
             runs_of(store, ws).await?,
         );
         let (status, why) = match (has_state, runs.is_empty()) {

@@ -68,7 +68,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
     match cmd {
         StateCmd::Versions { workspace, out } => {
             let versions = store.versions(&workspace).await?;
-            let current = store.current(&workspace).await?.map(|c| c.version.number);
+            let current = store.current_version(&workspace).await?.map(|v| v.number);
             if out.json {
                 print_json(&serde_json::json!({
                     "schema": JSON_SCHEMA,

@@ -23,6 +23,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use state_backends::StateStore;
+use state_backends::sealed::{Keyring, SealedStore};
 
 /// A parsed `--store`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +46,8 @@ pub struct S3Url {
     pub region: Option<String>,
     /// SSE-KMS key for every object written.
     pub kms_key_id: Option<String>,
+    /// A KMS key whose data keys seal every state before it leaves this machine.
+    pub client_side_kms_key: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +120,7 @@ impl FromStr for StoreUrl {
                     external_id: query.take("external_id")?,
                     region: query.take("region")?,
                     kms_key_id: query.take("kms_key_id")?,
+                    client_side_kms_key: query.take("client_side_kms_key")?,
                 };
                 if s3.external_id.is_some() && s3.role_arn.is_none() {
                     return Err("external_id is for assuming a role: add role_arn=… too".into());
@@ -264,7 +268,8 @@ impl Query {
             None => Ok(()),
             Some(k) => Err(format!(
                 "{k} is not a setting of this store (s3: lease_table, role_arn, external_id, \
-                 region, kms_key_id; gs: impersonate, kms_key; az: identity, client_id)"
+                 region, kms_key_id, client_side_kms_key; gs: impersonate, kms_key; az: identity, \
+                 client_id)"
             )),
         }
     }
@@ -300,26 +305,27 @@ fn not_built(kind: &str, feature: &str) -> anyhow::Error {
 ///
 /// # Errors
 /// Missing credentials or settings, or a store kind this build leaves out.
-pub async fn open(url: &StoreUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+pub async fn open(url: &StoreUrl, keys: Option<Keyring>) -> anyhow::Result<Arc<dyn StateStore>> {
+    let seal = |store: Arc<dyn StateStore>| SealedStore::wrap(store, keys.clone());
     match url {
-        StoreUrl::Fs(path) => Ok(Arc::new(state_backends::fs::FsStore::new(path))),
+        StoreUrl::Fs(path) => Ok(seal(Arc::new(state_backends::fs::FsStore::new(path)))),
         #[cfg(feature = "aws")]
-        StoreUrl::S3(s3) => open_s3(s3).await,
+        StoreUrl::S3(s3) => open_s3(s3, keys.clone()).await,
         #[cfg(not(feature = "aws"))]
         StoreUrl::S3(_) => Err(not_built("S3", "aws")),
         #[cfg(feature = "gcp")]
-        StoreUrl::Gcs(gcs) => open_gcs(gcs).await,
+        StoreUrl::Gcs(gcs) => open_gcs(gcs).await.map(seal),
         #[cfg(not(feature = "gcp"))]
         StoreUrl::Gcs(_) => Err(not_built("GCS", "gcp")),
         #[cfg(feature = "azure")]
-        StoreUrl::Azure(azure) => open_azure(azure),
+        StoreUrl::Azure(azure) => open_azure(azure).map(seal),
         #[cfg(not(feature = "azure"))]
         StoreUrl::Azure(_) => Err(not_built("Azure", "azure")),
     }
 }
 
 #[cfg(feature = "aws")]
-async fn open_s3(s3: &S3Url) -> anyhow::Result<Arc<dyn StateStore>> {
+async fn open_s3(s3: &S3Url, keys: Option<Keyring>) -> anyhow::Result<Arc<dyn StateStore>> {
     use aws_config::{BehaviorVersion, Region};
     use state_backends::s3::{LeaseMode, S3Config, S3Store};
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
@@ -362,7 +368,19 @@ async fn open_s3(s3: &S3Url) -> anyhow::Result<Arc<dyn StateStore>> {
             kms_key_id: s3.kms_key_id.clone(),
         },
     )?;
-    Ok(Arc::new(store))
+    // With a client-side KMS key, it seals; the key files still open what they sealed.
+    let keys = match &s3.client_side_kms_key {
+        Some(key) => {
+            let mut ring = Keyring::new(Arc::new(state_backends::kms::KmsKey::new(&config, key)));
+            if let Some(files) = keys {
+                ring.older.push(files.current);
+                ring.older.extend(files.older);
+            }
+            Some(ring)
+        }
+        None => keys,
+    };
+    Ok(SealedStore::wrap(Arc::new(store), keys))
 }
 
 #[cfg(feature = "gcp")]

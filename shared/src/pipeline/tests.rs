@@ -56,6 +56,7 @@ impl Fake {
                 console: false,
                 metrics: None,
                 max_state_bytes: crate::state_server::MAX_STATE_BYTES,
+                keys: None,
             },
             reported: Mutex::default(),
             requeued: Mutex::default(),

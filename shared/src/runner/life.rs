@@ -88,7 +88,7 @@ impl Life {
         // Without a record (a workspace older than records), whether it exists is its state's.
         let exists = match &life.status {
             Some(s) => s.exists,
-            None => matches!(runner.store.current(ws).await, Ok(Some(_))),
+            None => matches!(runner.store.current_version(ws).await, Ok(Some(_))),
         };
         if let Some(phase) = lifecycle::starting(j.operation, exists) {
             let id = j.id.clone();

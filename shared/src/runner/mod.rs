@@ -652,7 +652,20 @@ impl Runner {
             })
             .await
             .map_err(|e| internal("prepare", format!("cannot start the state server: {e}")))?;
-            let before = addresses(server.current().await);
+            let current = server.current().await;
+            // A sealed state this runner cannot open: said here, before terraform, which would
+            // only see its state server fail.
+            if let Err(e @ StoreError::Sealed { .. }) = &current {
+                return Err(JobError {
+                    category: Category::Auth,
+                    step: "prepare".into(),
+                    address: None,
+                    message: e.to_string(),
+                    hint: "give the runner the key that sealed the workspace's state (TERRACE_STATE_KEY_FILE, TERRACE_STATE_OLD_KEY_FILES for a key rotated out, or the target's client_side_kms_key); nothing was changed".into(),
+                    retryable: false,
+                });
+            }
+            let before = addresses(current);
             Ok::<_, JobError>((client.clone(), server, before))
         };
         let fence = lease.fence();
