@@ -299,6 +299,33 @@ fn failures(response: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// A tenant registered with `client_side_kms_key`: the function seals every state object it
+/// writes to the customer's bucket with data keys from the customer's KMS key (in moto).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_with_a_client_side_kms_key_gets_every_state_sealed_with_it() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let key = aws::kms_key();
+    let mut registered = w.target();
+    registered["external_id"] = json!("ext-7f3a");
+    registered["client_side_kms_key"] = json!(key);
+    let tenants = json!({ "acme": registered }).to_string();
+    let _function = w.start_with(&api, &[("TERRACE_TENANTS", &tenants)]);
+    w.apply_one(&api, "kms-1", "kms").await;
+    let keys = w.keys("states/acme/kms/").await;
+    let states: Vec<&String> = keys.iter().filter(|k| k.ends_with(".tfstate")).collect();
+    assert!(states.len() >= 2, "{keys:?}");
+    let s3 = aws::s3().await;
+    for k in states {
+        let object = s3.get_object().bucket(&w.bucket).key(k).send().await.unwrap();
+        let data = object.body.collect().await.unwrap().into_bytes();
+        assert!(state_backends::sealed::is_sealed(&data), "{k} is not sealed");
+        assert!(!String::from_utf8_lossy(&data).contains("testcloud_cluster"), "{k}");
+        let (_, header, _) = state_backends::sealed::split(&data).unwrap();
+        assert_eq!(header.key, format!("aws-kms:{key}"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
     let w = World::new().await;

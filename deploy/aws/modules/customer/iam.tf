@@ -34,6 +34,7 @@ data "aws_iam_policy_document" "access" {
   source_policy_documents = concat(
     data.aws_iam_policy_document.leases[*].json,
     data.aws_iam_policy_document.state_key[*].json,
+    data.aws_iam_policy_document.sealing_key[*].json,
   )
 
   statement {
@@ -71,6 +72,29 @@ data "aws_iam_policy_document" "state_key" {
     sid       = "StateKey"
     actions   = ["kms:GenerateDataKey", "kms:Decrypt"]
     resources = [var.kms_key_arn]
+  }
+}
+
+# Client-side sealing: a data key per state object, always with the workspace as its
+# encryption context.
+data "aws_iam_policy_document" "sealing_key" {
+  count = var.client_side_kms_key_arn == null ? 0 : 1
+
+  statement {
+    sid       = "SealingKey"
+    actions   = ["kms:GenerateDataKey", "kms:Decrypt"]
+    resources = [var.client_side_kms_key_arn]
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "kms:EncryptionContextKeys"
+      values   = ["terrace:workspace"]
+    }
+    condition {
+      test     = "Null"
+      variable = "kms:EncryptionContextKeys"
+      values   = ["false"]
+    }
   }
 }
 

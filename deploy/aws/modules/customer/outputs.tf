@@ -27,5 +27,7 @@ output "tenant_registry_entry" {
     lease_table = one(aws_dynamodb_table.lease[*].name)
     region      = aws_s3_bucket.this.region
     kms_key_id  = var.kms_key_arn
+
+    client_side_kms_key = var.client_side_kms_key_arn
   }
 }

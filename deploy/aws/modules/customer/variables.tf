@@ -123,3 +123,14 @@ variable "kms_key_arn" {
     error_message = "kms_key_arn must be a KMS key ARN (arn:aws:kms:<region>:<account>:key/<id>), or null for SSE-S3."
   }
 }
+
+variable "client_side_kms_key_arn" {
+  description = "KMS key that seals every state before it leaves the runner (client-side envelope encryption: a data key per object, the workspace as encryption context); null to leave states as terraform writes them, under the bucket's encryption. The role may use it for that only (`client_side_kms_key` in the registry entry)."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.client_side_kms_key_arn == null || can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/.+$", var.client_side_kms_key_arn))
+    error_message = "client_side_kms_key_arn must be a KMS key ARN (arn:aws:kms:<region>:<account>:key/<id>), or null."
+  }
+}
