@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod modules;
 mod sensitivity;
 
 /// The file in a template folder that declares its variables.
@@ -138,6 +139,9 @@ pub struct TemplateSpec {
     pub variables: BTreeMap<String, Variable>,
     #[serde(default)]
     pub rules: Vec<Rule>,
+    /// Modules from the library, each pinned by exact version and digest (see [`modules`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub modules: BTreeMap<String, modules::Pin>,
 }
 
 /// A template found on disk.
@@ -145,6 +149,8 @@ pub struct TemplateSpec {
 pub struct Template {
     pub dir: PathBuf,
     pub spec: TemplateSpec,
+    /// Its pinned modules, found in the library with their pinned digests.
+    pub modules: Vec<modules::Module>,
 }
 
 /// Why a template could not be loaded.
@@ -186,7 +192,8 @@ impl Template {
             .map_err(|message| TemplateError::Invalid { path, message })?;
         check_no_backend(&dir)?;
         sensitivity::check(&spec, &dir)?;
-        Ok(Self { dir, spec })
+        let modules = modules::resolve(root, &dir, &dir.join(SPEC_FILE), &spec.modules)?;
+        Ok(Self { dir, spec, modules })
     }
 }
 

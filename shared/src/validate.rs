@@ -463,12 +463,17 @@ fn template_ref(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Opt
         }
     }
     let mut part = |field: &str| match map.get(field) {
-        Some(Value::String(s)) if is_path_segment(s) => Some(s.clone()),
+        // Names starting with `_` are the templates root's own (`_modules`, the library).
+        Some(Value::String(s))
+            if is_path_segment(s) && !(field == "name" && s.starts_with('_')) =>
+        {
+            Some(s.clone())
+        }
         Some(Value::String(s)) => {
             errors.push(ValidationError::new(
                 format!("template.{field}"),
                 format!("{s:?} is not a valid template {field}"),
-                "use letters, digits, '-', '_' or '.', not starting with '.'",
+                "use letters, digits, '-', '_' or '.', not starting with '.' (nor '_', for a name)",
             ));
             None
         }
@@ -491,7 +496,7 @@ fn template_ref(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Opt
     })
 }
 
-fn is_path_segment(s: &str) -> bool {
+pub(crate) fn is_path_segment(s: &str) -> bool {
     !s.is_empty()
         && !s.starts_with('.')
         && s.chars()

@@ -185,7 +185,9 @@ impl Sandbox {
         let repo = repo_root();
         std::os::unix::fs::symlink(repo.join("templates/demo"), templates.join("demo"))
             .expect("link demo");
-        for name in ["leaky", "fleet", "tiers", "awscreds", "probe", "tagged"] {
+        for name in [
+            "leaky", "fleet", "tiers", "awscreds", "probe", "tagged", "stack", "_modules",
+        ] {
             std::os::unix::fs::symlink(
                 repo.join("tests/templates").join(name),
                 templates.join(name),

@@ -317,10 +317,22 @@ async fn a_tenant_with_a_client_side_kms_key_gets_every_state_sealed_with_it() {
     assert!(states.len() >= 2, "{keys:?}");
     let s3 = aws::s3().await;
     for k in states {
-        let object = s3.get_object().bucket(&w.bucket).key(k).send().await.unwrap();
+        let object = s3
+            .get_object()
+            .bucket(&w.bucket)
+            .key(k)
+            .send()
+            .await
+            .unwrap();
         let data = object.body.collect().await.unwrap().into_bytes();
-        assert!(state_backends::sealed::is_sealed(&data), "{k} is not sealed");
-        assert!(!String::from_utf8_lossy(&data).contains("testcloud_cluster"), "{k}");
+        assert!(
+            state_backends::sealed::is_sealed(&data),
+            "{k} is not sealed"
+        );
+        assert!(
+            !String::from_utf8_lossy(&data).contains("testcloud_cluster"),
+            "{k}"
+        );
         let (_, header, _) = state_backends::sealed::split(&data).unwrap();
         assert_eq!(header.key, format!("aws-kms:{key}"));
     }

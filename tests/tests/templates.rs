@@ -95,3 +95,135 @@ async fn a_job_cannot_set_the_tags_and_a_template_must_declare_them_as_a_map() {
         out.stderr()
     );
 }
+
+fn stack(id: &str, version: &str, nodes: u32) -> String {
+    format!(
+        "id: {id}\ntenant: acme\nworkspace: stack\noperation: apply\n\
+         template: {{ name: stack, version: {version} }}\n\
+         variables:\n  name: stk\n  node_count: {nodes}\ntimeout: 5m\n"
+    )
+}
+
+#[tokio::test]
+async fn a_template_of_pinned_library_modules_gets_a_new_module_version_only_with_a_new_template_version()
+ {
+    let sb = Sandbox::new();
+    let apply = |id: &str, version: &str, nodes: u32| {
+        let path = sb.job(&format!("{id}.yaml"), &stack(id, version, nodes));
+        sb.run(&["run", "-q", path.to_str().unwrap()])
+            .expect_code(0);
+    };
+    // stack 1.0.0 pins network 1.0.0 (10.1.0.0/16) and cluster 1.0.0; the library also holds
+    // network 1.1.0 (10.2.0.0/16), which only stack 1.1.0 pins.
+    apply("m1", "1.0.0", 2);
+    let r = sb.artifact_json("acme/stack", "m1", "result.json").await;
+    assert_eq!(r["outputs"]["network_cidr"]["value"], "10.1.0.0/16", "{r}");
+    assert!(r["outputs"]["cluster_id"]["value"].is_string(), "{r}");
+    assert_eq!(r["changes"]["add"], 2);
+
+    apply("m2", "1.0.0", 2);
+    let r = sb.artifact_json("acme/stack", "m2", "result.json").await;
+    assert_eq!(
+        (&r["changes"]["add"], &r["changes"]["change"]),
+        (&json!(0), &json!(0)),
+        "the same template version runs the same modules: {r}"
+    );
+
+    apply("m3", "1.1.0", 2);
+    let r = sb.artifact_json("acme/stack", "m3", "result.json").await;
+    assert_eq!(r["outputs"]["network_cidr"]["value"], "10.2.0.0/16", "{r}");
+    assert_eq!(
+        (&r["changes"]["add"], &r["changes"]["change"]),
+        (&json!(0), &json!(1)),
+        "the network is updated in place: {r}"
+    );
+
+    let shown = sb.run(&["template", "show", "stack", "1.1.0", "--json"]);
+    shown.expect_code(0);
+    let shown: Value = serde_json::from_str(&shown.stdout()).unwrap();
+    let pins: Vec<(String, String)> = shown["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap().to_owned(),
+                m["version"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pins,
+        [
+            ("cluster".into(), "1.0.0".into()),
+            ("network".into(), "1.1.0".into())
+        ]
+    );
+}
+
+/// Copies `from` into `to`, following the sandbox's links.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_module_changed_since_it_was_pinned_or_pinned_loosely_is_refused() {
+    let mut sb = Sandbox::new();
+    let root = sb.dir.path().join("own-templates");
+    for name in ["stack", "_modules"] {
+        copy_tree(&sb.templates.join(name), &root.join(name));
+    }
+    sb.env
+        .push(("TERRACE_TEMPLATES".into(), root.display().to_string()));
+    let path = sb.job("d1.yaml", &stack("d1", "1.0.0", 1));
+    sb.run(&["validate", path.to_str().unwrap()]).expect_code(0);
+
+    // One character of the library's network 1.0.0 changes.
+    let module = root.join("_modules/network/1.0.0/main.tf");
+    let text = std::fs::read_to_string(&module).unwrap();
+    std::fs::write(&module, text.replace("10.1.0.0/16", "10.9.0.0/16")).unwrap();
+    let out = sb.run(&["run", path.to_str().unwrap()]);
+    out.expect_code(65);
+    let err = out.stderr();
+    assert!(
+        err.contains("modules.network.sha256")
+            && err.contains("the module changed since it was pinned"),
+        "{err}"
+    );
+    assert!(sb.cloud_files().is_empty(), "nothing ran");
+    let listed = sb.run(&["template", "list"]);
+    listed.expect_code(1);
+    assert!(listed.stdout().contains("INVALID"), "{}", listed.stdout());
+    // stack 1.1.0 pins network 1.1.0, which did not change.
+    sb.run(&["template", "show", "stack", "1.1.0"])
+        .expect_code(0);
+
+    // A range is not a pin; a version the library lacks is named.
+    let spec = root.join("stack/1.1.0/template.yaml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(&spec, text.replace("version: 1.1.0", "version: \"~> 1.1\"")).unwrap();
+    let out = sb.run(&["template", "show", "stack", "1.1.0"]);
+    out.expect_code(65);
+    assert!(
+        out.stderr().contains("is not an exact version"),
+        "{}",
+        out.stderr()
+    );
+    std::fs::write(&spec, text.replace("version: 1.1.0", "version: 1.7.0")).unwrap();
+    let out = sb.run(&["template", "show", "stack", "1.1.0"]);
+    out.expect_code(65);
+    assert!(
+        out.stderr()
+            .contains("network 1.7.0 is not in the module library"),
+        "{}",
+        out.stderr()
+    );
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use crate::store::{self, StoreUrl};
-use crate::{ops, serve, state_cmd};
+use crate::{ops, serve, state_cmd, template_cmd};
 use clap::{Args, Parser, Subcommand};
 use shared::cost;
 use shared::job::{Operation, RawJob};
@@ -176,6 +176,12 @@ enum Cmd {
     /// Inspect and repair a workspace's state.
     #[command(subcommand)]
     State(state_cmd::StateCmd),
+    /// List and show the templates a runner here would load (docs/templates.md).
+    #[command(subcommand)]
+    Template(template_cmd::TemplateCmd),
+    /// The module library's tools.
+    #[command(subcommand)]
+    Module(template_cmd::ModuleCmd),
     /// Back up every workspace whose state changed since the last backup (run it hourly).
     Backup {
         /// How many of the newest backups a workspace keeps.
@@ -363,6 +369,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
         Cmd::Serve(args) => serve::serve(&g, args).await,
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
+        Cmd::Template(cmd) => template_cmd::run(&g.templates, cmd),
+        Cmd::Module(cmd) => Ok(template_cmd::module(cmd)),
         Cmd::Drift { queue } => drift(&g, &queue).await,
         Cmd::Backup { hourly, daily } => {
             let store = g.open_store().await?;

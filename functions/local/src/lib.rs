@@ -47,6 +47,7 @@ mod ops;
 mod serve;
 mod state_cmd;
 pub mod store;
+mod template_cmd;
 
 pub use cli::exit;
 use cli::{Global, cancel_on_signal, load_job, runtime};

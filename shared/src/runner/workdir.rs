@@ -80,6 +80,7 @@ pub(super) fn prepare_workdir(
     lock.try_lock().map_err(std::io::Error::other)?;
     std::fs::rename(&fresh, dir.path().join(LOCK_FILE))?;
     copy_template(&job.template.dir, dir.path())?;
+    crate::template::modules::install(&job.template.modules, dir.path())?;
     {
         use std::os::unix::fs::DirBuilderExt;
         for private in [".home", ".tmp"] {

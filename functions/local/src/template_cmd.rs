@@ -1,0 +1,205 @@
+//! `terrace template list|show` and `terrace module digest`: what the templates root holds, as
+//! a runner would load it (modules found and their digests checked).
+
+use std::path::Path;
+
+use clap::Subcommand;
+use serde_json::json;
+use shared::template::{Template, TemplateError, modules};
+
+use crate::cli::exit;
+use crate::ops::{JSON_SCHEMA, Output, print_json};
+
+#[derive(Subcommand, Debug)]
+pub enum TemplateCmd {
+    /// List every template version under the templates root, checked as a runner loads it.
+    List {
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Show one template version: its variables, rules, pinned modules and tags.
+    Show {
+        name: String,
+        version: String,
+        #[command(flatten)]
+        out: Output,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ModuleCmd {
+    /// Print the digest of a module folder, to pin in a template.yaml's `modules`.
+    Digest { dir: std::path::PathBuf },
+}
+
+/// Every `<name>/<version>/` under `root` (names starting with `_` or `.` are not templates).
+fn versions(root: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let read = |dir: &Path| -> anyhow::Result<Vec<String>> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", dir.display()))?
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('_') && !n.starts_with('.'))
+            .collect();
+        names.sort();
+        Ok(names)
+    };
+    for name in read(root)? {
+        for version in read(&root.join(&name))? {
+            out.push((name.clone(), version));
+        }
+    }
+    Ok(out)
+}
+
+fn modules_json(t: &Template) -> serde_json::Value {
+    t.modules
+        .iter()
+        .map(|m| json!({ "name": m.name, "version": m.version, "sha256": m.sha256 }))
+        .collect()
+}
+
+pub fn run(templates: &Path, cmd: TemplateCmd) -> anyhow::Result<u8> {
+    match cmd {
+        TemplateCmd::List { out } => {
+            let mut listed = Vec::new();
+            let mut invalid = 0;
+            for (name, version) in versions(templates)? {
+                let loaded = Template::load(templates, &name, &version);
+                invalid += usize::from(loaded.is_err());
+                listed.push((name, version, loaded));
+            }
+            if out.json {
+                let items: Vec<serde_json::Value> = listed
+                    .iter()
+                    .map(|(name, version, loaded)| match loaded {
+                        Ok(t) => json!({
+                            "name": name, "version": version, "valid": true,
+                            "description": t.spec.description,
+                            "modules": modules_json(t),
+                        }),
+                        Err(e) => json!({
+                            "name": name, "version": version, "valid": false,
+                            "error": e.to_string(),
+                        }),
+                    })
+                    .collect();
+                print_json(&json!({ "schema": JSON_SCHEMA, "templates": items }));
+            } else if listed.is_empty() {
+                outln!("no templates in {}", templates.display());
+            } else {
+                for (name, version, loaded) in &listed {
+                    match loaded {
+                        Ok(t) => outln!(
+                            "{name:<20} {version:<10} {}",
+                            t.spec.description.as_deref().unwrap_or("")
+                        ),
+                        Err(e) => outln!("{name:<20} {version:<10} INVALID: {e}"),
+                    }
+                }
+            }
+            Ok(if invalid == 0 { exit::OK } else { exit::FAILED })
+        }
+        TemplateCmd::Show { name, version, out } => {
+            let t = match Template::load(templates, &name, &version) {
+                Ok(t) => t,
+                Err(e @ TemplateError::Missing(_)) => {
+                    eprintln!("error: {e}: `terrace template list` shows what there is");
+                    return Ok(exit::NOT_FOUND);
+                }
+                Err(e) => {
+                    eprintln!("error: {name} {version} is invalid: {e}");
+                    return Ok(exit::INVALID);
+                }
+            };
+            let tags = t
+                .spec
+                .variables
+                .contains_key(shared::template::TAGS_VARIABLE);
+            if out.json {
+                print_json(&json!({
+                    "schema": JSON_SCHEMA,
+                    "name": name,
+                    "version": version,
+                    "description": t.spec.description,
+                    "variables": t.spec.variables,
+                    "rules": t.spec.rules,
+                    "modules": modules_json(&t),
+                    "tagged": tags,
+                }));
+                return Ok(exit::OK);
+            }
+            outln!("{name} {version}");
+            if let Some(d) = &t.spec.description {
+                outln!("  {d}");
+            }
+            outln!("variables:");
+            for (var, v) in &t.spec.variables {
+                if var == shared::template::TAGS_VARIABLE {
+                    continue;
+                }
+                let mut facts = vec![v.var_type.name().to_owned()];
+                if v.required {
+                    facts.push("required".into());
+                }
+                if let Some(d) = &v.default {
+                    facts.push(format!("default {d}"));
+                }
+                if let Some(one_of) = &v.constraint.one_of {
+                    let values: Vec<String> = one_of.iter().map(ToString::to_string).collect();
+                    facts.push(format!("one of {}", values.join(", ")));
+                }
+                if let Some(min) = v.constraint.min {
+                    facts.push(format!("min {min}"));
+                }
+                if let Some(max) = v.constraint.max {
+                    facts.push(format!("max {max}"));
+                }
+                if let Some(p) = &v.constraint.pattern {
+                    facts.push(format!("pattern {p}"));
+                }
+                if v.sensitive {
+                    facts.push("sensitive".into());
+                }
+                outln!("  {var:<20} {}", facts.join(", "));
+                if let Some(d) = &v.description {
+                    outln!("  {:<20} {d}", "");
+                }
+            }
+            for rule in &t.spec.rules {
+                if let Some(m) = &rule.message {
+                    outln!("rule:        {m}");
+                }
+            }
+            for m in &t.modules {
+                outln!(
+                    "module:      {} {} (sha256 {}, verified)",
+                    m.name,
+                    m.version,
+                    m.sha256
+                );
+            }
+            if tags {
+                outln!("tags:        terrace_tags (filled by the runner)");
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+pub fn module(cmd: ModuleCmd) -> u8 {
+    match cmd {
+        ModuleCmd::Digest { dir } => match modules::digest(&dir) {
+            Ok(d) => {
+                outln!("{d}");
+                exit::OK
+            }
+            Err(e) => {
+                eprintln!("error: {}: {e}", dir.display());
+                exit::FAILED
+            }
+        },
+    }
+}
