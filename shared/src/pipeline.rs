@@ -271,7 +271,11 @@ fn check<T: Trigger + ?Sized>(
     if let Some(target) = &target {
         problems.extend(trigger.check_target(target));
     }
-    let job = match check_job(&envelope.job, &trigger.runtime().templates) {
+    let job = match check_job(
+        &envelope.job,
+        &trigger.runtime().templates,
+        trigger.runtime().cloud,
+    ) {
         Ok(job) => Some(job),
         Err(more) => {
             problems.extend(more);

@@ -251,6 +251,9 @@ pub struct Runtime {
     /// `TERRACE_STATE_KEY_FILE` and `TERRACE_STATE_OLD_KEY_FILES`: the keys states are sealed
     /// with before they leave the runner (none: states are stored as terraform wrote them).
     pub keys: Option<state_backends::sealed::Keyring>,
+    /// Where this runner runs (`aws`, `gcp`, `azure`, `local`): which of a template's
+    /// per-cloud `defaults` apply.
+    pub cloud: Option<&'static str>,
 }
 
 impl Runtime {
@@ -307,6 +310,7 @@ impl Runtime {
                 })?,
             },
             keys: None,
+            cloud: None,
         };
         runtime.terraform.set_user(who);
         let old: Vec<PathBuf> = list("TERRACE_STATE_OLD_KEY_FILES")
@@ -361,6 +365,13 @@ impl Runtime {
         if var("TERRACE_METRICS").is_none() {
             self.metrics = Some(format);
         }
+        self
+    }
+
+    /// This runtime on `cloud`, whose template defaults apply.
+    #[must_use]
+    pub fn on_cloud(mut self, cloud: &'static str) -> Self {
+        self.cloud = Some(cloud);
         self
     }
 
@@ -438,6 +449,7 @@ mod tests {
             templates: PathBuf::new(),
             price_books: PathBuf::new(),
             keys: None,
+            cloud: None,
             terraform: TerraformConfig {
                 pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
                 ..TerraformConfig::default()

@@ -26,6 +26,9 @@ mod sensitivity;
 /// The file in a template folder that declares its variables.
 pub const SPEC_FILE: &str = "template.yaml";
 
+/// The clouds a template's `defaults` may name: where the runner runs (`local`: `terrace`).
+pub const CLOUDS: [&str; 4] = ["aws", "gcp", "azure", "local"];
+
 /// The variable the runner fills with the job's tags, when a template declares it (as
 /// `{ type: map }`): see [`default_tags`].
 pub const TAGS_VARIABLE: &str = "terrace_tags";
@@ -139,6 +142,10 @@ pub struct TemplateSpec {
     pub variables: BTreeMap<String, Variable>,
     #[serde(default)]
     pub rules: Vec<Rule>,
+    /// Per cloud, values for variables a job leaves unset, before the variables' own defaults:
+    /// `defaults: { aws: { instance_type: t3.small }, gcp: { instance_type: e2-small } }`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub defaults: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
     /// Modules from the library, each pinned by exact version and digest (see [`modules`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modules: BTreeMap<String, modules::Pin>,
@@ -263,6 +270,29 @@ impl TemplateSpec {
                 ));
             }
         }
+        for (cloud, values) in &self.defaults {
+            if !CLOUDS.contains(&cloud.as_str()) {
+                return Err(format!(
+                    "defaults.{cloud}: is not a cloud: use {}",
+                    CLOUDS.join(", ")
+                ));
+            }
+            for (name, value) in values {
+                let var = self
+                    .variables
+                    .get(name)
+                    .filter(|_| name != TAGS_VARIABLE)
+                    .ok_or_else(|| {
+                        format!("defaults.{cloud}.{name}: names no variable the template declares")
+                    })?;
+                if !var.var_type.matches(value) {
+                    return Err(format!(
+                        "defaults.{cloud}.{name}: is not a {}",
+                        var.var_type.name()
+                    ));
+                }
+            }
+        }
         for (i, rule) in self.rules.iter().enumerate() {
             for name in rule.when.keys().chain(rule.require.keys()) {
                 if !self.variables.contains_key(name) {
@@ -277,6 +307,39 @@ impl TemplateSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_cloud_defaults_name_a_cloud_and_a_declared_variable_of_its_type() {
+        let spec = |defaults: &str| -> Result<(), String> {
+            let text = format!(
+                "variables:\n  size: {{ type: number, default: 1 }}\n  terrace_tags: {{ type: map }}\ndefaults: {defaults}\n"
+            );
+            serde_norway::from_str::<TemplateSpec>(&text)
+                .unwrap()
+                .check()
+        };
+        assert!(spec("{ aws: { size: 3 }, local: { size: 2 } }").is_ok());
+        assert!(
+            spec("{ moon: { size: 3 } }")
+                .unwrap_err()
+                .contains("defaults.moon: is not a cloud")
+        );
+        assert!(
+            spec("{ aws: { colour: red } }")
+                .unwrap_err()
+                .contains("defaults.aws.colour")
+        );
+        assert!(
+            spec("{ aws: { size: big } }")
+                .unwrap_err()
+                .contains("is not a number")
+        );
+        assert!(
+            spec("{ aws: { terrace_tags: {} } }")
+                .unwrap_err()
+                .contains("names no variable")
+        );
+    }
 
     #[test]
     fn a_template_with_its_own_backend_is_refused_with_the_line() {

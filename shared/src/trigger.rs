@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use state_backends::WorkspaceId;
 
 use crate::job::RawJob;
-use crate::validate::{ValidatedJob, validate};
+use crate::validate::{ValidatedJob, validate_for};
 
 /// The record of a message that will never be a job.
 pub fn rejection(message_id: &str, errors: Vec<Value>) -> Value {
@@ -24,8 +24,12 @@ pub fn problem(field: &str, problem: impl std::fmt::Display, fix: &str) -> Value
 ///
 /// # Errors
 /// Every problem, as a rejection lists them.
-pub fn check_job(job: &Map<String, Value>, templates: &Path) -> Result<ValidatedJob, Vec<Value>> {
-    validate(&RawJob(job.clone()), templates).map_err(|errors| {
+pub fn check_job(
+    job: &Map<String, Value>,
+    templates: &Path,
+    cloud: Option<&str>,
+) -> Result<ValidatedJob, Vec<Value>> {
+    validate_for(&RawJob(job.clone()), templates, cloud).map_err(|errors| {
         errors
             .iter()
             .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))

@@ -80,6 +80,19 @@ pub fn kind_of(value: &Value) -> &'static str {
 /// # Errors
 /// Every problem found, in field order.
 pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec<ValidationError>> {
+    validate_for(raw, templates_root, None)
+}
+
+/// [`validate`] on a runner of `cloud` (`aws`, `gcp`, `azure`, `local`): a variable the job
+/// leaves unset takes the template's default for that cloud, before its own default.
+///
+/// # Errors
+/// As [`validate`].
+pub fn validate_for(
+    raw: &RawJob,
+    templates_root: &Path,
+    cloud: Option<&str>,
+) -> Result<ValidatedJob, Vec<ValidationError>> {
     let mut errors = Vec::new();
     let doc = &raw.0;
 
@@ -189,7 +202,7 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
         }
     };
     let variables = match (&template, &supplied) {
-        (Some((_, t)), Some(vars)) => Some(check_variables(t, vars, &mut errors)),
+        (Some((_, t)), Some(vars)) => Some(check_variables(t, vars, cloud, &mut errors)),
         _ => None,
     };
 
@@ -507,9 +520,11 @@ pub(crate) fn is_path_segment(s: &str) -> bool {
 fn check_variables(
     template: &Template,
     supplied: &serde_json::Map<String, Value>,
+    cloud: Option<&str>,
     errors: &mut Vec<ValidationError>,
 ) -> BTreeMap<String, Value> {
     let declared = &template.spec.variables;
+    let cloud_defaults = cloud.and_then(|c| template.spec.defaults.get(c));
     let names: Vec<&str> = declared.keys().map(String::as_str).collect();
     for key in supplied.keys() {
         if key == crate::template::TAGS_VARIABLE {
@@ -537,7 +552,10 @@ fn check_variables(
         }
         let field = format!("variables.{name}");
         let value = match supplied.get(name) {
-            Some(Value::Null) | None => match &var.default {
+            Some(Value::Null) | None => match cloud_defaults
+                .and_then(|d| d.get(name))
+                .or(var.default.as_ref())
+            {
                 Some(default) => default.clone(),
                 None if var.required => {
                     errors.push(ValidationError::new(

@@ -227,3 +227,34 @@ async fn a_module_changed_since_it_was_pinned_or_pinned_loosely_is_refused() {
         out.stderr()
     );
 }
+
+#[tokio::test]
+async fn a_templates_per_cloud_defaults_fill_what_the_job_leaves_unset() {
+    let sb = Sandbox::new();
+    let nodes = |id: &str, cloud: &str, set: Option<u32>| {
+        let mut text = stack(id, "1.0.0", 1).replace("operation: apply", "operation: plan");
+        if set.is_none() {
+            text = text.replace("  node_count: 1\n", "");
+        }
+        let path = sb.job(&format!("{id}.yaml"), &text);
+        sb.run(&["--cloud", cloud, "run", "-q", path.to_str().unwrap()])
+            .expect_code(0);
+        id.to_owned()
+    };
+    // stack's template.yaml: node_count defaults to 1; on aws to 3, locally to 2.
+    for (id, cloud, set, expected) in [
+        ("f1", "local", None, 2),
+        ("f2", "aws", None, 3),
+        ("f3", "gcp", None, 1),
+        ("f4", "aws", Some(1), 1),
+    ] {
+        let id = nodes(id, cloud, set);
+        let record = sb.artifact_json("acme/stack", &id, "job.json").await;
+        assert_eq!(
+            record["variables"]["node_count"], expected,
+            "{cloud}: {record}"
+        );
+    }
+    let out = sb.run(&["--cloud", "moon", "workspaces"]);
+    out.expect_code(64);
+}

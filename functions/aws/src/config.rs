@@ -69,7 +69,8 @@ impl Config {
         Ok(Self {
             runtime: Runtime::from_env()?
                 .isolate_terraform()?
-                .metrics_default(shared::metrics::Format::Emf),
+                .metrics_default(shared::metrics::Format::Emf)
+                .on_cloud("aws"),
             tenants: Tenants::from_env(
                 |t: &Target| t.check().err().map(|e| e.to_string()).into_iter().collect(),
                 r#"{"acme": {"role_arn": "arn:aws:iam::123456789012:role/terrace", "external_id": "…", "bucket": "acme-states"}}"#,

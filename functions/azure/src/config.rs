@@ -67,7 +67,7 @@ impl Config {
         let sas = var("TERRACE_AZURE_SAS").map(|s| s.trim_start_matches('?').to_owned());
         let emulator = sas.is_some();
         Ok(Self {
-            runtime: Runtime::from_env()?.isolate_terraform()?,
+            runtime: Runtime::from_env()?.isolate_terraform()?.on_cloud("azure"),
             tenants: Tenants::from_env(
                 |t: &Target| {
                     t.check(emulator)

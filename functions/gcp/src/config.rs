@@ -68,7 +68,7 @@ impl Config {
                 .map_err(|_| format!("PORT={p:?} is not a port number"))?,
         };
         Ok(Self {
-            runtime: Runtime::from_env()?.isolate_terraform()?,
+            runtime: Runtime::from_env()?.isolate_terraform()?.on_cloud("gcp"),
             tenants: Tenants::from_env(
                 |t: &Target| t.check().err().into_iter().collect(),
                 r#"{"acme": {"service_account": "terrace@acme-prod.iam.gserviceaccount.com", "bucket": "acme-states"}}"#,

@@ -15,7 +15,7 @@ use shared::result::{JobResult, Status};
 use shared::runner::{RunOutcome, Runner, RunnerConfig};
 use shared::settings::Runtime;
 use shared::terraform::TerraformConfig;
-use shared::validate::{ValidatedJob, ValidationError, validate};
+use shared::validate::{ValidatedJob, ValidationError, validate_for};
 use state_backends::{StateStore, WorkspaceId};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -142,6 +142,10 @@ pub(crate) struct Global {
         global = true
     )]
     pub(crate) state_old_key_files: Vec<PathBuf>,
+    /// Which of a template's per-cloud `defaults` apply here.
+    #[arg(long, env = "TERRACE_CLOUD", default_value = "local", global = true,
+          value_parser = clap::builder::PossibleValuesParser::new(shared::template::CLOUDS))]
+    pub(crate) cloud: String,
     /// Print only the summary, not the live log.
     #[arg(long, short, global = true)]
     pub(crate) quiet: bool,
@@ -307,7 +311,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         return Ok(exit::USAGE);
     }
     match cli.command {
-        Cmd::Validate { job } => Ok(match load_job(&job, &g.templates)? {
+        Cmd::Validate { job } => Ok(match load_job(&job, &g)? {
             Ok(v) => {
                 outln!(
                     "{}: valid ({} {} in {}/{})",
@@ -322,7 +326,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             Err(errors) => report_invalid(&job, &errors),
         }),
         Cmd::Run { job, wait, out } => {
-            let validated = match load_job(&job, &g.templates)? {
+            let validated = match load_job(&job, &g)? {
                 Ok(v) => v,
                 Err(errors) => return Ok(report_invalid(&job, &errors)),
             };
@@ -406,7 +410,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 /// `terrace estimate`: the job planned under an id of its own (so the job itself can still
 /// run), its plan priced, nothing applied.
 async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyhow::Result<u8> {
-    let mut validated = match load_job(path, &g.templates)? {
+    let mut validated = match load_job(path, g)? {
         Ok(v) => v,
         Err(errors) => return Ok(report_invalid(path, &errors)),
     };
@@ -519,6 +523,10 @@ pub(crate) fn runtime(g: &Global) -> Runtime {
         price_books: g.price_books.clone(),
         // The CLI seals in `Global::open_store`, which every command opens its store with.
         keys: None,
+        cloud: shared::template::CLOUDS
+            .iter()
+            .copied()
+            .find(|c| *c == g.cloud),
         terraform: TerraformConfig {
             binary: g.terraform.clone(),
             plugin_cache: g.plugin_cache.clone(),
@@ -561,10 +569,11 @@ fn default_cache_dir() -> Option<PathBuf> {
         .map(|dir| dir.join("terrace"))
 }
 
-/// Reads and validates a job file; the outer error is for an unreadable file.
+/// Reads and validates a job file against `g`'s templates and cloud; the outer error is for
+/// an unreadable file.
 pub(crate) fn load_job(
     path: &Path,
-    templates: &Path,
+    g: &Global,
 ) -> anyhow::Result<Result<ValidatedJob, Vec<ValidationError>>> {
     let bytes =
         std::fs::read(path).with_context(|| format!("cannot read job file {}", path.display()))?;
@@ -580,7 +589,7 @@ pub(crate) fn load_job(
         Ok(raw) => raw,
         Err(e) => return Ok(Err(vec![e])),
     };
-    Ok(validate(&raw, templates))
+    Ok(validate_for(&raw, &g.templates, Some(&g.cloud)))
 }
 
 fn report_invalid(path: &Path, errors: &[ValidationError]) -> u8 {

@@ -97,7 +97,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                     continue;
                 }
                 let path = q.join(&name);
-                let validated = match load_job(&path, &g.templates) {
+                let validated = match load_job(&path, g) {
                     Ok(Ok(v)) => v,
                     Ok(Err(errors)) => {
                         let report = serde_json::json!({ "status": "rejected", "errors": errors });

@@ -57,6 +57,7 @@ impl Fake {
                 metrics: None,
                 max_state_bytes: crate::state_server::MAX_STATE_BYTES,
                 keys: None,
+                cloud: None,
             },
             reported: Mutex::default(),
             requeued: Mutex::default(),
