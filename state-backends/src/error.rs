@@ -63,7 +63,7 @@ pub enum StoreError {
     },
 
     /// A sealed (encrypted) object that cannot be opened: no key, the wrong key, or changed.
-    #[error("{what} of workspace {workspace} cannot be decrypted: {reason}")]
+    #[error("{what} of workspace {workspace} {reason}")]
     Sealed {
         workspace: WorkspaceId,
         what: String,

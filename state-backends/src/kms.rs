@@ -8,7 +8,7 @@ use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::DataKeySpec;
 
 use crate::WorkspaceId;
-use crate::sealed::{KeyError, KeySource};
+use crate::sealed::{DataKey, KeyError, KeySource};
 
 /// The prefix of a KMS key's id in a sealed object's header.
 pub const PREFIX: &str = "aws-kms:";
@@ -65,7 +65,7 @@ impl KeySource for KmsKey {
         id.starts_with(PREFIX)
     }
 
-    async fn data_key(&self, ws: &WorkspaceId) -> Result<([u8; 32], Vec<u8>), KeyError> {
+    async fn data_key(&self, ws: &WorkspaceId) -> Result<DataKey, KeyError> {
         let out = self
             .client
             .generate_data_key()
@@ -89,7 +89,13 @@ impl KeySource for KmsKey {
                 message: "KMS GenerateDataKey returned no wrapped key".into(),
                 retryable: false,
             })?;
-        Ok((plain, wrapped))
+        // The key's ARN as KMS answers it: an alias pointed elsewhere later still finds it.
+        let id = format!("{PREFIX}{}", out.key_id().unwrap_or(&self.key));
+        Ok(DataKey {
+            key: plain,
+            wrapped,
+            id,
+        })
     }
 
     async fn unwrap(

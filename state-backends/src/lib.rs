@@ -215,6 +215,16 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
         Ok(self.current(ws).await?.map(|c| c.version))
     }
 
+    /// Whether the keys this store seals states with (if any) work for `ws` now: checked
+    /// before a job changes anything, so that no apply runs whose state could not be saved.
+    ///
+    /// # Errors
+    /// [`StoreError::Sealed`] for a key that cannot seal or open; a retryable backend error
+    /// when the key service did not answer.
+    async fn check_keys(&self, _ws: &WorkspaceId) -> Result<()> {
+        Ok(())
+    }
+
     /// Accepts `state` as the workspace's new current state and records it as a new version.
     ///
     /// # Errors

@@ -112,6 +112,14 @@ impl KeyError {
     }
 }
 
+/// A fresh data key: the key, the key wrapped, and the id of the key that wrapped it (as a
+/// header names it).
+pub struct DataKey {
+    pub key: [u8; 32],
+    pub wrapped: Vec<u8>,
+    pub id: String,
+}
+
 /// A key that wraps data keys: a key file, or a KMS key.
 #[async_trait]
 pub trait KeySource: fmt::Debug + Send + Sync + 'static {
@@ -123,14 +131,11 @@ pub trait KeySource: fmt::Debug + Send + Sync + 'static {
         id == self.id()
     }
 
-    /// A fresh data key for one object of `ws`: the key, and the key wrapped.
+    /// A fresh data key for one object of `ws`.
     ///
     /// # Errors
     /// The key service failed.
-    async fn data_key(
-        &self,
-        ws: &WorkspaceId,
-    ) -> std::result::Result<([u8; 32], Vec<u8>), KeyError>;
+    async fn data_key(&self, ws: &WorkspaceId) -> std::result::Result<DataKey, KeyError>;
 
     /// Unwraps a data key of an object of `ws` wrapped by the key `id`.
     ///
@@ -230,10 +235,7 @@ impl KeySource for KeyFile {
         self.id.clone()
     }
 
-    async fn data_key(
-        &self,
-        ws: &WorkspaceId,
-    ) -> std::result::Result<([u8; 32], Vec<u8>), KeyError> {
+    async fn data_key(&self, ws: &WorkspaceId) -> std::result::Result<DataKey, KeyError> {
         let key: [u8; 32] = Aes256Gcm::generate_key(&mut OsRng).into();
         let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
         let aad = format!("terrace data key\n{ws}");
@@ -247,7 +249,11 @@ impl KeySource for KeyFile {
                 },
             )
             .map_err(|_| KeyError::fatal("wrapping the data key failed"))?;
-        Ok((key, [nonce.as_slice(), &wrapped].concat()))
+        Ok(DataKey {
+            key,
+            wrapped: [nonce.as_slice(), &wrapped].concat(),
+            id: self.id.clone(),
+        })
     }
 
     async fn unwrap(
@@ -297,16 +303,16 @@ impl SealedStore {
         let Some(keys) = &self.keys else {
             return Ok(plain.clone());
         };
-        let failed = |what: &str, e: KeyError| key_error(ws, what, e);
-        let (data_key, wrapped) = keys
+        let fresh = keys
             .current
             .data_key(ws)
             .await
-            .map_err(|e| failed("a new object", e))?;
+            .map_err(|e| key_error(ws, "a new object", "cannot be encrypted", e))?;
+        let (data_key, wrapped) = (fresh.key, fresh.wrapped);
         let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
         let header = Header {
             alg: ALGORITHM.to_owned(),
-            key: keys.current.id(),
+            key: fresh.id,
             wrapped: B64.encode(wrapped),
             nonce: B64.encode(nonce),
             serial: meta.map(|(s, _)| s),
@@ -326,7 +332,7 @@ impl SealedStore {
             .map_err(|_| StoreError::Sealed {
                 workspace: ws.clone(),
                 what: "a new object".into(),
-                reason: "encryption failed".into(),
+                reason: "cannot be encrypted: the cipher failed".into(),
             })?;
         Ok(Bytes::from([MAGIC, &raw, b"\n", &body].concat()))
     }
@@ -339,7 +345,7 @@ impl SealedStore {
         let refuse = |reason: String| StoreError::Sealed {
             workspace: ws.clone(),
             what: what.to_owned(),
-            reason,
+            reason: format!("cannot be decrypted: {reason}"),
         };
         let (raw, header, body) = split(&stored).map_err(&refuse)?;
         if header.alg != ALGORITHM {
@@ -348,15 +354,21 @@ impl SealedStore {
                 header.alg
             )));
         }
+        // What gives a runner the key the object names.
+        let setting = if header.key.starts_with("file:") {
+            "TERRACE_STATE_KEY_FILE, or TERRACE_STATE_OLD_KEY_FILES for a key rotated out"
+        } else {
+            "the target's client_side_kms_key; terrace: ?client_side_kms_key= on an s3:// store"
+        };
         let Some(keys) = &self.keys else {
             return Err(refuse(format!(
-                "it is encrypted with the key {}, and this runner has no key: give it that key (TERRACE_STATE_KEY_FILE, TERRACE_STATE_OLD_KEY_FILES for a key rotated out, or a client_side_kms_key)",
+                "it is encrypted with the key {}, and this runner has no key: give it that key ({setting})",
                 header.key
             )));
         };
         let Some(source) = keys.source_for(&header.key) else {
             return Err(refuse(format!(
-                "it is encrypted with the key {}, and this runner has {}: add that key to TERRACE_STATE_OLD_KEY_FILES, or use it",
+                "it is encrypted with the key {}, and this runner has {}: give it that key ({setting})",
                 header.key,
                 keys.current.id()
             )));
@@ -372,7 +384,7 @@ impl SealedStore {
         let data_key = source
             .unwrap(&header.key, ws, &wrapped)
             .await
-            .map_err(|e| key_error(ws, what, e))?;
+            .map_err(|e| key_error(ws, what, "cannot be decrypted", e))?;
         let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&data_key));
         let plain = cipher
             .decrypt(
@@ -396,11 +408,11 @@ fn aad(header: &[u8], ws: &WorkspaceId) -> Vec<u8> {
     [MAGIC, header, b"\n", ws.to_string().as_bytes()].concat()
 }
 
-fn key_error(ws: &WorkspaceId, what: &str, e: KeyError) -> StoreError {
+fn key_error(ws: &WorkspaceId, what: &str, fails: &str, e: KeyError) -> StoreError {
     if e.retryable {
         StoreError::Backend {
             backend: "key",
-            message: format!("{what} of {ws}: {}", e.message),
+            message: format!("{what} of {ws} {fails}: {}", e.message),
             retryable: true,
             source: None,
         }
@@ -408,7 +420,7 @@ fn key_error(ws: &WorkspaceId, what: &str, e: KeyError) -> StoreError {
         StoreError::Sealed {
             workspace: ws.clone(),
             what: what.to_owned(),
-            reason: e.message,
+            reason: format!("{fails}: {}", e.message),
         }
     }
 }
@@ -430,6 +442,33 @@ impl StateStore for SealedStore {
 
     async fn current_version(&self, ws: &WorkspaceId) -> Result<Option<VersionInfo>> {
         self.inner.current_version(ws).await
+    }
+
+    /// A data key made and unwrapped again, for nothing: the key can seal and open.
+    async fn check_keys(&self, ws: &WorkspaceId) -> Result<()> {
+        let Some(keys) = &self.keys else {
+            return Ok(());
+        };
+        let what = "a trial data key";
+        let fresh = keys
+            .current
+            .data_key(ws)
+            .await
+            .map_err(|e| key_error(ws, what, "cannot be made", e))?;
+        let back = keys
+            .current
+            .unwrap(&fresh.id, ws, &fresh.wrapped)
+            .await
+            .map_err(|e| key_error(ws, what, "cannot be unwrapped", e))?;
+        if back == fresh.key {
+            Ok(())
+        } else {
+            Err(StoreError::Sealed {
+                workspace: ws.clone(),
+                what: what.into(),
+                reason: "unwraps to another key".into(),
+            })
+        }
     }
 
     async fn put(

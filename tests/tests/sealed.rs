@@ -225,6 +225,34 @@ async fn on_s3_the_customers_kms_key_seals_every_state_object() {
         let data = body.body.collect().await.unwrap().into_bytes();
         assert_eq!(sealed_with(k, &data), format!("aws-kms:{key}"));
     }
+    // A key that cannot make data keys (none such) stops an apply before anything changes,
+    // even in a new workspace, with no state to open yet.
+    let missing = "arn:aws:kms:us-east-1:123456789012:key/00000000-0000-4000-8000-000000000000";
+    let url = format!("s3://{bucket}/t?client_side_kms_key={missing}");
+    let path = sb.job("fresh.yaml", &demo_job("f1", "fresh", "apply", "fresh", 1));
+    let mut cmd = sb.terrace();
+    cmd.args(["run", "-q", "--json", path.to_str().unwrap()])
+        .env("TERRACE_STORE", &url);
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["error"]["category"].as_str(), r["error"]["step"].as_str()),
+        (Some("auth"), Some("prepare")),
+        "{r}"
+    );
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("a trial data key"),
+        "{r}"
+    );
+    assert!(
+        !sb.cloud_names().iter().any(|n| n.contains("fresh")),
+        "nothing was made"
+    );
+
     // The same bucket read without the KMS key: refused, naming it.
     let plain_url = format!("s3://{bucket}/t");
     let (code, r) = run_in(&sb, &[("TERRACE_STORE", plain_url.as_str())], "k3", 3).await;

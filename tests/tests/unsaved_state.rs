@@ -11,7 +11,7 @@ use tests::failing::FailingPuts;
 use tests::{Sandbox, demo_job};
 use tokio_util::sync::CancellationToken;
 
-async fn run(sb: &Sandbox, store: Arc<FailingPuts>, id: &str) -> shared::result::JobResult {
+async fn run(sb: &Sandbox, store: Arc<dyn StateStore>, id: &str) -> shared::result::JobResult {
     let runner = sb.runner(store);
     let job = sb.validated(&demo_job(id, "unsaved", "apply", "cl1", 1));
     match runner.run(&job, CancellationToken::new()).await.unwrap() {
@@ -88,7 +88,9 @@ async fn a_state_that_cannot_be_pushed_is_kept_and_the_result_says_where() {
     assert_eq!(sb.cloud_names(), ["cl1", "cl1-net"]);
     assert!(sb.versions("acme/unsaved").await.is_empty());
     assert!(
-        error.hint.contains("terrace state push acme/unsaved"),
+        error
+            .hint
+            .contains("terrace state push acme/unsaved --from-run u2"),
         "{error:?}"
     );
     assert!(
@@ -117,4 +119,66 @@ async fn a_state_that_cannot_be_pushed_is_kept_and_the_result_says_where() {
     refused.expect_code(1);
     assert!(refused.stderr().contains("lineage"), "{}", refused.stderr());
     assert_eq!(sb.versions("acme/unsaved").await.len(), 1);
+}
+
+/// With states sealed, the kept `errored.tfstate` is sealed too, and `state push --from-run`
+/// opens it with the runner's key to push it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_state_that_cannot_be_pushed_is_kept_sealed_and_pushed_from_the_run() {
+    use base64::Engine as _;
+    use state_backends::sealed::{KeyFile, Keyring, SealedStore, is_sealed};
+    let sb = Sandbox::new();
+    let ws: WorkspaceId = "acme/unsaved".parse().unwrap();
+    let key: [u8; 32] = rand::random();
+    let key_file = sb.job(
+        "state.key",
+        &base64::engine::general_purpose::STANDARD.encode(key),
+    );
+    let keys = Keyring::new(Arc::new(KeyFile::from_bytes(&key)));
+    // The bucket fails the state writes; what reaches it is sealed.
+    let sealed = SealedStore::wrap(Arc::new(sb.fs_store()), Some(keys));
+    let result = run(&sb, Arc::new(FailingPuts::new(sealed, u32::MAX)), "u3").await;
+    assert_eq!(result.status.as_str(), "failed");
+    let hint = &result.error.as_ref().unwrap().hint;
+    assert!(
+        hint.contains("terrace state push acme/unsaved --from-run u3"),
+        "{hint}"
+    );
+    let raw = sb
+        .fs_store()
+        .artifact(&ws, "u3", "errored.tfstate")
+        .await
+        .unwrap()
+        .expect("kept");
+    assert!(is_sealed(&raw), "kept sealed");
+    assert!(!String::from_utf8_lossy(&raw).contains("testcloud_cluster"));
+
+    // Without the key, the push is refused; with it, the kept state becomes version 1, sealed.
+    let refused = sb.run(&["state", "push", "acme/unsaved", "--from-run", "u3"]);
+    assert_ne!(refused.code(), 0);
+    assert!(
+        refused.stderr().contains("has no key"),
+        "{}",
+        refused.stderr()
+    );
+    let file = sb.job("sealed.tfstate", &String::from_utf8_lossy(&raw));
+    let sealed_file = sb.run(&["state", "push", "acme/unsaved", file.to_str().unwrap()]);
+    sealed_file.expect_code(1);
+    assert!(
+        sealed_file.stderr().contains("--from-run"),
+        "{}",
+        sealed_file.stderr()
+    );
+    let mut push = sb.terrace();
+    push.args(["state", "push", "acme/unsaved", "--from-run", "u3"])
+        .env("TERRACE_STATE_KEY_FILE", &key_file);
+    let out = push.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(is_sealed(&sb.fs_store().version(&ws, 1).await.unwrap()));
+    let missing = sb.run(&["state", "push", "acme/unsaved", "--from-run", "nope"]);
+    missing.expect_code(66);
 }

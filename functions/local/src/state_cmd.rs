@@ -51,7 +51,12 @@ pub enum StateCmd {
         /// TENANT/WORKSPACE.
         workspace: WorkspaceId,
         /// The state file (terraform's JSON state).
-        file: std::path::PathBuf,
+        #[arg(required_unless_present = "from_run", conflicts_with = "from_run")]
+        file: Option<std::path::PathBuf>,
+        /// Push the state a run of this job kept in the store (`runs/JOB/errored.tfstate`),
+        /// opened with this runner's keys when it is sealed.
+        #[arg(long, value_name = "JOB")]
+        from_run: Option<String>,
     },
     /// Break the workspace's lease. A live lease is only broken with --force.
     Unlock {
@@ -180,11 +185,37 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             );
             Ok(exit::OK)
         }
-        StateCmd::Push { workspace, file } => {
-            let data = std::fs::read(&file)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-            let info =
-                serde_json::json!({ "operation": "push", "file": file.display().to_string() });
+        StateCmd::Push {
+            workspace,
+            file,
+            from_run,
+        } => {
+            let (data, file) = match (file, from_run) {
+                (Some(file), _) => {
+                    let data = std::fs::read(&file)
+                        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+                    if state_backends::sealed::is_sealed(&data) {
+                        eprintln!(
+                            "{}: the file is sealed (encrypted): push the run's kept state with --from-run JOB, which opens it with this runner's keys",
+                            file.display()
+                        );
+                        return Ok(exit::FAILED);
+                    }
+                    (data, file.display().to_string())
+                }
+                (None, Some(job)) => {
+                    let name = shared::runner::ERRORED_STATE;
+                    match store.artifact(&workspace, &job, name).await? {
+                        Some(data) => (data.to_vec(), format!("runs/{job}/{name}")),
+                        None => {
+                            eprintln!("{workspace}: run {job} kept no {name}");
+                            return Ok(exit::NOT_FOUND);
+                        }
+                    }
+                }
+                (None, None) => unreachable!("clap requires FILE or --from-run"),
+            };
+            let info = serde_json::json!({ "operation": "push", "file": file });
             let Some(lease) = take_lease(g, &store, &workspace, "push", info).await? else {
                 return Ok(exit::BUSY);
             };
@@ -205,18 +236,15 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             store.release_lease(&workspace, &lease).await?;
             match pushed {
                 Ok(Some(number)) => {
-                    outln!("{workspace}: {} pushed as version {number}", file.display());
+                    outln!("{workspace}: {file} pushed as version {number}");
                     Ok(exit::OK)
                 }
                 Ok(None) => {
-                    outln!(
-                        "{workspace}: {} is already the current state",
-                        file.display()
-                    );
+                    outln!("{workspace}: {file} is already the current state");
                     Ok(exit::OK)
                 }
                 Err((why, _)) => {
-                    eprintln!("{workspace}: {} not pushed: {why}", file.display());
+                    eprintln!("{workspace}: {file} not pushed: {why}");
                     Ok(exit::FAILED)
                 }
             }

@@ -665,6 +665,24 @@ impl Runner {
                     retryable: false,
                 });
             }
+            // A job that may change infrastructure first proves it can seal the state it will
+            // write: an apply whose state could not be saved must never start.
+            if j.operation.mutates()
+                && let Err(e) = self.store.check_keys(ws).await
+            {
+                return Err(JobError {
+                    category: if e.is_retryable() {
+                        Category::Transient
+                    } else {
+                        Category::Auth
+                    },
+                    step: "prepare".into(),
+                    address: None,
+                    message: e.to_string(),
+                    hint: "the runner must be able to seal this workspace's states before it changes anything (a KMS key: kms:GenerateDataKey and kms:Decrypt for the runner's role, with the encryption context terrace:workspace); nothing was changed".into(),
+                    retryable: e.is_retryable(),
+                });
+            }
             let before = addresses(current);
             Ok::<_, JobError>((client.clone(), server, before))
         };

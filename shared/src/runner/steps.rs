@@ -395,9 +395,15 @@ impl Runner {
         } else {
             applied.ok().map_err(|mut e| {
                 if let Some(unsaved) = report.unsaved_state.as_ref().filter(|_| !saved_by_runner) {
+                    // In the store (sealed, when the runner seals), or in the kept workdir.
+                    let push = if unsaved.artifact.starts_with("runs/") {
+                        format!("terrace state push {} --from-run {}", s.ws, s.job_id)
+                    } else {
+                        format!("terrace state push {} {}", s.ws, unsaved.artifact)
+                    };
                     e.hint = format!(
-                        "terraform's final state is kept as {}: nothing it made is lost. Push it with `terrace state push {} FILE` once the store is reachable, before any other job runs in this workspace",
-                        unsaved.artifact, s.ws
+                        "terraform's final state is kept as {}: nothing it made is lost. Push it with `{push}` once the store is reachable, before any other job runs in this workspace",
+                        unsaved.artifact
                     );
                 }
                 e

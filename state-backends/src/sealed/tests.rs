@@ -97,10 +97,7 @@ async fn a_key_of_the_same_id_that_differs_or_a_changed_object_does_not_open() {
         fn id(&self) -> String {
             self.1.clone()
         }
-        async fn data_key(
-            &self,
-            ws: &WorkspaceId,
-        ) -> std::result::Result<([u8; 32], Vec<u8>), KeyError> {
+        async fn data_key(&self, ws: &WorkspaceId) -> std::result::Result<DataKey, KeyError> {
             self.0.data_key(ws).await
         }
         async fn unwrap(
