@@ -502,6 +502,8 @@ pub fn estimate(plan_json: &[u8], books: &PriceBooks) -> Result<Estimate, String
         let before = Some(change.get("before").unwrap_or(&Value::Null)).filter(|v| !v.is_null());
         let after = Some(change.get("after").unwrap_or(&Value::Null)).filter(|v| !v.is_null());
         let unknown = change.get("after_unknown").unwrap_or(&Value::Null);
+        let field = |name: &str| change.get(name).unwrap_or(&Value::Null);
+        let sensitive = (field("before_sensitive"), field("after_sensitive"));
         let mut cost = ResourceCost {
             address: address.to_owned(),
             resource_type: ty.to_owned(),
@@ -513,9 +515,12 @@ pub fn estimate(plan_json: &[u8], books: &PriceBooks) -> Result<Estimate, String
         };
         let mut reasons = Vec::new();
         for c in &pricing.components {
-            let mut side = |values: Option<&Value>, unknown: &Value, total: &mut Option<f64>| {
+            let mut side = |values: Option<&Value>,
+                            unknown: &Value,
+                            sensitive: &Value,
+                            total: &mut Option<f64>| {
                 let values = values?;
-                match monthly(c, values, unknown) {
+                match monthly(c, values, unknown, sensitive) {
                     Ok(m) => {
                         *total = total.map(|t| t + m);
                         Some(m)
@@ -526,8 +531,8 @@ pub fn estimate(plan_json: &[u8], books: &PriceBooks) -> Result<Estimate, String
                     }
                 }
             };
-            let b = side(before, &Value::Null, &mut cost.monthly_before);
-            let a = side(after, unknown, &mut cost.monthly_after);
+            let b = side(before, &Value::Null, sensitive.0, &mut cost.monthly_before);
+            let a = side(after, unknown, sensitive.1, &mut cost.monthly_after);
             cost.components.push(ComponentCost {
                 name: c.name.clone(),
                 monthly_before: b.map(money),
@@ -677,7 +682,21 @@ fn action_name(actions: Option<&Value>) -> String {
 
 /// A component's monthly cost for a resource's `values` (`unknown`: terraform's
 /// `after_unknown`, what is known only after apply).
-fn monthly(c: &Component, values: &Value, unknown: &Value) -> Result<f64, String> {
+fn monthly(
+    c: &Component,
+    values: &Value,
+    unknown: &Value,
+    sensitive: &Value,
+) -> Result<f64, String> {
+    // A value terraform marks sensitive is used, never quoted.
+    let quote = |path: &str, value: &str| {
+        if is_sensitive(sensitive, path) {
+            "(a sensitive value)".to_owned()
+        } else {
+            let short: String = value.chars().take(64).collect();
+            format!("{short:?}")
+        }
+    };
     let price = match &c.price {
         Price::Fixed(p) => *p,
         Price::By { by, values: prices } => {
@@ -688,7 +707,7 @@ fn monthly(c: &Component, values: &Value, unknown: &Value) -> Result<f64, String
             };
             *prices
                 .get(&key)
-                .ok_or_else(|| format!("no price for {by} = {key:?}"))?
+                .ok_or_else(|| format!("no price for {by} = {}", quote(by, &key)))?
         }
     };
     let quantity = match &c.quantity {
@@ -701,7 +720,10 @@ fn monthly(c: &Component, values: &Value, unknown: &Value) -> Result<f64, String
             (Some(Value::Null) | None, Some(d)) => *d,
             (Some(Value::Null) | None, None) => return Err(format!("{name} is not set")),
             (Some(other), _) => {
-                return Err(format!("{name} is {other}, not a number"));
+                return Err(format!(
+                    "{name} is {}, not a number",
+                    quote(name, &other.to_string())
+                ));
             }
         },
     };
@@ -710,6 +732,21 @@ fn monthly(c: &Component, values: &Value, unknown: &Value) -> Result<f64, String
         Per::Month => 1.0,
     };
     Ok(price * quantity * hours)
+}
+
+/// Whether terraform marks the value at a dotted path sensitive (its `*_sensitive` map is
+/// `true` there, or at a block above it).
+fn is_sensitive(sensitive: &Value, path: &str) -> bool {
+    let mut at = Some(sensitive);
+    for part in path.split('.') {
+        match at {
+            Some(Value::Bool(true)) => return true,
+            Some(Value::Object(m)) => at = m.get(part),
+            Some(Value::Array(a)) => at = part.parse::<usize>().ok().and_then(|i| a.get(i)),
+            _ => return false,
+        }
+    }
+    at == Some(&Value::Bool(true))
 }
 
 /// The value at a dotted path (`settings.0.tier`); an error when terraform knows it only

@@ -193,6 +193,9 @@ async fn a_budget_that_cannot_be_checked_stops_the_job_before_terraform_runs() {
     // Without a budget the same job runs, unestimated.
     let (_, r) = run(&sb, "n2", &job("n2", "apply", 1, "small", ""), 0).await;
     assert!(r.get("cost").is_none(), "{r}");
+    // A destroy only lowers the cost: its budget holds without books.
+    let (_, r) = run(&sb, "n2d", &job("n2d", "destroy", 1, "small", budget), 0).await;
+    assert_eq!(r["status"], "succeeded", "{r}");
 
     // A book of another currency.
     let sb = priced();

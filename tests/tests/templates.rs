@@ -202,6 +202,11 @@ async fn a_module_changed_since_it_was_pinned_or_pinned_loosely_is_refused() {
     let listed = sb.run(&["template", "list"]);
     listed.expect_code(1);
     assert!(listed.stdout().contains("INVALID"), "{}", listed.stdout());
+    assert!(
+        !listed.stdout().contains("_modules"),
+        "the library is not a template: {}",
+        listed.stdout()
+    );
     // stack 1.1.0 pins network 1.1.0, which did not change.
     sb.run(&["template", "show", "stack", "1.1.0"])
         .expect_code(0);

@@ -345,3 +345,22 @@ fn the_shipped_price_books_load_together() {
         assert!(books.pricing(ty).is_some(), "{ty}");
     }
 }
+
+#[test]
+fn a_value_terraform_marks_sensitive_prices_but_is_never_quoted() {
+    let mut secret = change(
+        "testcloud_cluster.s",
+        "testcloud_cluster",
+        &["create"],
+        Value::Null,
+        json!({ "instance_type": "hunter2-type", "node_count": 1 }),
+    );
+    secret["change"]["after_sensitive"] = json!({ "instance_type": true });
+    let e = estimate(&plan(vec![secret]), &books()).unwrap();
+    let reason = &e.not_priced[0].reason;
+    assert!(!reason.contains("hunter2"), "{reason}");
+    assert!(
+        reason.contains("no price for instance_type = (a sensitive value)"),
+        "{reason}"
+    );
+}

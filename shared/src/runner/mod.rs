@@ -528,6 +528,12 @@ impl Runner {
         logger: &Logger,
     ) -> Result<Option<Costing>, JobError> {
         let j = &job.job;
+        // A drift check changes nothing; a destroy only lowers the cost, so its budget holds
+        // whatever the books say.
+        let budget = j
+            .budget
+            .as_ref()
+            .filter(|_| j.operation != Operation::Destroy);
         if j.operation == Operation::DriftCheck {
             return Ok(None);
         }
@@ -538,7 +544,7 @@ impl Runner {
                 .unwrap_or_else(|e| Err(e.to_string())),
         };
         const FIX_BOOKS: &str = "fix the price book as the message says (docs/templates.md describes the format), or remove the job's budget";
-        match (loaded, &j.budget) {
+        match (loaded, budget) {
             (Ok(None), None) => Ok(None),
             (Err(why), None) => {
                 logger
@@ -568,7 +574,7 @@ impl Runner {
                 }
                 Ok(Some(Costing {
                     books,
-                    budget: budget.clone(),
+                    budget: budget.cloned(),
                 }))
             }
         }

@@ -286,9 +286,22 @@ impl Runner {
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Result<(), JobError> {
-        let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
-        let mut estimate =
-            cost::estimate(&shown.stdout, &costing.books).map_err(|e| internal("estimate", e))?;
+        let estimated = match s.run(&Command::ShowPlan, report).await.and_then(Ran::ok) {
+            Ok(shown) => {
+                cost::estimate(&shown.stdout, &costing.books).map_err(|e| internal("estimate", e))
+            }
+            Err(e) => Err(e),
+        };
+        let mut estimate = match estimated {
+            Ok(estimate) => estimate,
+            // Without a budget, the estimate is only information: the job goes on.
+            Err(e) if costing.budget.is_none() && !s.stop.is_cancelled() => {
+                let line = format!("no cost estimate: {}", e.message);
+                s.logger.runner("estimate", &line).await;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         let mut lines = vec![format!("cost: {}", estimate.headline())];
         lines.extend(
             estimate

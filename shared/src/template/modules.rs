@@ -70,6 +70,17 @@ fn list(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
         let entry = entry?;
         let kind = entry.file_type()?;
         let path = entry.path();
+        // A name that is not plain text could make two listings read alike.
+        if entry
+            .file_name()
+            .to_str()
+            .is_none_or(|n| n.chars().any(char::is_control))
+        {
+            return Err(std::io::Error::other(format!(
+                "{} has a name that is not plain UTF-8 text: rename it",
+                path.display()
+            )));
+        }
         if kind.is_dir() {
             if entry.file_name() != ".terraform" {
                 list(root, &path, out)?;
@@ -235,6 +246,14 @@ mod tests {
         std::fs::write(dir.path().join("sub/x.tf"), "b").unwrap();
         std::fs::rename(dir.path().join("sub/x.tf"), dir.path().join("sub/y.tf")).unwrap();
         assert_ne!(digest(dir.path()).unwrap(), first, "a renamed file");
+        std::fs::write(dir.path().join("a.tf\nx"), "c").unwrap();
+        assert!(
+            digest(dir.path())
+                .unwrap_err()
+                .to_string()
+                .contains("not plain UTF-8 text")
+        );
+        std::fs::remove_file(dir.path().join("a.tf\nx")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
         assert!(digest(dir.path()).is_err());
     }

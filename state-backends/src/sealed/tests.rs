@@ -63,7 +63,7 @@ async fn without_the_key_a_sealed_state_is_refused_by_name_and_nothing_is_writte
         (None, "this runner has no key"),
         (
             Some(Keyring::new(key(2))),
-            "add that key to TERRACE_STATE_OLD_KEY_FILES",
+            "give it that key (TERRACE_STATE_KEY_FILE, or TERRACE_STATE_OLD_KEY_FILES",
         ),
     ] {
         let store = sealed(&inner, keys);
@@ -141,8 +141,9 @@ async fn a_key_of_the_same_id_that_differs_or_a_changed_object_does_not_open() {
     let text = String::from_utf8_lossy(&stored).replace("\"serial\":1", "\"serial\":9");
     let err = store
         .open(&ws(), "state", Bytes::from(text.into_bytes()))
-        .await;
-    assert!(err.is_err());
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("it was changed"), "{err}");
 }
 
 #[tokio::test]
@@ -189,6 +190,28 @@ async fn state_artifacts_are_sealed_and_records_are_not() {
     let inner = Arc::new(MemoryStore::new());
     let store = sealed(&inner, Some(Keyring::new(key(1))));
     let state = empty_state("lin-1", 3);
+    // Fenced writes (the runner's records) seal alike.
+    let lease = store
+        .acquire_lease(
+            &ws(),
+            &LeaseRequest {
+                owner: "j1".into(),
+                ttl: Duration::from_secs(60),
+                info: serde_json::Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .put_artifact_fenced(&ws(), "j1", "kept.tfplan", state.clone(), &lease.fence())
+        .await
+        .unwrap();
+    let stored = inner
+        .artifact(&ws(), "j1", "kept.tfplan")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(is_sealed(&stored));
     for name in [
         "errored.tfstate",
         "request-0123456789abcdef.json",

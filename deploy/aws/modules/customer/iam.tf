@@ -35,6 +35,7 @@ data "aws_iam_policy_document" "access" {
     data.aws_iam_policy_document.leases[*].json,
     data.aws_iam_policy_document.state_key[*].json,
     data.aws_iam_policy_document.sealing_key[*].json,
+    data.aws_iam_policy_document.old_sealing_keys[*].json,
   )
 
   statement {
@@ -84,6 +85,28 @@ data "aws_iam_policy_document" "sealing_key" {
     sid       = "SealingKey"
     actions   = ["kms:GenerateDataKey", "kms:Decrypt"]
     resources = [var.client_side_kms_key_arn]
+
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "kms:EncryptionContextKeys"
+      values   = ["terrace:workspace"]
+    }
+    condition {
+      test     = "Null"
+      variable = "kms:EncryptionContextKeys"
+      values   = ["false"]
+    }
+  }
+}
+
+# Keys rotated out: they still open what they sealed.
+data "aws_iam_policy_document" "old_sealing_keys" {
+  count = length(var.old_client_side_kms_key_arns) == 0 ? 0 : 1
+
+  statement {
+    sid       = "OldSealingKeys"
+    actions   = ["kms:Decrypt"]
+    resources = var.old_client_side_kms_key_arns
 
     condition {
       test     = "ForAllValues:StringEquals"

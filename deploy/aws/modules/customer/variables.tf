@@ -134,3 +134,14 @@ variable "client_side_kms_key_arn" {
     error_message = "client_side_kms_key_arn must be a KMS key ARN (arn:aws:kms:<region>:<account>:key/<id>), or null."
   }
 }
+
+variable "old_client_side_kms_key_arns" {
+  description = "KMS keys that sealed states before `client_side_kms_key_arn` replaced them: the role may still decrypt with them (never make data keys), so older versions and backups stay readable."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for arn in var.old_client_side_kms_key_arns : can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/.+$", arn))])
+    error_message = "old_client_side_kms_key_arns must be KMS key ARNs (arn:aws:kms:<region>:<account>:key/<id>)."
+  }
+}
