@@ -192,6 +192,20 @@ impl KeyFile {
     /// A file that cannot be read or does not hold a base64 key of 32 bytes; the message names
     /// the file, never its content.
     pub fn read(path: &std::path::Path) -> std::result::Result<Self, String> {
+        use std::os::unix::fs::PermissionsExt;
+        // Terraform runs as other users than the runner: a key they could read would open
+        // every state it seals.
+        let mode = std::fs::metadata(path)
+            .map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "the key file {} can be read by others (mode {:o}): make it the runner's alone (chmod 600)",
+                path.display(),
+                mode & 0o777
+            ));
+        }
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
         Self::from_base64(text.trim()).map_err(|e| format!("the key file {}: {e}", path.display()))

@@ -22,6 +22,9 @@ fn key_file(sb: &Sandbox, name: &str) -> String {
         base64::engine::general_purpose::STANDARD.encode(bytes) + "\n",
     )
     .unwrap();
+    // The runner's alone, as it requires.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     path.display().to_string()
 }
 

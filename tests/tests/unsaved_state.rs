@@ -134,6 +134,8 @@ async fn a_sealed_state_that_cannot_be_pushed_is_kept_sealed_and_pushed_from_the
         "state.key",
         &base64::engine::general_purpose::STANDARD.encode(key),
     );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let keys = Keyring::new(Arc::new(KeyFile::from_bytes(&key)));
     // The bucket fails the state writes; what reaches it is sealed.
     let sealed = SealedStore::wrap(Arc::new(sb.fs_store()), Some(keys));

@@ -235,6 +235,10 @@ fn a_key_file_must_hold_32_bytes_of_base64() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("key");
     std::fs::write(&path, "not base64!\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(KeyFile::read(&path).unwrap_err().contains("chmod 600"));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     assert!(KeyFile::read(&path).unwrap_err().contains("not base64"));
     std::fs::write(&path, format!("{}\n", B64.encode([1u8; 16]))).unwrap();
     assert!(
