@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-state-server clean
+.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-state-server bench-sealing clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -39,10 +39,13 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 
 ci: test test-images check-deploy lint deny
 
-bench: bench-state-server bench-overhead bench-http-backend bench-s3 ## the benchmarks
+bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
+
+bench-sealing: ## what sealing a state (envelope encryption with a key file) costs per write and read
+	cargo bench -p state-backends --bench sealing
 
 bench-overhead: tools
 	benches/overhead.sh
