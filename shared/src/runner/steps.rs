@@ -343,7 +343,7 @@ impl Runner {
         match check {
             Some(c) if c.exceeded && op == Operation::Apply => Err(budget_error(
                 c.reason.unwrap_or_default(),
-                "nothing was applied: raise budget.max_monthly_increase if the increase is meant, or change the job's variables so it costs less",
+                "nothing was applied: raise budget.max_monthly_increase if the increase is meant, or change the job's variables so it costs less, and send it again under a new job id",
             )),
             _ => Ok(()),
         }
