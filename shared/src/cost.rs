@@ -734,19 +734,31 @@ fn monthly(
     Ok(price * quantity * hours)
 }
 
-/// Whether terraform marks the value at a dotted path sensitive (its `*_sensitive` map is
-/// `true` there, or at a block above it).
-fn is_sensitive(sensitive: &Value, path: &str) -> bool {
-    let mut at = Some(sensitive);
+/// The value under one step of a dotted path: a key of an object, an index of a list.
+fn child<'a>(v: &'a Value, part: &str) -> Option<&'a Value> {
+    match v {
+        Value::Object(m) => m.get(part),
+        Value::Array(a) => part.parse::<usize>().ok().and_then(|i| a.get(i)),
+        _ => None,
+    }
+}
+
+/// Whether one of terraform's marks (`after_unknown`, `*_sensitive`) is `true` at a dotted
+/// path, or at a block or list above it (a whole value marked).
+fn marked(marks: &Value, path: &str) -> bool {
+    let mut at = Some(marks);
     for part in path.split('.') {
-        match at {
-            Some(Value::Bool(true)) => return true,
-            Some(Value::Object(m)) => at = m.get(part),
-            Some(Value::Array(a)) => at = part.parse::<usize>().ok().and_then(|i| a.get(i)),
-            _ => return false,
+        if at == Some(&Value::Bool(true)) {
+            return true;
         }
+        at = at.and_then(|m| child(m, part));
     }
     at == Some(&Value::Bool(true))
+}
+
+/// Whether terraform marks the value at a dotted path sensitive.
+fn is_sensitive(sensitive: &Value, path: &str) -> bool {
+    marked(sensitive, path)
 }
 
 /// The value at a dotted path (`settings.0.tier`); an error when terraform knows it only
@@ -756,26 +768,10 @@ fn attribute<'v>(
     unknown: &Value,
     path: &str,
 ) -> Result<Option<&'v Value>, String> {
-    fn child<'a>(v: &'a Value, part: &str) -> Option<&'a Value> {
-        match v {
-            Value::Object(m) => m.get(part),
-            Value::Array(a) => part.parse::<usize>().ok().and_then(|i| a.get(i)),
-            _ => None,
-        }
-    }
-    let (mut at, mut unknown) = (Some(values), Some(unknown));
-    for part in path.split('.') {
-        // `after_unknown` is `true` where a whole value (a block, a list) is unknown.
-        if unknown == Some(&Value::Bool(true)) {
-            break;
-        }
-        unknown = unknown.and_then(|u| child(u, part));
-        at = at.and_then(|v| child(v, part));
-    }
-    if unknown == Some(&Value::Bool(true)) {
+    if marked(unknown, path) {
         return Err(format!("{path} is known only after apply"));
     }
-    Ok(at)
+    Ok(path.split('.').try_fold(values, |v, part| child(v, part)))
 }
 
 #[cfg(test)]

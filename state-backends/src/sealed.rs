@@ -165,6 +165,16 @@ impl Keyring {
         }
     }
 
+    /// This keyring, with `older`'s keys (all of them) kept to open what they sealed.
+    #[must_use]
+    pub fn then(mut self, older: Option<Keyring>) -> Self {
+        if let Some(older) = older {
+            self.older.push(older.current);
+            self.older.extend(older.older);
+        }
+        self
+    }
+
     fn source_for(&self, id: &str) -> Option<&Arc<dyn KeySource>> {
         std::iter::once(&self.current)
             .chain(&self.older)

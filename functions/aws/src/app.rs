@@ -96,12 +96,8 @@ impl App {
             // what they sealed before.
             Some(key) => {
                 use state_backends::sealed::{Keyring, SealedStore};
-                let mut keys =
-                    Keyring::new(Arc::new(state_backends::kms::KmsKey::new(customer, key)));
-                if let Some(own) = &runtime.keys {
-                    keys.older.push(own.current.clone());
-                    keys.older.extend(own.older.iter().cloned());
-                }
+                let kms = Arc::new(state_backends::kms::KmsKey::new(customer, key));
+                let keys = Keyring::new(kms).then(runtime.keys.clone());
                 SealedStore::wrap(store, Some(keys))
             }
             None => runtime.seal(store),

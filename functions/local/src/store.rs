@@ -371,12 +371,8 @@ async fn open_s3(s3: &S3Url, keys: Option<Keyring>) -> anyhow::Result<Arc<dyn St
     // With a client-side KMS key, it seals; the key files still open what they sealed.
     let keys = match &s3.client_side_kms_key {
         Some(key) => {
-            let mut ring = Keyring::new(Arc::new(state_backends::kms::KmsKey::new(&config, key)));
-            if let Some(files) = keys {
-                ring.older.push(files.current);
-                ring.older.extend(files.older);
-            }
-            Some(ring)
+            let kms = Arc::new(state_backends::kms::KmsKey::new(&config, key));
+            Some(Keyring::new(kms).then(keys))
         }
         None => keys,
     };
