@@ -257,13 +257,17 @@ fn target_of<T: Trigger + ?Sized>(
 
 /// Checks a message: its envelope, target and job, and whether it fits in the time left.
 /// Every problem at once.
-fn check<T: Trigger + ?Sized>(
+///
+/// # Errors
+/// The problems, or [`Fate::Again`] when the job's template could not be fetched from its
+/// bucket for a reason that may pass.
+async fn check<T: Trigger + ?Sized>(
     trigger: &T,
     d: &Delivery<'_>,
-) -> Result<(T::Target, ValidatedJob), Vec<Value>> {
+) -> Result<(T::Target, ValidatedJob), Result<Vec<Value>, Fate>> {
     let envelope = trigger
         .decode(d.body)
-        .map_err(|e| vec![problem("", e, trigger.envelope_fix())])?;
+        .map_err(|e| Ok(vec![problem("", e, trigger.envelope_fix())]))?;
     let (target, mut problems) = match target_of(trigger, &envelope) {
         Ok(target) => (target, Vec::new()),
         Err(problems) => (None, problems),
@@ -275,11 +279,17 @@ fn check<T: Trigger + ?Sized>(
         &envelope.job,
         &trigger.runtime().templates,
         trigger.runtime().cloud,
-    ) {
-        Ok(job) => Some(job),
-        Err(more) => {
+    )
+    .await
+    {
+        Ok(Ok(job)) => Some(job),
+        Ok(Err(more)) => {
             problems.extend(more);
             None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the job's template cannot be fetched");
+            return Err(Err(Fate::again(e.to_string())));
         }
     };
     if let (Some(job), Some(left), Some(fix)) = (&job, d.time_left, trigger.cannot_hand_off())
@@ -297,7 +307,7 @@ fn check<T: Trigger + ?Sized>(
     }
     match (target, job) {
         (Some(target), Some(job)) if problems.is_empty() => Ok((target, job)),
-        _ => Err(problems),
+        _ => Err(Ok(problems)),
     }
 }
 
@@ -310,9 +320,10 @@ pub async fn handle<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
 }
 
 async fn handle_one<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
-    let (target, job) = match check(trigger, &d) {
+    let (target, job) = match check(trigger, &d).await {
         Ok(checked) => checked,
-        Err(problems) => return reject(trigger, rejection(d.message_id, problems)).await,
+        Err(Ok(problems)) => return reject(trigger, rejection(d.message_id, problems)).await,
+        Err(Err(again)) => return again,
     };
     let ws = match WorkspaceId::new(&job.job.tenant, &job.job.workspace) {
         Ok(ws) => ws,

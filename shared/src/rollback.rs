@@ -5,7 +5,7 @@
 //! variables from the failing job (callers pass their secrets with every job), so terraform
 //! reverts what the failed run changed and destroys what it created.
 
-use std::path::Path;
+use crate::template::source::Templates;
 
 use serde_json::{Map, Value};
 use state_backends::{StateStore, WorkspaceId};
@@ -76,13 +76,17 @@ pub async fn previous_configuration(
     store: &dyn StateStore,
     ws: &WorkspaceId,
     job: &ValidatedJob,
-    templates: &Path,
+    templates: &Templates,
 ) -> Result<Option<(String, ValidatedJob)>, String> {
     let Some((prev_id, record)) = last_apply(store, ws).await? else {
         return Ok(None);
     };
     let raw = rollback_job(&record, job)?;
-    let validated = validate(&raw, templates).map_err(|errors| {
+    templates
+        .fetch(&record.template.name, &record.template.version)
+        .await
+        .map_err(|e| format!("the template of {prev_id} cannot be had: {e}"))?;
+    let validated = validate(&raw, templates.root()).map_err(|errors| {
         let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
         format!(
             "the configuration of {prev_id} is no longer valid: {}",

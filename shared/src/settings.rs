@@ -7,6 +7,7 @@ use std::time::Duration;
 use state_backends::StateStore;
 
 use crate::runner::RunnerConfig;
+use crate::template::source::{Location, Published, Templates};
 use crate::terraform::{RunAs, TerraformConfig};
 
 /// The variables that hold a cloud function's own credentials, or lead to them (an endpoint,
@@ -225,8 +226,13 @@ pub fn seconds(name: &str, default: u64) -> Result<Duration, ConfigError> {
 /// What runs a job, in every function.
 #[derive(Clone, Debug)]
 pub struct Runtime {
-    /// `TERRACE_TEMPLATES` (default `/opt/terrace/templates`).
-    pub templates: PathBuf,
+    /// `TERRACE_TEMPLATES` (default `/opt/terrace/templates`): a folder, or a bucket whose
+    /// published templates are copied into `TERRACE_TEMPLATE_CACHE` (default
+    /// `/tmp/terrace/templates`) as jobs need them.
+    pub templates: Templates,
+    /// The bucket `TERRACE_TEMPLATES` names, until the function opens it with its own
+    /// identity ([`Runtime::templates_from`]).
+    pub templates_bucket: Option<Location>,
     /// `TERRACE_PRICE_BOOKS` (default `/opt/terrace/price-books`): plans are estimated when the
     /// folder exists.
     pub price_books: PathBuf,
@@ -263,10 +269,23 @@ impl Runtime {
     /// A setting that is present but malformed, named.
     pub fn from_env() -> Result<Self, ConfigError> {
         let who = terraform_user(false)?;
+        let location = Location::parse(
+            &var("TERRACE_TEMPLATES").unwrap_or_else(|| "/opt/terrace/templates".into()),
+        )
+        .map_err(|why| ConfigError::Invalid(format!("TERRACE_TEMPLATES: {why}")))?;
+        let (templates, templates_bucket) = match location {
+            Location::Folder(path) => (Templates::folder(path), None),
+            bucket => (
+                Templates::folder(
+                    var("TERRACE_TEMPLATE_CACHE")
+                        .unwrap_or_else(|| "/tmp/terrace/templates".into()),
+                ),
+                Some(bucket),
+            ),
+        };
         let mut runtime = Self {
-            templates: var("TERRACE_TEMPLATES")
-                .unwrap_or_else(|| "/opt/terrace/templates".into())
-                .into(),
+            templates,
+            templates_bucket,
             price_books: var("TERRACE_PRICE_BOOKS")
                 .unwrap_or_else(|| "/opt/terrace/price-books".into())
                 .into(),
@@ -368,6 +387,40 @@ impl Runtime {
         self
     }
 
+    /// Opens the bucket `TERRACE_TEMPLATES` names, if it names one, with `open` (the
+    /// function's own identity): `open` answers the bucket, or why this runner cannot read
+    /// that kind of place.
+    ///
+    /// # Errors
+    /// `open`'s refusal, naming the setting.
+    pub async fn templates_from<F, Opened>(&mut self, open: F) -> Result<(), ConfigError>
+    where
+        F: FnOnce(Location) -> Opened,
+        Opened: std::future::Future<
+                Output = Result<std::sync::Arc<dyn state_backends::objects::Bucket>, String>,
+            >,
+    {
+        let Some(location) = self.templates_bucket.take() else {
+            return Ok(());
+        };
+        let bucket = open(location.clone())
+            .await
+            .map_err(|why| ConfigError::Invalid(format!("TERRACE_TEMPLATES={location}: {why}")))?;
+        let prefix = match &location {
+            Location::S3 { prefix, .. }
+            | Location::Gcs { prefix, .. }
+            | Location::Azure { prefix, .. } => prefix.clone(),
+            Location::Folder(_) => String::new(),
+        };
+        self.templates = Templates::published(Published::new(
+            bucket,
+            &prefix,
+            self.templates.root().to_owned(),
+            location.to_string(),
+        ));
+        Ok(())
+    }
+
     /// This runtime on `cloud`, whose template defaults apply.
     #[must_use]
     pub fn on_cloud(mut self, cloud: &'static str) -> Self {
@@ -446,7 +499,8 @@ mod tests {
     #[test]
     fn a_function_refuses_to_pass_its_own_credentials_to_terraform() {
         let mut runtime = Runtime {
-            templates: PathBuf::new(),
+            templates: Templates::folder(PathBuf::new()),
+            templates_bucket: None,
             price_books: PathBuf::new(),
             keys: None,
             cloud: None,

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod modules;
 mod sensitivity;
+pub mod source;
 
 /// The file in a template folder that declares its variables.
 pub const SPEC_FILE: &str = "template.yaml";

@@ -8,7 +8,8 @@ use serde_json::{Map, Value, json};
 use state_backends::WorkspaceId;
 
 use crate::job::RawJob;
-use crate::validate::{ValidatedJob, validate_for};
+use crate::template::source::{SourceError, Templates};
+use crate::validate::{ValidatedJob, fetch_and_validate};
 
 /// The record of a message that will never be a job.
 pub fn rejection(message_id: &str, errors: Vec<Value>) -> Value {
@@ -20,21 +21,24 @@ pub fn problem(field: &str, problem: impl std::fmt::Display, fix: &str) -> Value
     json!({ "field": field, "problem": problem.to_string(), "fix": fix })
 }
 
-/// Validates a message's job.
+/// Validates a message's job, its template fetched first if it comes from a bucket.
 ///
 /// # Errors
-/// Every problem, as a rejection lists them.
-pub fn check_job(
+/// Every problem, as a rejection lists them; the outer error when the template could not be
+/// fetched for a reason that may pass.
+pub async fn check_job(
     job: &Map<String, Value>,
-    templates: &Path,
+    templates: &Templates,
     cloud: Option<&str>,
-) -> Result<ValidatedJob, Vec<Value>> {
-    validate_for(&RawJob(job.clone()), templates, cloud).map_err(|errors| {
-        errors
-            .iter()
-            .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
-            .collect()
-    })
+) -> Result<Result<ValidatedJob, Vec<Value>>, SourceError> {
+    Ok(fetch_and_validate(&RawJob(job.clone()), templates, cloud)
+        .await?
+        .map_err(|errors| {
+            errors
+                .iter()
+                .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
+                .collect()
+        }))
 }
 
 /// A message's text as a dead-letter record may keep it: its ids and its job, with every

@@ -83,6 +83,37 @@ pub fn validate(raw: &RawJob, templates_root: &Path) -> Result<ValidatedJob, Vec
     validate_for(raw, templates_root, None)
 }
 
+/// [`validate_for`] once the job's template (and its modules) are fetched from the bucket
+/// `templates` names, if they come from one. A template its bucket does not have, or has
+/// other than pinned, is a problem of the job's `template` (said as the bucket says it).
+///
+/// # Errors
+/// The outer error: the template could not be fetched for a reason that may pass (the job is
+/// not at fault; try it again later).
+pub async fn fetch_and_validate(
+    raw: &RawJob,
+    templates: &crate::template::source::Templates,
+    cloud: Option<&str>,
+) -> Result<Result<ValidatedJob, Vec<ValidationError>>, crate::template::source::SourceError> {
+    let unpublished = match templates.fetch_for(&raw.0).await {
+        Ok(()) => None,
+        Err(e) if e.passes() => return Err(e),
+        Err(e) => Some(ValidationError::new("template", e.to_string(), e.fix())),
+    };
+    Ok(
+        match (validate_for(raw, templates.root(), cloud), unpublished) {
+            (checked, None) => checked,
+            (Ok(_), Some(problem)) => Err(vec![problem]),
+            (Err(mut errors), Some(problem)) => {
+                // The bucket's answer says better why the template is not there.
+                errors.retain(|e| e.field != "template");
+                errors.push(problem);
+                Err(errors)
+            }
+        },
+    )
+}
+
 /// [`validate`] on a runner of `cloud` (`aws`, `gcp`, `azure`, `local`): a variable the job
 /// leaves unset takes the template's default for that cloud, before its own default.
 ///

@@ -145,6 +145,11 @@ impl<B: Bucket> BucketStore<B> {
         &self.bucket
     }
 
+    /// The bucket alone (to read other things in it: published templates, say).
+    pub fn into_bucket(self) -> B {
+        self.bucket
+    }
+
     /// The same store over a wrapped bucket (one that counts calls, say).
     pub fn map_bucket<C: Bucket>(self, wrap: impl FnOnce(B) -> C) -> BucketStore<C> {
         BucketStore {

@@ -54,6 +54,22 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// What `terrace` (the CLI) needs in its environment to reach moto as a machine reaches AWS.
+pub fn cli_env() -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT_URL", moto()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_CONFIG_FILE", "/nonexistent".into()),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent".into()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("TERRACE_S3_FORCE_PATH_STYLE", "1".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
 /// A new bucket.
 pub async fn bucket() -> String {
     let name = unique("terrace");

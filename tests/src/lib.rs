@@ -298,7 +298,7 @@ impl Sandbox {
                 ..TerraformConfig::default()
             },
             console: false,
-            templates: Some(self.templates.clone()),
+            templates: Some(shared::template::source::Templates::folder(&self.templates)),
             ..RunnerConfig::default()
         }
     }

@@ -338,6 +338,63 @@ async fn a_tenant_with_a_client_side_kms_key_gets_every_state_sealed_with_it() {
     }
 }
 
+/// The function reads templates from the runner's own bucket at run time (no new image): a
+/// version published there runs; one not published is rejected, naming the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_published_to_the_runners_bucket_run_without_a_new_image() {
+    let w = World::new().await;
+    let url = format!("s3://{}/published", aws::bucket().await);
+    let published =
+        w.sb.terrace()
+            .envs(aws::cli_env())
+            .args(["template", "publish", "demo", "1.0.0", "--to", &url])
+            .output()
+            .unwrap();
+    assert!(published.status.success(), "{published:?}");
+    let cache = w.sb.dir.path().join("function-template-cache");
+    let api = RuntimeApi::start().await;
+    let _function = w.start_with(
+        &api,
+        &[
+            ("TERRACE_TEMPLATES", &url),
+            ("TERRACE_TEMPLATE_CACHE", cache.to_str().unwrap()),
+        ],
+    );
+    w.apply_one(&api, "pub-1", "published").await;
+    assert!(cache.join("demo/1.0.0/main.tf").is_file());
+
+    let unpublished = w
+        .envelope("pub-2", "published", "3m")
+        .replace("\"1.0.0\"", "\"9.9.9\"");
+    let (event, _) = w.batch(&[unpublished]).await;
+    let response = api.invoke(event, Duration::from_secs(60)).await.unwrap();
+    assert!(
+        failures(&response).is_empty(),
+        "rejected, not retried: {response}"
+    );
+    let results = w.results().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0]["status"], "rejected", "{}", results[0]);
+    let problem = results[0]["errors"][0]["problem"].as_str().unwrap();
+    assert_eq!(
+        problem,
+        format!("template demo 9.9.9 is not published in {url}")
+    );
+
+    // A place this runner cannot read templates from stops it at start, naming the setting.
+    let out = w
+        .command()
+        .env("TERRACE_TEMPLATES", "gs://elsewhere/t")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("TERRACE_TEMPLATES=gs://elsewhere/t: gs://elsewhere/t is not an S3 bucket"),
+        "{said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
     let w = World::new().await;

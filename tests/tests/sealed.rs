@@ -184,17 +184,7 @@ async fn on_s3_the_customers_kms_key_seals_every_state_object() {
     let bucket = tests::aws::bucket().await;
     let key = tests::aws::kms_key();
     let mut sb = Sandbox::new();
-    for (k, v) in [
-        ("AWS_ENDPOINT_URL", tests::aws::moto()),
-        ("AWS_ACCESS_KEY_ID", "testing".into()),
-        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
-        ("AWS_CONFIG_FILE", "/nonexistent".into()),
-        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent".into()),
-        ("AWS_REGION", "us-east-1".into()),
-        ("TERRACE_S3_FORCE_PATH_STYLE", "1".into()),
-    ] {
-        sb.env.push((k.into(), v));
-    }
+    sb.env.extend(tests::aws::cli_env());
     let sealed_url = format!("s3://{bucket}/t?client_side_kms_key={key}");
     let store = [("TERRACE_STORE", sealed_url.as_str())];
     let (code, r) = run_in(&sb, &store, "k1", 1).await;

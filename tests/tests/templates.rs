@@ -263,3 +263,165 @@ async fn a_templates_per_cloud_defaults_fill_what_the_job_leaves_unset() {
     let out = sb.run(&["--cloud", "moon", "workspaces"]);
     out.expect_code(64);
 }
+
+/// Templates published to a bucket, then run from it by `terrace --templates URL`: the
+/// template and the modules it pins are fetched (and checked) at run time; publishing again
+/// is idempotent; a version not published is refused naming the bucket; a module file changed
+/// in the bucket behind its listing is refused, and nothing runs.
+async fn published_templates_run_from(
+    sb: &Sandbox,
+    url: &str,
+    raw: std::sync::Arc<dyn state_backends::objects::Bucket>,
+    raw_prefix: &str,
+) {
+    let publish = sb.run(&["template", "publish", "stack", "1.0.0", "--to", url]);
+    publish.expect_code(0);
+    for part in [
+        "_modules/network/1.0.0",
+        "_modules/cluster/1.0.0",
+        "stack/1.0.0",
+    ] {
+        assert!(
+            publish.stdout().contains(&format!("published {part} to ")),
+            "{}",
+            publish.stdout()
+        );
+    }
+    let again = sb.run(&["template", "publish", "stack", "1.0.0", "--to", url]);
+    again.expect_code(0);
+    assert_eq!(
+        again
+            .stdout()
+            .matches("already published with the same files")
+            .count(),
+        3,
+        "{}",
+        again.stdout()
+    );
+
+    // Run from the bucket only: the folder the sandbox names is not read.
+    let cache = sb.dir.path().join("template-cache");
+    let cold = sb.dir.path().join("cold-cache");
+    let with_cache = |cache: &std::path::Path, args: &[&str]| {
+        let mut all = vec![
+            "--templates",
+            url,
+            "--template-cache",
+            cache.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        sb.run(&all)
+    };
+    let from_bucket = |args: &[&str]| with_cache(&cache, args);
+    let path = sb.job("p1.yaml", &stack("p1", "1.0.0", 2));
+    from_bucket(&["run", "-q", path.to_str().unwrap()]).expect_code(0);
+    let r = sb.artifact_json("acme/stack", "p1", "result.json").await;
+    assert_eq!(r["outputs"]["network_cidr"]["value"], "10.1.0.0/16", "{r}");
+    assert_eq!(r["changes"]["add"], 2, "{r}");
+    assert!(cache.join("_modules/network/1.0.0/main.tf").is_file());
+    let listed = from_bucket(&["template", "list", "--json"]);
+    listed.expect_code(0);
+    let listed: Value = serde_json::from_str(&listed.stdout()).unwrap();
+    assert_eq!(
+        listed["templates"],
+        json!([{ "name": "stack", "version": "1.0.0", "valid": true,
+                 "description": listed["templates"][0]["description"],
+                 "modules": listed["templates"][0]["modules"] }]),
+        "{listed}"
+    );
+
+    // stack 1.1.0 is in the folder but was never published.
+    let path = sb.job("p2.yaml", &stack("p2", "1.1.0", 2));
+    let out = from_bucket(&["run", path.to_str().unwrap()]);
+    out.expect_code(65);
+    assert!(
+        out.stderr()
+            .contains(&format!("template stack 1.1.0 is not published in {url}")),
+        "{}",
+        out.stderr()
+    );
+    assert!(
+        out.stderr().contains("terrace template publish"),
+        "{}",
+        out.stderr()
+    );
+
+    // A module file rewritten in the bucket, around `publish`: refused, nothing runs.
+    raw.put(
+        &format!("{raw_prefix}_modules/network/1.0.0/main.tf"),
+        bytes::Bytes::from_static(b"# changed in the bucket\n"),
+        Default::default(),
+        state_backends::objects::Condition::None,
+    )
+    .await
+    .unwrap();
+    // A runner fetching it afresh reads the changed file and refuses it.
+    let path = sb.job("p3.yaml", &stack("p3", "1.0.0", 3));
+    let out = with_cache(&cold, &["run", path.to_str().unwrap()]);
+    out.expect_code(65);
+    assert!(
+        out.stderr()
+            .contains("main.tf differs from its line in the listing"),
+        "{}",
+        out.stderr()
+    );
+    assert_eq!(sb.versions("acme/stack").await.len(), 1, "no state written");
+    assert!(!cold.join("_modules/network").exists());
+    // A runner whose copy matches the listing reads no file again: it runs what was published.
+    let path = sb.job("p4.yaml", &stack("p4", "1.0.0", 3));
+    from_bucket(&["run", "-q", path.to_str().unwrap()]).expect_code(0);
+    assert!(
+        std::fs::read_to_string(cache.join("_modules/network/1.0.0/main.tf"))
+            .unwrap()
+            .contains("10.1.0.0/16"),
+        "the checked copy stays"
+    );
+    let r = sb.artifact_json("acme/stack", "p4", "result.json").await;
+    assert_eq!(r["outputs"]["network_cidr"]["value"], "10.1.0.0/16", "{r}");
+}
+
+#[tokio::test]
+async fn templates_published_to_s3_run_from_it() {
+    let bucket = tests::aws::bucket().await;
+    let mut sb = Sandbox::new();
+    sb.env.extend(tests::aws::cli_env());
+    let raw = state_backends::s3::S3Store::from_sdk(
+        &tests::aws::sdk_config().await,
+        true,
+        state_backends::s3::S3Config {
+            bucket: bucket.clone(),
+            prefix: String::new(),
+            lease: state_backends::s3::LeaseMode::from_table(None),
+            kms_key_id: None,
+        },
+    )
+    .unwrap()
+    .into_bucket();
+    let url = format!("s3://{bucket}/published");
+    published_templates_run_from(&sb, &url, std::sync::Arc::new(raw), "published/").await;
+}
+
+#[tokio::test]
+async fn templates_published_to_gcs_run_from_it() {
+    let bucket = tests::gcs::bucket().await;
+    let mut sb = Sandbox::new();
+    sb.env.extend([
+        ("TERRACE_GCS_ENDPOINT".to_owned(), tests::gcs::endpoint()),
+        ("TERRACE_GCS_ANONYMOUS".to_owned(), "1".to_owned()),
+    ]);
+    let raw = tests::gcs::store(&bucket, "").await.into_bucket();
+    let url = format!("gs://{bucket}/t/published");
+    published_templates_run_from(&sb, &url, std::sync::Arc::new(raw), "t/published/").await;
+}
+
+#[tokio::test]
+async fn templates_published_to_azure_blob_run_from_it() {
+    let with_sas = tests::azure::container().await;
+    let container = with_sas.split('?').next().unwrap().to_owned();
+    let mut sb = Sandbox::new();
+    sb.env
+        .push(("AZURE_STORAGE_SAS_TOKEN".to_owned(), tests::azure::sas()));
+    let raw = tests::azure::store(&with_sas, "").into_bucket();
+    let url = format!("{container}/published");
+    published_templates_run_from(&sb, &url, std::sync::Arc::new(raw), "published/").await;
+}

@@ -9,10 +9,12 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use shared::pipeline::{Keep, Trigger};
 use shared::settings::Runtime;
+use shared::template::source::Location;
 use shared::tenants::Tenants;
 use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
+use state_backends::objects::Bucket;
 use state_backends::s3::{LeaseMode, S3Config, S3Store};
 use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;
@@ -37,7 +39,12 @@ pub struct App {
 pub type JobRef = trigger::JobRef<Target>;
 
 impl App {
-    pub async fn new(config: Config) -> Self {
+    /// The clients, and the templates bucket `TERRACE_TEMPLATES` names (reached as the
+    /// function itself).
+    ///
+    /// # Errors
+    /// `TERRACE_TEMPLATES` naming a place that is not an S3 bucket or a folder.
+    pub async fn new(mut config: Config) -> Result<Self, shared::settings::ConfigError> {
         // Every AWS call gives up in time: a store that stops answering must not hold a job
         // (its result, its lease's release, its message's return) forever. The runner fences
         // itself long before, whatever the calls do.
@@ -49,13 +56,35 @@ impl App {
             .timeout_config(timeouts)
             .load()
             .await;
-        Self {
+        let path_style = config.s3_path_style;
+        let own = &aws;
+        let open = |location| async move {
+            let Location::S3 { bucket, .. } = location else {
+                return Err(format!(
+                    "{location} is not an S3 bucket: the AWS runner reads templates from s3://BUCKET/PREFIX, or a folder"
+                ));
+            };
+            let store = S3Store::from_sdk(
+                own,
+                path_style,
+                S3Config {
+                    bucket,
+                    prefix: String::new(),
+                    lease: LeaseMode::from_table(None),
+                    kms_key_id: None,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(Arc::new(store.into_bucket()) as Arc<dyn Bucket>)
+        };
+        config.runtime.templates_from(open).await?;
+        Ok(Self {
             sqs: aws_sdk_sqs::Client::new(&aws),
             ecs: aws_sdk_ecs::Client::new(&aws),
             config: Arc::new(config),
             aws,
             shutdown: CancellationToken::new(),
-        }
+        })
     }
 
     /// The customer's store, reached through their role.

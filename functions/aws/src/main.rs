@@ -21,7 +21,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let app = App::new(config).await;
+    let app = match App::new(config).await {
+        Ok(app) => app,
+        Err(e) => {
+            tracing::error!("terrace-aws: {e}");
+            return ExitCode::from(78);
+        }
+    };
     if std::env::args().nth(1).as_deref() == Some("task") {
         return events::task(&app).await;
     }

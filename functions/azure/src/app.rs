@@ -16,11 +16,13 @@ use azure_core::credentials::TokenCredential;
 use serde_json::{Value, json};
 use shared::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::settings::Runtime;
+use shared::template::source::Location;
 use shared::tenants::Tenants;
 use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
 use state_backends::azure::{AzureConfig, AzureStore};
+use state_backends::objects::Bucket;
 use state_backends::{StateStore, WorkspaceId};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -78,6 +80,29 @@ fn poison_record(record: &Value, text: &str) -> String {
         // Shrink in proportion (escaping may double a character), a little more each round.
         keep = (end * (MAX_RECORD - 256) / serialized.len()).min(end - 1);
     }
+}
+
+/// The container `TERRACE_TEMPLATES` names, reached as this job (its managed identity), or
+/// with the SAS against an emulator.
+///
+/// # Errors
+/// A place that is not an Azure Blob container.
+pub fn templates_bucket(
+    location: &Location,
+    config: &Config,
+    own: Option<Arc<dyn TokenCredential>>,
+) -> Result<Arc<dyn Bucket>, String> {
+    let Location::Azure { container_url, .. } = location else {
+        return Err(format!(
+            "{location} is not an Azure Blob container: the Azure runner reads templates from az://ACCOUNT/CONTAINER/PREFIX, https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX, or a folder"
+        ));
+    };
+    let config = AzureConfig {
+        container_url: config.storage_url(container_url),
+        prefix: String::new(),
+    };
+    let store = AzureStore::new(&config, own).map_err(|e| e.to_string())?;
+    Ok(Arc::new(store.into_bucket()))
 }
 
 impl App {
@@ -221,7 +246,8 @@ impl App {
     ) -> Result<Outcome, String> {
         record["dequeue_count"] = json!(message.dequeue_count);
         // Identifiers and errors stay; the job's secrets do not.
-        let text = shared::trigger::masked_message(&message.text, &self.config.runtime.templates);
+        let text =
+            shared::trigger::masked_message(&message.text, self.config.runtime.templates.root());
         let poisoned = poison_record(&record, &text);
         let poison = self.queue(&self.config.poison_queue_url)?;
         poison.send(&poisoned, Duration::ZERO).await?;

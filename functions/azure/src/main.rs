@@ -11,7 +11,7 @@ use azure::{access, config};
 async fn main() -> ExitCode {
     shared::process::init_json_logs();
     shared::process::non_dumpable();
-    let config = match config::Config::from_env() {
+    let mut config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("terrace-azure: {e}");
@@ -29,6 +29,17 @@ async fn main() -> ExitCode {
             }
         }
     };
+    let (settings, credential) = (config.clone(), own.clone());
+    let opened = config
+        .runtime
+        .templates_from(|location| async move {
+            azure::app::templates_bucket(&location, &settings, credential)
+        })
+        .await;
+    if let Err(e) = opened {
+        tracing::error!("terrace-azure: {e}");
+        return ExitCode::from(78);
+    }
     let shutdown = CancellationToken::new();
     shared::process::cancel_on_sigterm(&shutdown, "interrupting the job");
     let app = App {

@@ -21,11 +21,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use shared::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::settings::Runtime;
+use shared::template::source::Location;
 use shared::tenants::Tenants;
 use shared::terraform::TerraformConfig;
 use shared::trigger;
 use shared::validate::ValidatedJob;
 use state_backends::gcs::{GcsConfig, GcsStore};
+use state_backends::objects::Bucket;
 use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
@@ -95,6 +97,47 @@ fn run_job_request(reference: &str, job_timeout: Duration, lease_wait: Duration)
 
 fn answer(status: StatusCode, body: Value) -> Response {
     (status, Json(body)).into_response()
+}
+
+/// The bucket `TERRACE_TEMPLATES` names, reached as this service (anonymously against an
+/// emulator).
+///
+/// # Errors
+/// A place that is not a GCS bucket, or no credentials.
+pub async fn templates_bucket(
+    location: Location,
+    anonymous: bool,
+    endpoint: String,
+) -> Result<Arc<dyn Bucket>, String> {
+    let Location::Gcs { bucket, .. } = location else {
+        return Err(format!(
+            "{location} is not a GCS bucket: the Google Cloud runner reads templates from gs://BUCKET/PREFIX, or a folder"
+        ));
+    };
+    let credentials = if anonymous {
+        google_cloud_auth::credentials::anonymous::Builder::new().build()
+    } else {
+        google_cloud_auth::credentials::Builder::default()
+            .build()
+            .map_err(|e| format!("this service has no credentials of its own: {e}"))?
+    };
+    let storage = google_cloud_storage::client::Storage::builder()
+        .with_endpoint(&endpoint)
+        .with_credentials(credentials.clone())
+        .build()
+        .await
+        .map_err(|e| format!("cannot make a GCS client: {e}"))?;
+    let store = GcsStore::new(
+        storage,
+        credentials,
+        GcsConfig {
+            bucket,
+            prefix: String::new(),
+            kms_key: None,
+            endpoint,
+        },
+    );
+    Ok(Arc::new(store.into_bucket()))
 }
 
 impl App {

@@ -15,13 +15,22 @@ async fn main() -> ExitCode {
     shared::process::init_json_logs();
     shared::process::non_dumpable();
     let serving = std::env::args().nth(1).as_deref() != Some("task");
-    let config = match config::Config::from_env(serving) {
+    let mut config = match config::Config::from_env(serving) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("terrace-gcp: {e}");
             return ExitCode::from(78);
         }
     };
+    let (anonymous, endpoint) = (config.anonymous, config.gcs_endpoint.clone());
+    let opened = config
+        .runtime
+        .templates_from(|location| gcp::app::templates_bucket(location, anonymous, endpoint))
+        .await;
+    if let Err(e) = opened {
+        tracing::error!("terrace-gcp: {e}");
+        return ExitCode::from(78);
+    }
     let port = config.port;
     let shutdown = CancellationToken::new();
     let own = match google::Own::new(config.anonymous) {

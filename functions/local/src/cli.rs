@@ -12,10 +12,11 @@ use clap::{Args, Parser, Subcommand};
 use shared::cost;
 use shared::job::{Operation, RawJob};
 use shared::result::{JobResult, Status};
-use shared::runner::{RunOutcome, Runner, RunnerConfig};
+use shared::runner::{RunOutcome, Runner};
 use shared::settings::Runtime;
+use shared::template::source::{Published, Templates};
 use shared::terraform::TerraformConfig;
-use shared::validate::{ValidatedJob, ValidationError, validate_for};
+use shared::validate::{ValidatedJob, ValidationError, fetch_and_validate};
 use state_backends::{StateStore, WorkspaceId};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -80,14 +81,19 @@ pub(crate) struct Global {
         global = true
     )]
     pub(crate) store: String,
-    /// Folder of templates, `<name>/<version>/`.
+    /// Templates: a folder of `<name>/<version>/`, or a bucket they were published to
+    /// (`terrace template publish`), as a store URL: s3://, gs://, az://.
     #[arg(
         long,
         env = "TERRACE_TEMPLATES",
         default_value = "templates",
         global = true
     )]
-    pub(crate) templates: PathBuf,
+    pub(crate) templates: String,
+    /// Where templates from a bucket are copied (default: `templates` in the cache folder,
+    /// `--cache-dir`).
+    #[arg(long, env = "TERRACE_TEMPLATE_CACHE", global = true)]
+    pub(crate) template_cache: Option<PathBuf>,
     /// Folder of price books: plans are estimated when it exists (docs/templates.md).
     #[arg(
         long,
@@ -292,6 +298,37 @@ pub fn main() -> ExitCode {
 }
 
 impl Global {
+    /// The templates `--templates` names: a folder, or a bucket reached with this machine's
+    /// credentials.
+    pub(crate) async fn open_templates(&self) -> anyhow::Result<Templates> {
+        let url: StoreUrl = self
+            .templates
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--templates: {e}"))?;
+        if let StoreUrl::Fs(path) = &url {
+            return Ok(Templates::folder(path));
+        }
+        let (bucket, prefix) = store::open_bucket(&url)
+            .await
+            .map_err(|e| anyhow::anyhow!("--templates: {e}"))?;
+        let cache = self
+            .template_cache
+            .clone()
+            .or_else(|| {
+                self.cache_dir
+                    .clone()
+                    .or_else(default_cache_dir)
+                    .map(|d| d.join("templates"))
+            })
+            .unwrap_or_else(|| std::env::temp_dir().join("terrace-templates"));
+        Ok(Templates::published(Published::new(
+            bucket,
+            &prefix,
+            cache,
+            url.to_string(),
+        )))
+    }
+
     /// The store `--store` names, with this machine's credentials.
     pub(crate) async fn open_store(&self) -> anyhow::Result<Arc<dyn StateStore>> {
         let url: StoreUrl = self
@@ -311,26 +348,29 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         return Ok(exit::USAGE);
     }
     match cli.command {
-        Cmd::Validate { job } => Ok(match load_job(&job, &g)? {
-            Ok(v) => {
-                outln!(
-                    "{}: valid ({} {} in {}/{})",
-                    job.display(),
-                    v.job.operation,
-                    v.job.template,
-                    v.job.tenant,
-                    v.job.workspace
-                );
-                exit::OK
-            }
-            Err(errors) => report_invalid(&job, &errors),
-        }),
+        Cmd::Validate { job } => Ok(
+            match load_job(&job, &g, &g.open_templates().await?).await? {
+                Ok(v) => {
+                    outln!(
+                        "{}: valid ({} {} in {}/{})",
+                        job.display(),
+                        v.job.operation,
+                        v.job.template,
+                        v.job.tenant,
+                        v.job.workspace
+                    );
+                    exit::OK
+                }
+                Err(errors) => report_invalid(&job, &errors),
+            },
+        ),
         Cmd::Run { job, wait, out } => {
-            let validated = match load_job(&job, &g)? {
+            let templates = g.open_templates().await?;
+            let validated = match load_job(&job, &g, &templates).await? {
                 Ok(v) => v,
                 Err(errors) => return Ok(report_invalid(&job, &errors)),
             };
-            let mut config = runner_config(&g);
+            let mut config = runtime(&g, templates).runner_config();
             config.lease_wait = Duration::from_secs(wait);
             let runner = Runner::new(g.open_store().await?, config);
             let cancel = CancellationToken::new();
@@ -373,7 +413,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
         Cmd::Serve(args) => serve::serve(&g, args).await,
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
-        Cmd::Template(cmd) => template_cmd::run(&g.templates, cmd),
+        Cmd::Template(cmd) => template_cmd::run(&g, cmd).await,
         Cmd::Module(cmd) => Ok(template_cmd::module(cmd)),
         Cmd::Drift { queue } => drift(&g, &queue).await,
         Cmd::Backup { hourly, daily } => {
@@ -410,7 +450,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 /// `terrace estimate`: the job planned under an id of its own (so the job itself can still
 /// run), its plan priced, nothing applied.
 async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyhow::Result<u8> {
-    let mut validated = match load_job(path, g)? {
+    let templates = g.open_templates().await?;
+    let mut validated = match load_job(path, g, &templates).await? {
         Ok(v) => v,
         Err(errors) => return Ok(report_invalid(path, &errors)),
     };
@@ -433,7 +474,7 @@ async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyho
     let base: String = j.id.chars().take(100).collect();
     j.id = format!("{base}.estimate-{:08x}", rand::random::<u32>());
     j.operation = Operation::Plan;
-    let mut config = runner_config(g);
+    let mut config = runtime(g, templates).runner_config();
     config.lease_wait = Duration::from_secs(wait);
     let runner = Runner::new(g.open_store().await?, config);
     let cancel = CancellationToken::new();
@@ -517,9 +558,10 @@ async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
 }
 
 /// What runs a job here, from the flags and environment.
-pub(crate) fn runtime(g: &Global) -> Runtime {
+pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
     Runtime {
-        templates: g.templates.clone(),
+        templates,
+        templates_bucket: None,
         price_books: g.price_books.clone(),
         // The CLI seals in `Global::open_store`, which every command opens its store with.
         keys: None,
@@ -556,10 +598,6 @@ pub(crate) fn runtime(g: &Global) -> Runtime {
     }
 }
 
-fn runner_config(g: &Global) -> RunnerConfig {
-    runtime(g).runner_config()
-}
-
 /// `$XDG_CACHE_HOME/terrace`, else `$HOME/.cache/terrace`; none without either.
 fn default_cache_dir() -> Option<PathBuf> {
     let nonempty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
@@ -569,11 +607,13 @@ fn default_cache_dir() -> Option<PathBuf> {
         .map(|dir| dir.join("terrace"))
 }
 
-/// Reads and validates a job file against `g`'s templates and cloud; the outer error is for
-/// an unreadable file.
-pub(crate) fn load_job(
+/// Reads and validates a job file against `templates` (fetched from their bucket first, if
+/// they come from one) and `g`'s cloud; the outer error is for an unreadable file or a bucket
+/// that cannot be read.
+pub(crate) async fn load_job(
     path: &Path,
     g: &Global,
+    templates: &Templates,
 ) -> anyhow::Result<Result<ValidatedJob, Vec<ValidationError>>> {
     let bytes =
         std::fs::read(path).with_context(|| format!("cannot read job file {}", path.display()))?;
@@ -589,7 +629,7 @@ pub(crate) fn load_job(
         Ok(raw) => raw,
         Err(e) => return Ok(Err(vec![e])),
     };
-    Ok(validate_for(&raw, &g.templates, Some(&g.cloud)))
+    Ok(fetch_and_validate(&raw, templates, Some(&g.cloud)).await?)
 }
 
 fn report_invalid(path: &Path, errors: &[ValidationError]) -> u8 {

@@ -67,8 +67,9 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
         return Ok(exit::BUSY);
     }
     recover_orphans(q)?;
+    let templates = g.open_templates().await?;
     let folder = Arc::new(Folder {
-        runtime: runtime(g),
+        runtime: runtime(g, templates.clone()),
         store: g.open_store().await?,
     });
     let cancel = CancellationToken::new();
@@ -97,11 +98,11 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                     continue;
                 }
                 let path = q.join(&name);
-                let validated = match load_job(&path, g) {
+                let validated = match load_job(&path, g, &templates).await {
                     Ok(Ok(v)) => v,
                     Ok(Err(errors)) => {
                         let report = serde_json::json!({ "status": "rejected", "errors": errors });
-                        match finish(q, &path, "failed", &report, &g.templates) {
+                        match finish(q, &path, "failed", &report, templates.root()) {
                             Ok(()) => eprintln!(
                                 "{name}: invalid job, moved to failed/ ({} problem(s))",
                                 errors.len()
@@ -171,7 +172,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                 };
                 let Some((name, ws)) = claimed.remove(&id) else { continue };
                 active.remove(&ws);
-                if let Err(e) = settle(q, &name, done, &mut not_before, &g.templates) {
+                if let Err(e) = settle(q, &name, done, &mut not_before, templates.root()) {
                     eprintln!("{name}: could not move it out of running/: {e:#}");
                 }
             }

@@ -23,6 +23,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use state_backends::StateStore;
+use state_backends::objects::Bucket;
 use state_backends::sealed::{Keyring, SealedStore};
 
 /// A parsed `--store`.
@@ -153,7 +154,12 @@ impl FromStr for StoreUrl {
                          AZURE_STORAGE_SAS_TOKEN instead, as a URL shows in process listings and logs"
                     ));
                 }
-                let (container_url, prefix) = azure_container(scheme, &url, &host, &path)?;
+                let host_port = match url.port() {
+                    Some(port) => format!("{host}:{port}"),
+                    None => host.clone(),
+                };
+                let (container_url, prefix) =
+                    shared::template::source::azure_container(scheme, &host_port, &path)?;
                 let client_id = query.take("client_id")?;
                 let identity = match query.take("identity")?.as_deref() {
                     None | Some("cli") if client_id.is_none() => AzureIdentity::DeveloperTools,
@@ -184,55 +190,6 @@ fn named(value: &str, what: &str, form: &str) -> Result<String, String> {
         Err(format!("{what} is missing: {form}"))
     } else {
         Ok(value.to_owned())
-    }
-}
-
-/// The container's URL and the prefix under it.
-fn azure_container(
-    scheme: &str,
-    url: &url::Url,
-    host: &str,
-    path: &[String],
-) -> Result<(String, String), String> {
-    const FORM: &str = "az://ACCOUNT/CONTAINER/PREFIX";
-    let (base, rest) = match scheme {
-        "az" => {
-            let account = named(host, "the storage account", FORM)?;
-            (format!("https://{account}.blob.core.windows.net"), path)
-        }
-        // `ACCOUNT.blob.core.windows.net/CONTAINER` (and the sovereign clouds' `.blob.` hosts)
-        _ if host.contains(".blob.") => (format!("{scheme}://{host}"), path),
-        // An emulator, path-style: `HOST:PORT/ACCOUNT/CONTAINER`.
-        _ if url.port().is_some() || is_local(url) => {
-            let Some((account, rest)) = path.split_first() else {
-                return Err(format!(
-                    "an emulator's URL names its storage account first: \
-                     {scheme}://{host}:PORT/ACCOUNT/CONTAINER/PREFIX"
-                ));
-            };
-            let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
-            (format!("{scheme}://{host}{port}/{account}"), rest)
-        }
-        _ => {
-            return Err(format!(
-                "{scheme}://{host} is not an Azure Blob endpoint: use {FORM}, \
-                 https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX, or an emulator's \
-                 http://127.0.0.1:PORT/ACCOUNT/CONTAINER/PREFIX"
-            ));
-        }
-    };
-    let Some((container, prefix)) = rest.split_first() else {
-        return Err(format!("the container is missing: {FORM}"));
-    };
-    Ok((format!("{base}/{container}"), prefix.join("/")))
-}
-
-/// A loopback or IP-literal host: an emulator's.
-fn is_local(url: &url::Url) -> bool {
-    match url.host() {
-        Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) => true,
-        Some(url::Host::Domain(d)) => d == "localhost",
-        None => false,
     }
 }
 
@@ -314,11 +271,43 @@ pub async fn open(url: &StoreUrl, keys: Option<Keyring>) -> anyhow::Result<Arc<d
         #[cfg(not(feature = "aws"))]
         StoreUrl::S3(_) => Err(not_built("S3", "aws")),
         #[cfg(feature = "gcp")]
-        StoreUrl::Gcs(gcs) => open_gcs(gcs).await.map(seal),
+        StoreUrl::Gcs(gcs) => Ok(seal(Arc::new(gcs_store(gcs).await?))),
         #[cfg(not(feature = "gcp"))]
         StoreUrl::Gcs(_) => Err(not_built("GCS", "gcp")),
         #[cfg(feature = "azure")]
-        StoreUrl::Azure(azure) => open_azure(azure).map(seal),
+        StoreUrl::Azure(azure) => Ok(seal(Arc::new(azure_store(azure)?))),
+        #[cfg(not(feature = "azure"))]
+        StoreUrl::Azure(_) => Err(not_built("Azure", "azure")),
+    }
+}
+
+/// The bucket (or container) `url` names, and the prefix under it, for templates: with the
+/// credentials of this machine.
+///
+/// # Errors
+/// A folder, missing credentials or settings, or a kind this build leaves out.
+pub async fn open_bucket(url: &StoreUrl) -> anyhow::Result<(Arc<dyn Bucket>, String)> {
+    match url {
+        StoreUrl::Fs(path) => anyhow::bail!("{} is a folder, not a bucket", path.display()),
+        #[cfg(feature = "aws")]
+        StoreUrl::S3(s3) => Ok((
+            Arc::new(s3_store(s3).await?.0.into_bucket()),
+            s3.prefix.clone(),
+        )),
+        #[cfg(not(feature = "aws"))]
+        StoreUrl::S3(_) => Err(not_built("S3", "aws")),
+        #[cfg(feature = "gcp")]
+        StoreUrl::Gcs(gcs) => Ok((
+            Arc::new(gcs_store(gcs).await?.into_bucket()),
+            gcs.prefix.clone(),
+        )),
+        #[cfg(not(feature = "gcp"))]
+        StoreUrl::Gcs(_) => Err(not_built("GCS", "gcp")),
+        #[cfg(feature = "azure")]
+        StoreUrl::Azure(azure) => Ok((
+            Arc::new(azure_store(azure)?.into_bucket()),
+            azure.prefix.clone(),
+        )),
         #[cfg(not(feature = "azure"))]
         StoreUrl::Azure(_) => Err(not_built("Azure", "azure")),
     }
@@ -326,6 +315,23 @@ pub async fn open(url: &StoreUrl, keys: Option<Keyring>) -> anyhow::Result<Arc<d
 
 #[cfg(feature = "aws")]
 async fn open_s3(s3: &S3Url, keys: Option<Keyring>) -> anyhow::Result<Arc<dyn StateStore>> {
+    let (store, config) = s3_store(s3).await?;
+    // With a client-side KMS key, it seals; the key files still open what they sealed.
+    let keys = match &s3.client_side_kms_key {
+        Some(key) => {
+            let kms = Arc::new(state_backends::kms::KmsKey::new(&config, key));
+            Some(Keyring::new(kms).then(keys))
+        }
+        None => keys,
+    };
+    Ok(SealedStore::wrap(Arc::new(store), keys))
+}
+
+/// The S3 store `s3` names, and the AWS settings it was made with.
+#[cfg(feature = "aws")]
+async fn s3_store(
+    s3: &S3Url,
+) -> anyhow::Result<(state_backends::s3::S3Store, aws_config::SdkConfig)> {
     use aws_config::{BehaviorVersion, Region};
     use state_backends::s3::{LeaseMode, S3Config, S3Store};
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
@@ -368,19 +374,11 @@ async fn open_s3(s3: &S3Url, keys: Option<Keyring>) -> anyhow::Result<Arc<dyn St
             kms_key_id: s3.kms_key_id.clone(),
         },
     )?;
-    // With a client-side KMS key, it seals; the key files still open what they sealed.
-    let keys = match &s3.client_side_kms_key {
-        Some(key) => {
-            let kms = Arc::new(state_backends::kms::KmsKey::new(&config, key));
-            Some(Keyring::new(kms).then(keys))
-        }
-        None => keys,
-    };
-    Ok(SealedStore::wrap(Arc::new(store), keys))
+    Ok((store, config))
 }
 
 #[cfg(feature = "gcp")]
-async fn open_gcs(gcs: &GcsUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+async fn gcs_store(gcs: &GcsUrl) -> anyhow::Result<state_backends::gcs::GcsStore> {
     use google_cloud_auth::credentials;
     use state_backends::gcs::{GcsConfig, GcsStore};
     let endpoint = std::env::var("TERRACE_GCS_ENDPOINT")
@@ -410,7 +408,7 @@ async fn open_gcs(gcs: &GcsUrl) -> anyhow::Result<Arc<dyn StateStore>> {
         .build()
         .await
         .map_err(|e| anyhow::anyhow!("cannot make a GCS client for {endpoint}: {e}"))?;
-    Ok(Arc::new(GcsStore::new(
+    Ok(GcsStore::new(
         storage,
         credentials,
         GcsConfig {
@@ -419,11 +417,11 @@ async fn open_gcs(gcs: &GcsUrl) -> anyhow::Result<Arc<dyn StateStore>> {
             kms_key: gcs.kms_key.clone(),
             endpoint,
         },
-    )))
+    ))
 }
 
 #[cfg(feature = "azure")]
-fn open_azure(azure: &AzureUrl) -> anyhow::Result<Arc<dyn StateStore>> {
+fn azure_store(azure: &AzureUrl) -> anyhow::Result<state_backends::azure::AzureStore> {
     use azure_core::credentials::TokenCredential;
     use state_backends::azure::{AzureConfig, AzureStore};
     let sas = std::env::var("AZURE_STORAGE_SAS_TOKEN")
@@ -457,15 +455,14 @@ fn open_azure(azure: &AzureUrl) -> anyhow::Result<Arc<dyn StateStore>> {
             (azure.container_url.clone(), Some(credential))
         }
     };
-    let store = AzureStore::new(
+    AzureStore::new(
         &AzureConfig {
             container_url,
             prefix: azure.prefix.clone(),
         },
         credential,
     )
-    .map_err(|e| anyhow::anyhow!("{}: {e}", StoreUrl::Azure(azure.clone())))?;
-    Ok(Arc::new(store))
+    .map_err(|e| anyhow::anyhow!("{}: {e}", StoreUrl::Azure(azure.clone())))
 }
 
 #[cfg(test)]

@@ -7,8 +7,11 @@ use clap::Subcommand;
 use serde_json::json;
 use shared::template::{Template, TemplateError, modules};
 
+use crate::Global;
 use crate::cli::exit;
 use crate::ops::{JSON_SCHEMA, Output, print_json};
+use crate::store::{self, StoreUrl};
+use shared::template::source::{Publication, Published, SourceError};
 
 #[derive(Subcommand, Debug)]
 pub enum TemplateCmd {
@@ -23,6 +26,16 @@ pub enum TemplateCmd {
         version: String,
         #[command(flatten)]
         out: Output,
+    },
+    /// Publish a template version from the `--templates` folder, with the modules it pins, to
+    /// a bucket runners read templates from. A published version never changes: publishing
+    /// other files under it is refused.
+    Publish {
+        name: String,
+        version: String,
+        /// The bucket: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://ACCOUNT/CONTAINER/PREFIX.
+        #[arg(long)]
+        to: String,
     },
 }
 
@@ -61,13 +74,26 @@ fn modules_json(t: &Template) -> serde_json::Value {
         .collect()
 }
 
-pub fn run(templates: &Path, cmd: TemplateCmd) -> anyhow::Result<u8> {
+pub async fn run(g: &Global, cmd: TemplateCmd) -> anyhow::Result<u8> {
+    if let TemplateCmd::Publish { name, version, to } = cmd {
+        return publish(g, &name, &version, &to).await;
+    }
+    let source = g.open_templates().await?;
+    let templates = source.root();
     match cmd {
+        TemplateCmd::Publish { .. } => unreachable!("handled above"),
         TemplateCmd::List { out } => {
             let mut listed = Vec::new();
             let mut invalid = 0;
-            for (name, version) in versions(templates)? {
-                let loaded = Template::load(templates, &name, &version);
+            let found = match source.bucket() {
+                Some(bucket) => bucket.versions().await?,
+                None => versions(templates)?,
+            };
+            for (name, version) in found {
+                let loaded = match source.fetch(&name, &version).await {
+                    Ok(()) => Template::load(templates, &name, &version).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
                 invalid += usize::from(loaded.is_err());
                 listed.push((name, version, loaded));
             }
@@ -82,13 +108,13 @@ pub fn run(templates: &Path, cmd: TemplateCmd) -> anyhow::Result<u8> {
                         }),
                         Err(e) => json!({
                             "name": name, "version": version, "valid": false,
-                            "error": e.to_string(),
+                            "error": e,
                         }),
                     })
                     .collect();
                 print_json(&json!({ "schema": JSON_SCHEMA, "templates": items }));
             } else if listed.is_empty() {
-                outln!("no templates in {}", templates.display());
+                outln!("no templates in {}", g.templates);
             } else {
                 for (name, version, loaded) in &listed {
                     match loaded {
@@ -103,6 +129,18 @@ pub fn run(templates: &Path, cmd: TemplateCmd) -> anyhow::Result<u8> {
             Ok(if invalid == 0 { exit::OK } else { exit::FAILED })
         }
         TemplateCmd::Show { name, version, out } => {
+            match source.fetch(&name, &version).await {
+                Ok(()) => {}
+                Err(e @ SourceError::NotPublished { .. }) => {
+                    eprintln!("error: {e}: `terrace template list` shows what there is");
+                    return Ok(exit::NOT_FOUND);
+                }
+                Err(e) if e.passes() => return Err(e.into()),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return Ok(exit::INVALID);
+                }
+            }
             let t = match Template::load(templates, &name, &version) {
                 Ok(t) => t,
                 Err(e @ TemplateError::Missing(_)) => {
@@ -202,4 +240,68 @@ pub fn module(cmd: ModuleCmd) -> u8 {
             }
         },
     }
+}
+
+/// `terrace template publish`: the template as a runner would load it from the folder, its
+/// pinned modules first (each once: one already published with the same files is left), then
+/// the template.
+async fn publish(g: &Global, name: &str, version: &str, to: &str) -> anyhow::Result<u8> {
+    let StoreUrl::Fs(root) = g
+        .templates
+        .parse::<StoreUrl>()
+        .map_err(|e| anyhow::anyhow!("--templates: {e}"))?
+    else {
+        eprintln!("error: --templates must be the folder to publish from, not a bucket");
+        return Ok(exit::USAGE);
+    };
+    let url: StoreUrl = match to.parse() {
+        Ok(StoreUrl::Fs(_)) => {
+            eprintln!(
+                "error: --to: give a bucket (s3://, gs://, az://); a folder needs no publishing"
+            );
+            return Ok(exit::USAGE);
+        }
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("error: --to: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
+    let template = match Template::load(&root, name, version) {
+        Ok(t) => t,
+        Err(e @ TemplateError::Missing(_)) => {
+            eprintln!("error: {e}: `terrace template list` shows what there is");
+            return Ok(exit::NOT_FOUND);
+        }
+        Err(e) => {
+            eprintln!("error: {name} {version} is invalid, nothing was published: {e}");
+            return Ok(exit::INVALID);
+        }
+    };
+    let (bucket, prefix) = store::open_bucket(&url).await?;
+    // Publishing reads nothing back into a cache.
+    let target = Published::new(bucket, &prefix, std::env::temp_dir(), url.to_string());
+    let mut parts: Vec<(String, &Path)> = template
+        .modules
+        .iter()
+        .map(|m| {
+            (
+                format!("{}/{}/{}", modules::LIBRARY, m.name, m.version),
+                m.dir.as_path(),
+            )
+        })
+        .collect();
+    parts.push((format!("{name}/{version}"), template.dir.as_path()));
+    for (path, dir) in parts {
+        match target.publish(dir, &path).await {
+            Ok(Publication::New) => outln!("published {path} to {url}"),
+            Ok(Publication::Same) => outln!("{path}: already published with the same files"),
+            Err(e) if e.passes() => return Err(e.into()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(exit::FAILED);
+            }
+        }
+    }
+    Ok(exit::OK)
 }

@@ -43,7 +43,10 @@ impl Fake {
         Self {
             store: Arc::new(MemoryStore::new()),
             runtime: Runtime {
-                templates: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates"),
+                templates: crate::template::source::Templates::folder(
+                    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates"),
+                ),
+                templates_bucket: None,
                 price_books: PathBuf::from("/nonexistent/price-books"),
                 // Never started by these tests: every run here stops before terraform.
                 terraform: TerraformConfig {

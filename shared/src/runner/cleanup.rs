@@ -163,10 +163,11 @@ impl Runner {
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Result<Option<(String, Changes)>, String> {
-        let templates =
-            self.config.templates.as_deref().ok_or(
-                "the runner has no templates folder to load the earlier configuration from",
-            )?;
+        let templates = self
+            .config
+            .templates
+            .as_ref()
+            .ok_or("the runner has no templates to load the earlier configuration from")?;
         let Some((to, previous)) =
             rollback::previous_configuration(self.store.as_ref(), s.ws, job, templates).await?
         else {

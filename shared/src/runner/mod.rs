@@ -67,9 +67,9 @@ pub struct RunnerConfig {
     pub work_root: Option<PathBuf>,
     /// Print the log to the console as well as to the store.
     pub console: bool,
-    /// The templates folder, for `on_failure: rollback` to load the configuration of the
-    /// workspace's last successful apply (rollback only destroys what the run created without).
-    pub templates: Option<PathBuf>,
+    /// The templates, for `on_failure: rollback` to load the configuration of the workspace's
+    /// last successful apply (rollback only destroys what the run created without).
+    pub templates: Option<crate::template::source::Templates>,
     /// Cancelled when the host is shutting down (a function's SIGTERM). A job stopped by it
     /// ends `interrupted`, not `cancelled`, so its message delivered again runs it again.
     /// Callers pass a child of it as the job's cancel token.

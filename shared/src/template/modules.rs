@@ -16,7 +16,6 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
 use super::TemplateError;
 
@@ -45,24 +44,33 @@ pub struct Module {
     pub dir: PathBuf,
 }
 
-/// The digest of a module folder.
+/// The digest of a module folder: the SHA-256 of its [`listing`].
 ///
 /// # Errors
 /// A folder that cannot be read, or holds a link or a special file (a module is plain files).
 pub fn digest(dir: &Path) -> std::io::Result<String> {
+    Ok(state_backends::sha256_hex(listing(dir)?.as_bytes()))
+}
+
+/// A folder's files in `sha256sum` form (`<hex>  <path>\n`, sorted by path, `/`-separated,
+/// `.terraform/` left out): what a published version's `SHA256SUMS` holds.
+///
+/// # Errors
+/// A folder that cannot be read, or holds a link, a special file or a name that is not plain
+/// text.
+pub fn listing(dir: &Path) -> std::io::Result<String> {
     let mut files = Vec::new();
     list(dir, dir, &mut files)?;
     files.sort();
-    let mut listing = Sha256::new();
+    let mut out = String::new();
     for relative in &files {
         let content = std::fs::read(dir.join(relative))?;
-        listing.update(format!("{}  {relative}\n", hex(&Sha256::digest(&content))));
+        out.push_str(&format!(
+            "{}  {relative}\n",
+            state_backends::sha256_hex(&content)
+        ));
     }
-    Ok(hex(&listing.finalize()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(out)
 }
 
 fn list(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
