@@ -227,6 +227,46 @@ async fn a_queued_job_runs_once_and_its_message_is_deleted() {
     assert_eq!(check["drift"], false, "{check}");
 }
 
+/// The job reads templates from the runner's own container at run time: a version published
+/// there (with `terrace template publish`) runs; one not published is refused, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_published_to_the_runners_container_run_without_a_new_image() {
+    let w = World::new().await;
+    let with_sas = azure::container().await;
+    let url = format!("{}/published", with_sas.split('?').next().unwrap());
+    let published =
+        w.sb.terrace()
+            .env("AZURE_STORAGE_SAS_TOKEN", azure::sas())
+            .args(["template", "publish", "fleet", "1.0.0", "--to", &url])
+            .output()
+            .unwrap();
+    assert!(published.status.success(), "{published:?}");
+    let cache = w.sb.dir.path().join("job-template-cache");
+    let from_bucket = [
+        ("TERRACE_TEMPLATES", url.as_str()),
+        ("TERRACE_TEMPLATE_CACHE", cache.to_str().unwrap()),
+    ];
+    w.jobs.send(&w.message("azp-1", "pub").to_string()).await;
+    let out = w.run(&from_bucket);
+    assert!(out.status.success(), "{out:?}");
+    let reported = records(w.results.peek().await);
+    assert_eq!(reported[0]["status"], "succeeded", "{reported:?}");
+    assert!(cache.join("fleet/1.0.0/main.tf").is_file());
+
+    let mut unpublished = w.message("azp-2", "pub");
+    unpublished["job"]["template"]["version"] = json!("9.9.9");
+    w.jobs.send(&unpublished.to_string()).await;
+    let out = w.run(&from_bucket);
+    assert!(out.status.success(), "{out:?}");
+    let poisoned = records(w.poison.peek().await);
+    assert_eq!(poisoned.len(), 1, "{poisoned:?}");
+    assert_eq!(poisoned[0]["status"], "rejected");
+    assert_eq!(
+        poisoned[0]["errors"][0]["problem"],
+        format!("template fleet 9.9.9 is not published in {url}")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
     let w = World::new().await;

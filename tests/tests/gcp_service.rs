@@ -171,6 +171,47 @@ async fn a_pushed_job_runs_once_and_its_state_and_log_land_in_the_bucket() {
     assert_eq!(store.backups(&ws("run")).await.unwrap().len(), 1);
 }
 
+/// The service reads templates from the runner's own bucket at run time: a version published
+/// there (with `terrace template publish`) runs; one not published is refused, naming the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_published_to_the_runners_bucket_run_without_a_new_image() {
+    let w = World::new().await;
+    let url = format!("gs://{}/published", gcs::bucket().await);
+    let published =
+        w.sb.terrace()
+            .env("TERRACE_GCS_ENDPOINT", gcs::endpoint())
+            .env("TERRACE_GCS_ANONYMOUS", "1")
+            .args(["template", "publish", "demo", "1.0.0", "--to", &url])
+            .output()
+            .unwrap();
+    assert!(published.status.success(), "{published:?}");
+    let cache = w.sb.dir.path().join("service-template-cache");
+    let service = w
+        .start_with(&[
+            ("TERRACE_TEMPLATES", &url),
+            ("TERRACE_TEMPLATE_CACHE", cache.to_str().unwrap()),
+        ])
+        .await;
+    let answer = w
+        .push(&service, &push_envelope("m-p1", &w.message("gp-1", "pub")))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let result: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert!(cache.join("demo/1.0.0/main.tf").is_file());
+
+    let mut unpublished = w.message("gp-2", "pub");
+    unpublished["job"]["template"]["version"] = json!("9.9.9");
+    let answer = w.push(&service, &push_envelope("m-p2", &unpublished)).await;
+    assert_eq!(answer.status, 200, "acknowledged: {}", answer.body);
+    let record: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(record["status"], "rejected", "{record}");
+    assert_eq!(
+        record["errors"][0]["problem"],
+        format!("template demo 9.9.9 is not published in {url}")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing_runs() {
     let w = World::new().await;
