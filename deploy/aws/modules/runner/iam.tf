@@ -62,6 +62,31 @@ data "aws_iam_policy_document" "runner" {
     resources = ["${local.log_group_arns["function"]}:*"]
   }
 
+  # Published templates: each job reads its version's listing and, when the runner's copy
+  # differs, its files.
+  dynamic "statement" {
+    for_each = local.templates == null ? [] : [local.templates]
+    content {
+      sid       = "ReadTemplates"
+      actions   = ["s3:GetObject"]
+      resources = [statement.value.prefix == "" ? "${statement.value.bucket_arn}/*" : "${statement.value.bucket_arn}/${statement.value.prefix}/*"]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = local.templates == null ? [] : [local.templates]
+    content {
+      sid       = "ListTemplates"
+      actions   = ["s3:ListBucket"]
+      resources = [statement.value.bucket_arn]
+      condition {
+        test     = "StringLike"
+        variable = "s3:prefix"
+        values   = [statement.value.prefix == "" ? "*" : "${statement.value.prefix}/*"]
+      }
+    }
+  }
+
   # X-Ray takes no resource.
   statement {
     sid       = "Trace"

@@ -34,7 +34,14 @@ locals {
     TERRACE_JOBS_QUEUE_URL    = aws_sqs_queue.this["jobs"].url
     TERRACE_RESULTS_QUEUE_URL = aws_sqs_queue.this["results"].url
     TERRACE_LOG               = var.logs.filter
-  })
+  }, local.templates == null ? {} : { TERRACE_TEMPLATES = local.templates.url })
+
+  # The published templates' bucket, when templates are not the image's.
+  templates = var.templates == null ? null : {
+    bucket_arn = "arn:${local.partition}:s3:::${var.templates.bucket}"
+    prefix     = trim(var.templates.prefix, "/")
+    url        = trim("s3://${var.templates.bucket}/${trim(var.templates.prefix, "/")}", "/")
+  }
   function_environment = merge(local.task_environment, { TERRACE_TENANTS = jsonencode(local.registry) }, var.ecs_handoff.enabled ? {
     TERRACE_ECS_CLUSTER         = aws_ecs_cluster.this[0].name
     TERRACE_ECS_TASK_DEFINITION = aws_ecs_task_definition.this[0].arn

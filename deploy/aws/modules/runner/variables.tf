@@ -237,6 +237,25 @@ variable "logs" {
   }
 }
 
+variable "templates" {
+  description = <<-EOT
+    A bucket of yours the runner reads templates from at run time, so a new template version needs no new image:
+    { bucket, prefix }. Publish to it with `terrace template publish NAME VERSION --to s3://BUCKET/PREFIX`. The
+    function and the task get TERRACE_TEMPLATES=s3://BUCKET/PREFIX, s3:GetObject under the prefix and s3:ListBucket
+    of it (without which S3 answers a missing version with 403, not 404). null: the templates in the image.
+  EOT
+  type = object({
+    bucket = string
+    prefix = optional(string, "")
+  })
+  default = null
+
+  validation {
+    condition     = var.templates == null || can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.templates.bucket))
+    error_message = "templates.bucket must be an S3 bucket name (3-63 lowercase letters, digits, dots and hyphens)."
+  }
+}
+
 variable "permissions_boundary" {
   description = "ARN of the permissions boundary of the roles the module creates."
   type        = string
