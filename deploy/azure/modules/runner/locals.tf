@@ -41,6 +41,14 @@ locals {
         principal_type = var.platform_principals[pair[0]].principal_type
       }
     },
+    var.templates == null ? {} : {
+      runner-templates = {
+        scope          = "${var.templates.storage_account_id}/blobServices/default/containers/${var.templates.container}"
+        role           = "Storage Blob Data Reader"
+        principal_id   = azurerm_user_assigned_identity.runner.principal_id
+        principal_type = "ServicePrincipal"
+      }
+    },
     var.registry == null ? {} : {
       runner-acr = {
         scope          = var.registry.acr_id
@@ -56,8 +64,8 @@ locals {
     for tenant, target in var.tenants : tenant => { for field, value in target : field => value if value != null }
   })
 
-  # Every execution's settings (the image sets TERRACE_TEMPLATES, TERRACE_TERRAFORM and
-  # TERRACE_TF_CLI_CONFIG). TERRACE_TENANTS comes from the jobs' secret (main.tf).
+  # Every execution's settings (the image sets TERRACE_TEMPLATES, unless `templates` names a
+  # container, TERRACE_TERRAFORM and TERRACE_TF_CLI_CONFIG). TERRACE_TENANTS comes from the jobs' secret (main.tf).
   settings = merge(
     {
       TERRACE_QUEUE_URL                  = local.queue_urls.jobs
@@ -76,6 +84,9 @@ locals {
       TERRACE_LEASE_TTL      = var.terraform.lease_ttl_seconds == null ? null : tostring(var.terraform.lease_ttl_seconds)
       TERRACE_PASS_ENV       = length(var.terraform.pass_env) == 0 ? null : join(",", var.terraform.pass_env)
       TERRACE_TERRAFORM_USER = var.terraform.user
+      TERRACE_TEMPLATES = var.templates == null ? null : trim(
+        "az://${element(split("/", var.templates.storage_account_id), 8)}/${var.templates.container}/${trim(var.templates.prefix, "/")}", "/"
+      )
     } : setting => value if value != null },
   )
   sweep_settings = length(var.sweeps.tenants) == 0 ? {} : { TERRACE_SWEEP_TENANTS = join(",", var.sweeps.tenants) }

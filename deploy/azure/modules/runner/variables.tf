@@ -104,6 +104,27 @@ variable "storage" {
   }
 }
 
+variable "templates" {
+  description = <<-EOT
+    A blob container of yours the runner reads templates from at run time, so a new template version needs no new
+    image: { storage_account_id, container, prefix }. Publish to it with
+    `terrace template publish NAME VERSION --to az://ACCOUNT/CONTAINER/PREFIX`. Every execution gets
+    TERRACE_TEMPLATES=az://ACCOUNT/CONTAINER/PREFIX, and the runner's identity Storage Blob Data Reader on that
+    container. null: the templates in the image.
+  EOT
+  type = object({
+    storage_account_id = string
+    container          = string
+    prefix             = optional(string, "")
+  })
+  default = null
+
+  validation {
+    condition     = var.templates == null || can(regex("^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft.Storage/storageAccounts/[a-z0-9]{3,24}$", var.templates.storage_account_id))
+    error_message = "templates.storage_account_id must be a storage account's resource ID (/subscriptions/…/resourceGroups/…/providers/Microsoft.Storage/storageAccounts/NAME)."
+  }
+}
+
 variable "queue_names" {
   description = "Names of the `jobs` queue (TERRACE_QUEUE_URL; its poison queue is `<jobs>-poison`, as Azure Functions names them) and the `results` queue (TERRACE_RESULTS_QUEUE_URL)."
   type = object({

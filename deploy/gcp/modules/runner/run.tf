@@ -9,6 +9,8 @@ locals {
     TERRACE_REQUEST_TIMEOUT = tostring(var.service.request_timeout_seconds)
     TERRACE_REQUEUE_WAIT    = tostring(var.service.requeue_wait_seconds)
     TERRACE_TASK_LEASE_WAIT = tostring(var.task.lease_wait_seconds)
+    }, var.templates == null ? {} : {
+    TERRACE_TEMPLATES = trim("gs://${var.templates.bucket}/${trim(var.templates.prefix, "/")}", "/")
   })
 
   # The environment of the service's and of the job's containers: the service alone learns who
@@ -141,4 +143,13 @@ resource "google_cloud_run_v2_job_iam_member" "runner" {
   name     = google_cloud_run_v2_job.task.name
   role     = "roles/run.jobsExecutorWithOverrides"
   member   = local.runner
+}
+
+# Published templates: the runner reads each job's version (and the modules it pins) at run time.
+resource "google_storage_bucket_iam_member" "templates" {
+  count = var.templates == null ? 0 : 1
+
+  bucket = var.templates.bucket
+  role   = "roles/storage.objectViewer"
+  member = local.runner
 }

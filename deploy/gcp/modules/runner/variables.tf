@@ -31,6 +31,25 @@ variable "deletion_protection" {
   default     = true
 }
 
+variable "templates" {
+  description = <<-EOT
+    A bucket of yours the runner reads templates from at run time, so a new template version needs no new image:
+    { bucket, prefix }. Publish to it with `terrace template publish NAME VERSION --to gs://BUCKET/PREFIX`. The service
+    and the job get TERRACE_TEMPLATES=gs://BUCKET/PREFIX, and the runner's service account roles/storage.objectViewer
+    on the bucket (the whole bucket: keep templates in a bucket of their own). null: the templates in the image.
+  EOT
+  type = object({
+    bucket = string
+    prefix = optional(string, "")
+  })
+  default = null
+
+  validation {
+    condition     = var.templates == null || can(regex("^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$", var.templates.bucket))
+    error_message = "templates.bucket must be a Cloud Storage bucket name (lowercase letters, digits, dots, hyphens and underscores)."
+  }
+}
+
 variable "labels" {
   description = "Labels set on every resource that takes them."
   type        = map(string)
