@@ -287,9 +287,14 @@ async fn check<T: Trigger + ?Sized>(
             problems.extend(more);
             None
         }
-        Err(e) => {
+        // Nothing to retry for when the message can never be a job anyway.
+        Err(e) if problems.is_empty() => {
             tracing::warn!(error = %e, "the job's template cannot be fetched");
             return Err(Err(Fate::again(e.to_string())));
+        }
+        Err(e) => {
+            problems.push(problem("template", &e, &e.fix()));
+            None
         }
     };
     if let (Some(job), Some(left), Some(fix)) = (&job, d.time_left, trigger.cannot_hand_off())

@@ -186,6 +186,7 @@ impl Template {
         if !dir.is_dir() {
             return Err(TemplateError::Missing(dir));
         }
+        let dir = pinned(dir);
         let path = dir.join(SPEC_FILE);
         let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
             path: path.clone(),
@@ -202,6 +203,15 @@ impl Template {
         sensitivity::check(&spec, &dir)?;
         let modules = modules::resolve(root, &dir, &dir.join(SPEC_FILE), &spec.modules)?;
         Ok(Self { dir, spec, modules })
+    }
+}
+
+/// A version folder that is a link (a copy fetched from a bucket, see [`source`]) is read
+/// through its target: the job keeps the copy it was checked with while the link moves on.
+pub(crate) fn pinned(dir: PathBuf) -> PathBuf {
+    match std::fs::read_link(&dir) {
+        Ok(target) if target.is_absolute() => target,
+        _ => dir,
     }
 }
 

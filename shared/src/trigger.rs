@@ -63,6 +63,13 @@ pub fn masked_message(text: &str, templates: &Path) -> String {
             state_backends::sha256_hex(text.as_bytes())
         );
     };
+    mask_variables(job, templates);
+    envelope.to_string()
+}
+
+/// Masks the value of every variable of `job` (a job document) but those its template declares
+/// not sensitive; every value when the template cannot be read. Whether any value was masked.
+pub fn mask_variables(job: &mut Map<String, Value>, templates: &Path) -> bool {
     let template = job.get("template").and_then(|t| {
         crate::template::Template::load(
             templates,
@@ -71,18 +78,20 @@ pub fn masked_message(text: &str, templates: &Path) -> String {
         )
         .ok()
     });
+    let mut masked = false;
     if let Some(variables) = job.get_mut("variables").and_then(Value::as_object_mut) {
         for (name, value) in variables.iter_mut() {
             let plain = template
                 .as_ref()
                 .and_then(|t| t.spec.variables.get(name))
                 .is_some_and(|v| !v.sensitive);
-            if !plain {
+            if !plain && value.as_str() != Some(crate::redact::MASK) {
                 *value = Value::String(crate::redact::MASK.to_owned());
+                masked = true;
             }
         }
     }
-    envelope.to_string()
+    masked
 }
 
 /// What a handed-off task (an ECS task, a Cloud Run Job) gets: where the job message is staged

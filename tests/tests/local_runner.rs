@@ -201,6 +201,13 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
     )
     .unwrap();
     std::fs::write(sb.queue.join("x-invalid.yaml"), "id: x\ntenant: acme\n").unwrap();
+    // A template that cannot be read cannot say which values are secret: all are masked.
+    std::fs::write(
+        sb.queue.join("x-unknown.yaml"),
+        "id: x2\ntenant: acme\nworkspace: w\noperation: apply\n\
+         template: { name: nope, version: 1.0.0 }\nvariables: { pw: s3cr3t-value-1 }\n",
+    )
+    .unwrap();
 
     let serve = sb.run(&[
         "serve",
@@ -236,6 +243,9 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
         rejected["errors"].as_array().unwrap().len() >= 3,
         "{rejected}"
     );
+    let kept = std::fs::read_to_string(sb.queue.join("failed/x-unknown.yaml")).unwrap();
+    assert!(!kept.contains("s3cr3t-value-1"), "{kept}");
+    assert!(kept.contains(shared::redact::MASK), "{kept}");
 
     let a1 = interval(&sb.artifact_json("acme/ws-a", "a1", "result.json").await);
     let a2 = interval(&sb.artifact_json("acme/ws-a", "a2", "result.json").await);

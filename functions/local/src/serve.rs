@@ -363,32 +363,12 @@ fn finish(
     Ok(())
 }
 
-/// A job file's text with the values of its template's sensitive variables masked (as JSON
-/// for a `.json` file, YAML otherwise); `None` when nothing is to be masked or the file's
-/// template cannot be read (then it is kept as it is).
+/// A job file's text with every variable's value masked but those its template declares not
+/// sensitive (every value when the template cannot be read: not published, say), as JSON for
+/// a `.json` file, YAML otherwise; `None` when nothing is to be masked or the file is not a job.
 fn masked_job(text: &str, templates: &Path, path: &Path) -> Option<String> {
     let mut job = shared::job::RawJob::parse(text).ok()?;
-    let template = job.0.get("template")?;
-    let template = shared::template::Template::load(
-        templates,
-        template.get("name")?.as_str()?,
-        template.get("version")?.as_str()?,
-    )
-    .ok()?;
-    let variables = job.0.get_mut("variables")?.as_object_mut()?;
-    let mut masked = false;
-    for (name, value) in variables.iter_mut() {
-        if template
-            .spec
-            .variables
-            .get(name)
-            .is_some_and(|v| v.sensitive)
-        {
-            *value = Value::String(shared::redact::MASK.to_owned());
-            masked = true;
-        }
-    }
-    if !masked {
+    if !shared::trigger::mask_variables(&mut job.0, templates) {
         return None;
     }
     let doc = Value::Object(job.0);

@@ -165,7 +165,7 @@ pub fn resolve(
                 "{field}: the template has a {WORKDIR_FOLDER}/{name} of its own: remove it, or the pin"
             )));
         }
-        let dir = root.join(LIBRARY).join(name).join(&pin.version);
+        let dir = super::pinned(root.join(LIBRARY).join(name).join(&pin.version));
         if !dir.is_dir() {
             return Err(invalid(format!(
                 "{field}: {name} {} is not in the module library ({}): add it there, or pin a version that is",

@@ -34,9 +34,12 @@ use super::modules::{self, LIBRARY, Pin};
 /// What follows a version's folder name in the name of its listing.
 pub const SUMS: &str = ".SHA256SUMS";
 
-/// Where fetched files wait in the cache before they are swapped in (names starting with `_`
-/// are not templates).
-const INCOMING: &str = "_incoming";
+/// Where the cache keeps each fetched copy, in a folder of its own that never changes once
+/// `<name>/<version>` links to it (names starting with `_` are not templates).
+const COPIES: &str = "_copies";
+
+/// The object metadata that marks a published file executable (a script a provisioner runs).
+const MODE: &str = "terrace-mode";
 
 /// Where a runner's templates are: a folder, or a bucket copied into a cache folder.
 #[derive(Clone, Debug)]
@@ -210,8 +213,10 @@ pub fn azure_container(
     path: &[String],
 ) -> Result<(String, String), String> {
     const FORM: &str = "az://ACCOUNT/CONTAINER/PREFIX";
-    if host.is_empty() {
-        return Err(format!("the storage account is missing: {FORM}"));
+    if host.is_empty() || (scheme == "az" && !host.bytes().all(|b| b.is_ascii_alphanumeric())) {
+        return Err(format!(
+            "the storage account is missing, or not a name: {FORM}"
+        ));
     }
     let name = host.rsplit_once(':').map_or(host, |(name, _)| name);
     let (base, rest) = match scheme {
@@ -249,8 +254,16 @@ pub fn azure_container(
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// No listing: never published, or not finished.
-    #[error("{what} is not published in {location}")]
-    NotPublished { what: String, location: String },
+    #[error(
+        "{what} is not published in {location}{}",
+        if *nothing_there { " (nothing is: is that the bucket and prefix templates are published to?)" } else { "" }
+    )]
+    NotPublished {
+        what: String,
+        location: String,
+        /// Nothing at all is published there (a misspelt bucket or prefix, say).
+        nothing_there: bool,
+    },
     /// Published, but not what was pinned, or not whole: its publisher's to fix.
     #[error("{0}")]
     Invalid(String),
@@ -268,12 +281,21 @@ pub enum SourceError {
         #[source]
         source: std::io::Error,
     },
+    /// The folder being published cannot be read.
+    #[error("{path} cannot be read: {source}")]
+    Folder {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl SourceError {
-    /// Whether trying again later may succeed (the job is not at fault).
+    /// Whether trying again later may succeed: the bucket throttled, timed out or failed.
+    /// Access denied, a bucket that does not exist, a cache that cannot be written do not pass
+    /// by waiting: the job is refused, saying so.
     pub fn passes(&self) -> bool {
-        matches!(self, Self::Unavailable { .. } | Self::Cache { .. })
+        matches!(self, Self::Unavailable { source, .. } if source.is_retryable())
     }
 
     /// What a person does about it.
@@ -286,9 +308,10 @@ impl SourceError {
                 "publish the template or module again as a new version, and pin that".into()
             }
             Self::Unavailable { .. } => {
-                "check the runner's access to its templates bucket; the job runs when the message is delivered again".into()
+                "check TERRACE_TEMPLATES and the runner's read access to that bucket, then send the job again".into()
             }
             Self::Cache { .. } => "give the runner a writable TERRACE_TEMPLATE_CACHE".into(),
+            Self::Folder { .. } => "make the folder readable (plain files only)".into(),
         }
     }
 }
@@ -325,7 +348,8 @@ impl Published {
         Self {
             bucket,
             prefix: prefix.trim_matches('/').to_owned(),
-            cache,
+            // Links into the cache are absolute: a job's checked copy is found wherever it runs.
+            cache: std::path::absolute(&cache).unwrap_or(cache),
             location: location.into(),
             fetching: tokio::sync::Mutex::new(()),
         }
@@ -359,10 +383,7 @@ impl Published {
     /// See [`SourceError`]: a version not published, a module published with a digest other
     /// than its pin, files that differ from their listing, a bucket that cannot be read.
     pub async fn fetch(&self, name: &str, version: &str) -> Result<(), SourceError> {
-        if !crate::validate::is_path_segment(name)
-            || !crate::validate::is_path_segment(version)
-            || name.starts_with('_')
-        {
+        if !is_template_name(name) || !crate::validate::is_path_segment(version) {
             return Ok(());
         }
         let _one = self.fetching.lock().await;
@@ -418,11 +439,18 @@ impl Published {
             .await
             .map_err(self.unavailable())?
         else {
-            // Withdrawn: the cache must not keep serving it.
-            let _ = std::fs::remove_dir_all(&local);
+            // Withdrawn: the cache must not keep serving it (jobs holding its copy keep it).
+            let _ = std::fs::remove_file(&local).or_else(|_| std::fs::remove_dir_all(&local));
+            // A missing bucket answers 404 too: say so rather than "not published".
+            let published = self
+                .bucket
+                .folders(&self.key(""))
+                .await
+                .map_err(self.unavailable())?;
             return Err(SourceError::NotPublished {
                 what: what.to_owned(),
                 location: self.location.clone(),
+                nothing_there: published.is_empty(),
             });
         };
         let invalid =
@@ -445,9 +473,10 @@ impl Published {
             path: self.cache.clone(),
             source,
         };
-        let incoming = self.cache.join(INCOMING);
-        std::fs::create_dir_all(&incoming).map_err(cache_error)?;
-        let staged = tempfile::tempdir_in(&incoming).map_err(cache_error)?;
+        let copies = self.cache.join(COPIES);
+        std::fs::create_dir_all(&copies).map_err(cache_error)?;
+        // Dropped (and removed) unless every file arrives whole.
+        let staged = tempfile::tempdir_in(&copies).map_err(cache_error)?;
         for (sha, relative) in &files {
             let key = self.key(&format!("{path}/{relative}"));
             let object = self
@@ -461,18 +490,24 @@ impl Published {
                     "{relative} differs from its line in the listing"
                 )));
             }
-            write(staged.path(), relative, &object.data).map_err(cache_error)?;
+            let executable = object.metadata.get(MODE).is_some_and(|m| m == "755");
+            write(staged.path(), relative, &object.data, executable).map_err(cache_error)?;
         }
-        // Swapped in whole: the old copy moves aside first (a published version changes only
-        // if someone went around `publish`).
-        if local.exists() {
-            let old = tempfile::tempdir_in(&incoming).map_err(cache_error)?;
-            std::fs::rename(&local, old.path().join("old")).map_err(cache_error)?;
+        // The link moves to the new copy in one rename; the old copy stays for any job that
+        // checked it (a published version changes only if someone went around `publish`).
+        let copy = staged.keep();
+        let parent = local.parent().unwrap_or(&self.cache);
+        std::fs::create_dir_all(parent).map_err(cache_error)?;
+        if local.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir_all(&local).map_err(cache_error)?;
         }
-        if let Some(parent) = local.parent() {
-            std::fs::create_dir_all(parent).map_err(cache_error)?;
-        }
-        std::fs::rename(staged.keep(), &local).map_err(cache_error)?;
+        let link = tempfile::Builder::new()
+            .prefix(".link")
+            .make_in(parent, |at| std::os::unix::fs::symlink(&copy, at))
+            .map_err(cache_error)?;
+        link.into_temp_path()
+            .persist(&local)
+            .map_err(|e| cache_error(e.error))?;
         tracing::info!(what, location = %self.location, files = files.len(), "fetched");
         Ok(())
     }
@@ -484,7 +519,7 @@ impl Published {
     /// A version already published with other files ([`SourceError::Invalid`]), a folder that
     /// cannot be read, a bucket that cannot be written.
     pub async fn publish(&self, dir: &Path, path: &str) -> Result<Publication, SourceError> {
-        let text = modules::listing(dir).map_err(|source| SourceError::Cache {
+        let text = modules::listing(dir).map_err(|source| SourceError::Folder {
             path: dir.to_owned(),
             source,
         })?;
@@ -509,16 +544,35 @@ impl Published {
         {
             return same(&existing.data);
         }
+        // Files first (a publish that failed half-way left some: they are written again), the
+        // listing last. Two publishes of one version with other files at once can leave files
+        // that differ from the listing that won: runners then refuse that version, never run it.
         for (_, relative) in parse_sums(&text).map_err(SourceError::Invalid)? {
-            let data = std::fs::read(dir.join(&relative)).map_err(|source| SourceError::Cache {
-                path: dir.join(&relative),
+            let file = dir.join(&relative);
+            let folder_error = |source| SourceError::Folder {
+                path: file.clone(),
                 source,
-            })?;
+            };
+            let data = std::fs::read(&file).map_err(folder_error)?;
+            let executable = {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::metadata(&file)
+                    .map_err(folder_error)?
+                    .permissions()
+                    .mode()
+                    & 0o111
+                    != 0
+            };
+            let metadata = if executable {
+                [(MODE.to_owned(), "755".to_owned())].into()
+            } else {
+                Default::default()
+            };
             self.bucket
                 .put(
                     &self.key(&format!("{path}/{relative}")),
                     Bytes::from(data),
-                    Default::default(),
+                    metadata,
                     Condition::None,
                 )
                 .await
@@ -564,13 +618,18 @@ impl Published {
             .filter_map(|l| {
                 let rest = l.key.strip_prefix(&root)?.strip_suffix(SUMS)?;
                 let (name, version) = rest.split_once('/')?;
-                (!name.starts_with('_') && !version.contains('/'))
+                (is_template_name(name) && crate::validate::is_path_segment(version))
                     .then(|| (name.to_owned(), version.to_owned()))
             })
             .collect();
         out.sort();
         Ok(out)
     }
+}
+
+/// A name a template may have (`_` starts the library's and the cache's own folders).
+fn is_template_name(name: &str) -> bool {
+    crate::validate::is_path_segment(name) && !name.starts_with('_')
 }
 
 /// A listing's lines as `(sha256, path)`, checked: lowercase hex, relative paths of plain
@@ -588,10 +647,13 @@ fn parse_sums(text: &str) -> Result<Vec<(String, String)>, String> {
         if sha.len() != 64 || !sha.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
             return Err(bad("not a SHA-256 in lowercase hex"));
         }
-        if path
-            .split('/')
-            .any(|s| s.is_empty() || s == "." || s == ".." || s.chars().any(char::is_control))
-        {
+        if path.split('/').any(|s| {
+            s.is_empty()
+                || s == "."
+                || s == ".."
+                || s == ".terraform"
+                || s.chars().any(char::is_control)
+        }) {
             return Err(bad("not a relative path of plain names"));
         }
         if out.last().is_some_and(|(_, last)| last.as_str() >= path) {
@@ -605,12 +667,15 @@ fn parse_sums(text: &str) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
-fn write(root: &Path, relative: &str, data: &[u8]) -> std::io::Result<()> {
+fn write(root: &Path, relative: &str, data: &[u8], executable: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let target = root.join(relative);
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::write(target, data)
+    std::fs::write(&target, data)?;
+    let mode = if executable { 0o755 } else { 0o644 };
+    std::fs::set_permissions(target, std::fs::Permissions::from_mode(mode))
 }
 
 #[cfg(test)]

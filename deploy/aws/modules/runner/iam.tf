@@ -73,17 +73,14 @@ data "aws_iam_policy_document" "runner" {
     }
   }
 
+  # Without it S3 answers a missing object with 403, not 404, and a job naming a version not
+  # published would be retried instead of refused. A GET carries no s3:prefix to condition on.
   dynamic "statement" {
     for_each = local.templates == null ? [] : [local.templates]
     content {
       sid       = "ListTemplates"
       actions   = ["s3:ListBucket"]
       resources = [statement.value.bucket_arn]
-      condition {
-        test     = "StringLike"
-        variable = "s3:prefix"
-        values   = [statement.value.prefix == "" ? "*" : "${statement.value.prefix}/*"]
-      }
     }
   }
 

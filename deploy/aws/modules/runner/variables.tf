@@ -242,7 +242,8 @@ variable "templates" {
     A bucket of yours the runner reads templates from at run time, so a new template version needs no new image:
     { bucket, prefix }. Publish to it with `terrace template publish NAME VERSION --to s3://BUCKET/PREFIX`. The
     function and the task get TERRACE_TEMPLATES=s3://BUCKET/PREFIX, s3:GetObject under the prefix and s3:ListBucket
-    of it (without which S3 answers a missing version with 403, not 404). null: the templates in the image.
+    on the bucket (without which S3 answers a missing version with 403, not 404; keep templates in a bucket of their
+    own). null: the templates in the image.
   EOT
   type = object({
     bucket = string

@@ -1,5 +1,58 @@
 use super::*;
 use state_backends::memory::MemoryBucket;
+use state_backends::objects::{Listed, Object};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A bucket that counts the objects read from it.
+#[derive(Debug, Default)]
+struct Counted {
+    inner: MemoryBucket,
+    gets: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Bucket for Counted {
+    fn backend(&self) -> &'static str {
+        "counted"
+    }
+    async fn get(&self, key: &str) -> state_backends::Result<Option<Object>> {
+        self.gets.fetch_add(1, Ordering::Relaxed);
+        self.inner.get(key).await
+    }
+    async fn head(&self, key: &str) -> state_backends::Result<Option<HashMap<String, String>>> {
+        self.inner.head(key).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> state_backends::Result<bool> {
+        self.inner.put(key, data, metadata, condition).await
+    }
+    async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        metadata: Option<HashMap<String, String>>,
+    ) -> state_backends::Result<()> {
+        self.inner.copy(from, to, metadata).await
+    }
+    async fn delete(&self, key: &str) -> state_backends::Result<()> {
+        self.inner.delete(key).await
+    }
+    async fn clear_if(&self, key: &str, tag: &str) -> state_backends::Result<()> {
+        self.inner.clear_if(key, tag).await
+    }
+    async fn list(&self, prefix: &str) -> state_backends::Result<Vec<Listed>> {
+        self.inner.list(prefix).await
+    }
+    async fn folders(&self, prefix: &str) -> state_backends::Result<Vec<String>> {
+        self.inner.folders(prefix).await
+    }
+}
 
 fn tree(root: &Path, files: &[(&str, &str)]) {
     for (path, text) in files {
@@ -157,11 +210,11 @@ async fn a_file_changed_behind_the_listing_is_refused_and_the_cache_keeps_its_co
         "nothing half-fetched was swapped in"
     );
     assert_eq!(
-        std::fs::read_dir(f.cache.path().join(INCOMING))
+        std::fs::read_dir(f.cache.path().join(COPIES))
             .unwrap()
             .count(),
-        0,
-        "the staged copy is gone"
+        2,
+        "the template's and the module's copies; the refused one is gone"
     );
 }
 
@@ -272,9 +325,163 @@ fn locations_are_folders_or_buckets() {
         ("s3:///p", "names no bucket"),
         ("ftp://h/p", "is not a place for templates"),
         ("az://acct", "the container is missing"),
+        ("az://acct:99/c", "not a name"),
         ("https://example.com/c", "is not an Azure Blob endpoint"),
     ] {
         let e = Location::parse(bad).unwrap_err();
         assert!(e.contains(why), "{bad}: {e}");
     }
+}
+
+#[tokio::test]
+async fn a_job_keeps_the_copy_it_was_checked_with_while_the_cache_moves_on() {
+    let f = Fixture::new();
+    f.author();
+    let p = f.published();
+    f.publish_all(&p).await;
+    p.fetch("app", "1.0.0").await.unwrap();
+    let checked = crate::template::Template::load(f.cache.path(), "app", "1.0.0").unwrap();
+    assert!(
+        checked.dir.starts_with(f.cache.path().join(COPIES)),
+        "{}",
+        checked.dir.display()
+    );
+    // Republished around `publish` (files and listing replaced): the next fetch links a new copy.
+    let root = f.authored.path().join("app/1.0.0");
+    std::fs::write(root.join("main.tf"), "# second\n").unwrap();
+    let listing = modules::listing(&root).unwrap();
+    for (key, data) in [
+        ("lib/templates/app/1.0.0/main.tf", "# second\n".to_owned()),
+        ("lib/templates/app/1.0.0.SHA256SUMS", listing),
+    ] {
+        f.bucket
+            .put(key, Bytes::from(data), Default::default(), Condition::None)
+            .await
+            .unwrap();
+    }
+    p.fetch("app", "1.0.0").await.unwrap();
+    let now = crate::template::Template::load(f.cache.path(), "app", "1.0.0").unwrap();
+    assert_ne!(now.dir, checked.dir);
+    assert_eq!(
+        std::fs::read_to_string(now.dir.join("main.tf")).unwrap(),
+        "# second\n"
+    );
+    assert!(
+        std::fs::read_to_string(checked.dir.join("main.tf"))
+            .unwrap()
+            .starts_with("module \"net\""),
+        "the first job's copy is untouched"
+    );
+}
+
+#[tokio::test]
+async fn a_copy_that_matches_its_listing_costs_one_read_per_template_and_module() {
+    let f = Fixture::new();
+    f.author();
+    let counted = Arc::new(Counted::default());
+    let p = Published::new(
+        counted.clone(),
+        "lib/templates",
+        f.cache.path().to_owned(),
+        "mem://lib/templates",
+    );
+    f.publish_all(&p).await;
+    counted.gets.store(0, Ordering::Relaxed);
+    p.fetch("app", "1.0.0").await.unwrap();
+    // Two listings, then the template's 2 files and the module's 2.
+    assert_eq!(counted.gets.swap(0, Ordering::Relaxed), 6);
+    p.fetch("app", "1.0.0").await.unwrap();
+    assert_eq!(
+        counted.gets.load(Ordering::Relaxed),
+        2,
+        "the two listings only"
+    );
+}
+
+#[tokio::test]
+async fn executable_files_stay_executable_and_only_bucket_trouble_that_may_pass_is_retried() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = Fixture::new();
+    f.author();
+    let script = f.authored.path().join("app/1.0.0/hook.sh");
+    std::fs::write(&script, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let p = f.published();
+    f.publish_all(&p).await;
+    p.fetch("app", "1.0.0").await.unwrap();
+    let mode = |rel: &str| {
+        std::fs::metadata(f.cache.path().join(rel))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("app/1.0.0/hook.sh"), 0o755);
+    assert_eq!(mode("app/1.0.0/main.tf"), 0o644);
+
+    let unavailable = |retryable| SourceError::Unavailable {
+        location: "mem://x".into(),
+        source: Box::new(StoreError::Backend {
+            backend: "memory",
+            message: "no".into(),
+            retryable,
+            source: None,
+        }),
+    };
+    assert!(unavailable(true).passes(), "throttled, timed out, 5xx");
+    assert!(
+        !unavailable(false).passes(),
+        "access denied, no such bucket"
+    );
+    assert!(!SourceError::Invalid("x".into()).passes());
+}
+
+#[tokio::test]
+async fn a_bucket_with_nothing_published_says_so() {
+    let f = Fixture::new();
+    let e = f.published().fetch("app", "1.0.0").await.unwrap_err();
+    assert!(
+        e.to_string().starts_with(
+            "template app 1.0.0 is not published in mem://lib/templates (nothing is: is that"
+        ),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_job_naming_an_unpublished_version_gets_the_buckets_words_and_its_other_problems() {
+    let f = Fixture::new();
+    f.author();
+    let p = f.published();
+    f.publish_all(&p).await;
+    let templates = Templates::published(p);
+    let raw = crate::job::RawJob::parse(
+        "id: j1\ntenant: acme\nworkspace: w\noperation: aply\ntemplate: { name: app, version: 2.0.0 }\n",
+    )
+    .unwrap();
+    let errors = crate::validate::fetch_and_validate(&raw, &templates, None)
+        .await
+        .unwrap()
+        .unwrap_err();
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields.iter().filter(|f| **f == "template").count(),
+        1,
+        "{errors:?}"
+    );
+    assert!(fields.contains(&"operation"), "{errors:?}");
+    let template = errors.iter().find(|e| e.field == "template").unwrap();
+    assert_eq!(
+        template.problem,
+        "template app 2.0.0 is not published in mem://lib/templates"
+    );
+    let raw = crate::job::RawJob::parse(
+        "id: j2\ntenant: acme\nworkspace: w\noperation: plan\ntemplate: { name: app, version: 1.0.0 }\n",
+    )
+    .unwrap();
+    let job = crate::validate::fetch_and_validate(&raw, &templates, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(job.template.dir.starts_with(templates.root().join(COPIES)));
 }
