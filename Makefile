@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-state-server bench-sealing clean
+.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-state-server bench-sealing clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -39,7 +39,7 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 
 ci: test test-images check-deploy lint deny
 
-bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 ## the benchmarks
+bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-templates ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
@@ -55,6 +55,9 @@ bench-http-backend: tools ## what terraform's http backend costs terraform itsel
 
 bench-s3: tools ## terraform's s3 backend vs Terrace's S3 + DynamoDB store, against moto
 	benches/s3-backends.sh
+
+bench-templates: tools ## what reading a job's template from a bucket costs, against moto
+	benches/template-fetch.sh
 
 clean:
 	rm -rf .terrace .terrace-demo

@@ -19,7 +19,6 @@
 //! From there the template loads as from a folder ([`super::Template::load`] with the cache as
 //! the root).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,8 +27,8 @@ use bytes::Bytes;
 use state_backends::StoreError;
 use state_backends::objects::{Bucket, Condition};
 
-use super::SPEC_FILE;
-use super::modules::{self, LIBRARY, Pin};
+use super::modules::{self, LIBRARY};
+use super::{SPEC_FILE, TemplateSpec};
 
 /// What follows a version's folder name in the name of its listing.
 pub const SUMS: &str = ".SHA256SUMS";
@@ -393,19 +392,14 @@ impl Published {
             None,
         )
         .await?;
-        #[derive(serde::Deserialize)]
-        struct Pins {
-            #[serde(default)]
-            modules: BTreeMap<String, Pin>,
-        }
         let spec = self.cache.join(name).join(version).join(SPEC_FILE);
-        let Some(pins) = std::fs::read_to_string(&spec)
+        let Some(spec) = std::fs::read_to_string(&spec)
             .ok()
-            .and_then(|text| serde_norway::from_str::<Pins>(&text).ok())
+            .and_then(|text| serde_norway::from_str::<TemplateSpec>(&text).ok())
         else {
             return Ok(());
         };
-        for (module, pin) in &pins.modules {
+        for (module, pin) in &spec.modules {
             if !crate::validate::is_path_segment(module) || !modules::is_exact(&pin.version) {
                 continue;
             }
