@@ -206,6 +206,14 @@ impl Template {
     }
 }
 
+/// A default a job would be refused for is the template's mistake: said when it loads, not when
+/// a job leaves the variable unset. The value is never quoted (it may be a secret's).
+fn within_limits(var: &Variable, value: &serde_json::Value, field: &str) -> Result<(), String> {
+    crate::validate::check_constraint(&var.constraint, var.var_type, value, "the value").map_err(
+        |(problem, _)| format!("{field}: {problem}, so a job leaving it unset would be refused"),
+    )
+}
+
 /// A version folder that is a link (a copy fetched from a bucket, see [`source`]) is read
 /// through its target: the job keeps the copy it was checked with while the link moves on.
 pub(crate) fn pinned(dir: PathBuf) -> PathBuf {
@@ -272,13 +280,14 @@ impl TemplateSpec {
                 regex::Regex::new(pattern)
                     .map_err(|e| format!("variables.{name}.pattern does not compile: {e}"))?;
             }
-            if let Some(default) = &var.default
-                && !var.var_type.matches(default)
-            {
-                return Err(format!(
-                    "variables.{name}.default is not a {}",
-                    var.var_type.name()
-                ));
+            if let Some(default) = &var.default {
+                if !var.var_type.matches(default) {
+                    return Err(format!(
+                        "variables.{name}.default is not a {}",
+                        var.var_type.name()
+                    ));
+                }
+                within_limits(var, default, &format!("variables.{name}.default"))?;
             }
         }
         for (cloud, values) in &self.defaults {
@@ -302,6 +311,7 @@ impl TemplateSpec {
                         var.var_type.name()
                     ));
                 }
+                within_limits(var, value, &format!("defaults.{cloud}.{name}"))?;
             }
         }
         for (i, rule) in self.rules.iter().enumerate() {
@@ -323,7 +333,7 @@ mod tests {
     fn per_cloud_defaults_name_a_cloud_and_a_declared_variable_of_its_type() {
         let spec = |defaults: &str| -> Result<(), String> {
             let text = format!(
-                "variables:\n  size: {{ type: number, default: 1 }}\n  terrace_tags: {{ type: map }}\ndefaults: {defaults}\n"
+                "variables:\n  size: {{ type: number, default: 1, max: 5 }}\n  terrace_tags: {{ type: map }}\ndefaults: {defaults}\n"
             );
             serde_norway::from_str::<TemplateSpec>(&text)
                 .unwrap()
@@ -350,6 +360,21 @@ mod tests {
                 .unwrap_err()
                 .contains("names no variable")
         );
+        assert_eq!(
+            spec("{ gcp: { size: 9 } }").unwrap_err(),
+            "defaults.gcp.size: must be at most 5, found 9, so a job leaving it unset would be refused"
+        );
+        let own = serde_norway::from_str::<TemplateSpec>(
+            "variables:\n  pw: { type: string, sensitive: true, default: hunter2, pattern: '^[a-z]{12,}$' }\n",
+        )
+        .unwrap()
+        .check()
+        .unwrap_err();
+        assert!(
+            own.starts_with("variables.pw.default: the value does not match"),
+            "{own}"
+        );
+        assert!(!own.contains("hunter2"), "a default is never quoted: {own}");
     }
 
     #[test]

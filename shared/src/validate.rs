@@ -669,7 +669,7 @@ fn check_variables(
 }
 
 /// Checks one value against a constraint; the error is (problem, fix).
-fn check_constraint(
+pub(crate) fn check_constraint(
     c: &Constraint,
     var_type: VarType,
     value: &Value,

@@ -118,8 +118,10 @@ async fn a_sealed_folder_workspace_keeps_no_plaintext_state_and_needs_its_key() 
     let mut show = sb.terrace();
     show.args(["state", "show", "acme/sealed"]);
     let out = show.output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("this runner has no key"));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("this runner has no key"), "{said}");
+    assert!(said.contains("give the key it was sealed with"), "{said}");
     let lease = sb.run(&["state", "versions", "acme/sealed"]);
     lease.expect_code(0);
 

@@ -113,15 +113,24 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
         StateCmd::Show { workspace, version } => {
-            let data = match version {
-                Some(n) => store.version(&workspace, n).await?,
-                None => match store.current(&workspace).await? {
-                    Some(c) => c.data,
-                    None => {
-                        eprintln!("{workspace} has no current state");
-                        return Ok(exit::FAILED);
-                    }
-                },
+            let read = match version {
+                Some(n) => store.version(&workspace, n).await.map(Some),
+                None => store.current(&workspace).await.map(|c| c.map(|c| c.data)),
+            };
+            let data = match read {
+                Ok(Some(data)) => data,
+                Ok(None) => {
+                    eprintln!("{workspace} has no current state");
+                    return Ok(exit::FAILED);
+                }
+                // A state this command cannot open is an answer, not a failure of terrace.
+                Err(e @ StoreError::Sealed { .. }) => {
+                    eprintln!(
+                        "error: {e}: give the key it was sealed with (--state-key-file, or --state-old-key-files for an older one)"
+                    );
+                    return Ok(exit::FAILED);
+                }
+                Err(e) => return Err(e.into()),
             };
             print!("{}", String::from_utf8_lossy(&data));
             Ok(exit::OK)

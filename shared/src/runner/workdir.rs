@@ -171,22 +171,9 @@ pub(super) fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
 }
 
 pub(super) fn copy_template(from: &Path, to: &Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name == crate::template::SPEC_FILE || name == ".terraform" || name == "terraform.tfstate"
-        {
-            continue;
-        }
-        let target = to.join(&name);
-        if entry.file_type()?.is_dir() {
-            std::fs::create_dir_all(&target)?;
-            copy_template(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target)?;
-        }
-    }
-    Ok(())
+    crate::template::modules::copy_tree(from, to, &|name| {
+        name == crate::template::SPEC_FILE || name == "terraform.tfstate"
+    })
 }
 
 #[cfg(test)]

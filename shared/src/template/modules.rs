@@ -204,7 +204,7 @@ pub fn install(modules: &[Module], workdir: &Path) -> std::io::Result<()> {
     for m in modules {
         let target = workdir.join(WORKDIR_FOLDER).join(&m.name);
         std::fs::create_dir_all(&target)?;
-        copy(&m.dir, &target)?;
+        copy_tree(&m.dir, &target, &|_| false)?;
         let copied = digest(&target)?;
         if copied != m.sha256 {
             return Err(std::io::Error::other(format!(
@@ -216,18 +216,25 @@ pub fn install(modules: &[Module], workdir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-fn copy(from: &Path, to: &Path) -> std::io::Result<()> {
+/// Copies the folder `from` into `to`, at every depth leaving out `.terraform` and the names
+/// `skip` picks; a link is copied as what it points to (a module holds none: its digest
+/// refuses them).
+pub(crate) fn copy_tree(
+    from: &Path,
+    to: &Path,
+    skip: &dyn Fn(&std::ffi::OsStr) -> bool,
+) -> std::io::Result<()> {
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
-        let kind = entry.file_type()?;
-        let target = to.join(entry.file_name());
-        if kind.is_dir() {
-            if entry.file_name() == ".terraform" {
-                continue;
-            }
+        let name = entry.file_name();
+        if name == ".terraform" || skip(&name) {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type()?.is_dir() {
             std::fs::create_dir_all(&target)?;
-            copy(&entry.path(), &target)?;
-        } else if kind.is_file() {
+            copy_tree(&entry.path(), &target, skip)?;
+        } else {
             std::fs::copy(entry.path(), target)?;
         }
     }
@@ -264,6 +271,34 @@ mod tests {
         std::fs::remove_file(dir.path().join("a.tf\nx")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
         assert!(digest(dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_module_changed_in_the_library_after_the_template_loaded_is_not_installed() {
+        let dir = tempfile::tempdir().unwrap();
+        let library = dir.path().join("lib");
+        std::fs::create_dir_all(&library).unwrap();
+        std::fs::write(library.join("main.tf"), "a").unwrap();
+        let module = Module {
+            name: "net".into(),
+            version: "1.0.0".into(),
+            sha256: digest(&library).unwrap(),
+            dir: library.clone(),
+        };
+        let ok = dir.path().join("ok");
+        install(std::slice::from_ref(&module), &ok).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(ok.join("modules/net/main.tf")).unwrap(),
+            "a"
+        );
+        // Changed between the load (which checked it) and the copy.
+        std::fs::write(library.join("main.tf"), "b").unwrap();
+        let e = install(&[module], &dir.path().join("late")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("module net 1.0.0 changed in the library while the job started"),
+            "{e}"
+        );
     }
 
     #[test]
