@@ -152,7 +152,8 @@ fn write_file(path: &Path, data: &[u8], durability: Durability) -> Result<()> {
 /// Creates `dir` and its missing ancestors, fsyncing the parent of each one created, so that a
 /// file written into a new folder survives a crash with its folder.
 fn create_dir_durable(dir: &Path) -> Result<()> {
-    if dir.is_dir() {
+    // The parent of a relative name (`.terrace`) is the empty path: the working folder.
+    if dir.as_os_str().is_empty() || dir.is_dir() {
         return Ok(());
     }
     if let Some(parent) = dir.parent() {
@@ -164,6 +165,11 @@ fn create_dir_durable(dir: &Path) -> Result<()> {
         Err(e) => return Err(io_err("create folder", dir)(e)),
     }
     if let Some(parent) = dir.parent() {
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
         File::open(parent)
             .and_then(|d| d.sync_all())
             .map_err(io_err("fsync folder", parent))?;

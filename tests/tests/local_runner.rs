@@ -866,3 +866,28 @@ async fn a_job_file_that_is_not_text_is_an_invalid_job_not_a_runner_error() {
     .unwrap();
     assert_eq!(rejected["status"], "rejected");
 }
+
+/// A new user's first `terrace run` in a new folder, with no `TERRACE_STORE`: the default
+/// store, `.terrace` in the working folder, is made on first use (a relative name's parent is
+/// the working folder).
+#[test]
+fn the_first_run_in_a_new_folder_makes_the_default_store_there() {
+    let sb = Sandbox::new();
+    let fresh = tempfile::tempdir().unwrap();
+    let job = sb.job(
+        "first.yaml",
+        &demo_job("first-1", "first", "apply", "first", 1),
+    );
+    let out = sb
+        .terrace()
+        .current_dir(fresh.path())
+        .env_remove("TERRACE_STORE")
+        .args(["run", "-q", job.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let result = fresh
+        .path()
+        .join(".terrace/acme/first/runs/first-1/result.json");
+    assert!(result.is_file(), "{}", result.display());
+}
