@@ -564,6 +564,33 @@ impl Run {
     }
 }
 
+/// Secrets canary: fails when an object under `prefix` other than a state holds `canary`
+/// (terraform's states hold the values they manage, by design; nothing else may). How many
+/// states hold it: more than none shows the canary reached terraform. Also fails when no
+/// `result.json` is there (the run left nothing to search).
+pub async fn canary_in_states(
+    bucket: &dyn state_backends::objects::Bucket,
+    prefix: &str,
+    canary: &str,
+) -> usize {
+    let listed = bucket.list(prefix).await.unwrap();
+    assert!(
+        listed.iter().any(|l| l.key.ends_with("result.json")),
+        "{listed:?}"
+    );
+    let mut states = 0;
+    for l in &listed {
+        let data = bucket.get(&l.key).await.unwrap().unwrap().data;
+        let holds = data.windows(canary.len()).any(|w| w == canary.as_bytes());
+        if l.key.ends_with(".tfstate") {
+            states += usize::from(holds);
+        } else {
+            assert!(!holds, "{} holds the secret", l.key);
+        }
+    }
+    states
+}
+
 /// A demo job (the demo template) as YAML.
 pub fn demo_job(
     id: &str,

@@ -395,6 +395,66 @@ async fn templates_published_to_the_runners_bucket_run_without_a_new_image() {
     );
 }
 
+/// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan
+/// (the `leaky` template). The secret is in none of the function's log, the result sent to
+/// the results queue, or the objects in the customer's bucket other than the states
+/// themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let log_path = w.sb.dir.path().join("function.log");
+    let child = w
+        .lambda_command(&api)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let function = Function(child);
+    let canary = "canary-7c1e-lambda-5ecret";
+    let body = json!({
+        "job": {
+            "id": "canary-1", "tenant": "acme", "workspace": "canary", "operation": "apply",
+            "template": { "name": "leaky", "version": "1.0.0" },
+            "variables": { "name": "leaky", "token": canary },
+            "timeout": "3m",
+        },
+    })
+    .to_string();
+    let (event, _) = w.batch(&[body]).await;
+    let response = api.invoke(event, Duration::from_secs(300)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let results = w.results().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0]["status"], "succeeded", "{}", results[0]);
+    assert!(!results[0].to_string().contains(canary), "{}", results[0]);
+    assert_eq!(
+        results[0]["outputs"]["connection"]["value"],
+        "token=(sensitive value)"
+    );
+    let raw = S3Store::from_sdk(
+        &aws::sdk_config().await,
+        true,
+        S3Config {
+            bucket: w.bucket.clone(),
+            prefix: String::new(),
+            lease: LeaseMode::LockObject,
+            kms_key_id: None,
+        },
+    )
+    .unwrap()
+    .into_bucket();
+    let states = tests::canary_in_states(&raw, "states/acme/canary/", canary).await;
+    assert!(
+        states > 0,
+        "the canary reached terraform (its state holds it)"
+    );
+    drop(function);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("canary-1"), "the function logged the job");
+    assert!(!log.contains(canary), "the function's log holds the secret");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
     let w = World::new().await;

@@ -267,6 +267,39 @@ async fn templates_published_to_the_runners_container_run_without_a_new_image() 
     );
 }
 
+/// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan
+/// (the `leaky` template). The secret is in none of the job's log, the result on the results
+/// queue, or the blobs in the customer's container other than the states themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
+    let w = World::new().await;
+    let canary = "canary-9e2f-containerapps-5ecret";
+    let message = json!({
+        "job": {
+            "id": "canary-1", "tenant": "acme", "workspace": "canary", "operation": "apply",
+            "template": { "name": "leaky", "version": "1.0.0" },
+            "variables": { "name": "leaky", "token": canary },
+            "timeout": "5m",
+        },
+    });
+    w.jobs.send(&message.to_string()).await;
+    let out = w.command(&[]).stderr(Stdio::piped()).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("canary-1"), "the job logged the job");
+    assert!(!log.contains(canary), "the job's log holds the secret");
+    let reported = records(w.results.peek().await);
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
+    assert!(!reported[0].to_string().contains(canary), "{}", reported[0]);
+    let raw = azure::store(&w.container, "").into_bucket();
+    let states = tests::canary_in_states(&raw, "states/acme/canary/", canary).await;
+    assert!(
+        states > 0,
+        "the canary reached terraform (its state holds it)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
     let w = World::new().await;

@@ -212,6 +212,48 @@ async fn templates_published_to_the_runners_bucket_run_without_a_new_image() {
     );
 }
 
+/// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan
+/// (the `leaky` template). The secret is in none of the service's log, its answer, or the
+/// objects in the customer's bucket other than the states themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
+    let w = World::new().await;
+    let log_path = w.sb.dir.path().join("service.log");
+    let port = tests::gcp::free_port();
+    let mut cmd = w.command(&[]);
+    cmd.env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap());
+    let service = Service {
+        child: cmd.spawn().unwrap(),
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    tests::gcp::wait_for_port(port, Duration::from_secs(10), "terrace-gcp").await;
+    let canary = "canary-3b9d-cloudrun-5ecret";
+    let message = json!({
+        "job": {
+            "id": "canary-1", "tenant": "acme", "workspace": "canary", "operation": "apply",
+            "template": { "name": "leaky", "version": "1.0.0" },
+            "variables": { "name": "leaky", "token": canary },
+            "timeout": "5m",
+        },
+    });
+    let answer = w.push(&service, &push_envelope("m-c1", &message)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
+    assert!(!answer.body.contains(canary), "{}", answer.body);
+    let raw = gcs::store(&w.bucket, "").await.into_bucket();
+    let states = tests::canary_in_states(&raw, "states/acme/canary/", canary).await;
+    assert!(
+        states > 0,
+        "the canary reached terraform (its state holds it)"
+    );
+    drop(service);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("canary-1"), "the service logged the job");
+    assert!(!log.contains(canary), "the service's log holds the secret");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_a_valid_token_for_this_service_are_refused_and_nothing_runs() {
     let w = World::new().await;
