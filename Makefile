@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-state-server bench-sealing clean
+.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-state-server bench-sealing fuzz clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -58,6 +58,9 @@ bench-s3: tools ## terraform's s3 backend vs Terrace's S3 + DynamoDB store, agai
 
 bench-templates: tools ## what reading a job's template from a bucket costs, against moto
 	benches/template-fetch.sh
+
+fuzz: ## each fuzz target for FUZZ_SECONDS (30) with cargo-fuzz (nightly), growing fuzz/corpus
+	scripts/fuzz.sh $(or $(FUZZ_SECONDS),30)
 
 clean:
 	rm -rf .terrace .terrace-demo
