@@ -210,7 +210,15 @@ impl Template {
 /// a job leaves the variable unset. The value is never quoted (it may be a secret's).
 fn within_limits(var: &Variable, value: &serde_json::Value, field: &str) -> Result<(), String> {
     crate::validate::check_constraint(&var.constraint, var.var_type, value, "the value").map_err(
-        |(problem, _)| format!("{field}: {problem}, so a job leaving it unset would be refused"),
+        |(problem, _)| {
+            // A limit's message may give the number (or length) found: not a secret's.
+            let problem = if var.sensitive {
+                "does not fit the variable's limits".to_owned()
+            } else {
+                problem
+            };
+            format!("{field}: {problem}, so a job leaving it unset would be refused")
+        },
     )
 }
 
@@ -370,9 +378,9 @@ mod tests {
         .unwrap()
         .check()
         .unwrap_err();
-        assert!(
-            own.starts_with("variables.pw.default: the value does not match"),
-            "{own}"
+        assert_eq!(
+            own,
+            "variables.pw.default: does not fit the variable's limits, so a job leaving it unset would be refused"
         );
         assert!(!own.contains("hunter2"), "a default is never quoted: {own}");
     }

@@ -567,11 +567,13 @@ impl Run {
 /// Secrets canary: fails when an object under `prefix` other than a state holds `canary`
 /// (terraform's states hold the values they manage, by design; nothing else may). How many
 /// states hold it: more than none shows the canary reached terraform. Also fails when no
-/// `result.json` is there (the run left nothing to search).
+/// `result.json` is there, or no stored log with terraform's lines about `resource` (the run
+/// left nothing to search).
 pub async fn canary_in_states(
     bucket: &dyn state_backends::objects::Bucket,
     prefix: &str,
     canary: &str,
+    resource: &str,
 ) -> usize {
     let listed = bucket.list(prefix).await.unwrap();
     assert!(
@@ -579,15 +581,24 @@ pub async fn canary_in_states(
         "{listed:?}"
     );
     let mut states = 0;
+    let mut logged = false;
     for l in &listed {
         let data = bucket.get(&l.key).await.unwrap().unwrap().data;
         let holds = data.windows(canary.len()).any(|w| w == canary.as_bytes());
+        logged |= l.key.contains("/log")
+            && data
+                .windows(resource.len())
+                .any(|w| w == resource.as_bytes());
         if l.key.ends_with(".tfstate") {
             states += usize::from(holds);
         } else {
             assert!(!holds, "{} holds the secret", l.key);
         }
     }
+    assert!(
+        logged,
+        "no stored log with terraform's lines about {resource}: {listed:?}"
+    );
     states
 }
 

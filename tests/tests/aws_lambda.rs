@@ -444,7 +444,13 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
     )
     .unwrap()
     .into_bucket();
-    let states = tests::canary_in_states(&raw, "states/acme/canary/", canary).await;
+    let states = tests::canary_in_states(
+        &raw,
+        "states/acme/canary/",
+        canary,
+        "testcloud_network.leak",
+    )
+    .await;
     assert!(
         states > 0,
         "the canary reached terraform (its state holds it)"

@@ -293,7 +293,13 @@ async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
     assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
     assert!(!reported[0].to_string().contains(canary), "{}", reported[0]);
     let raw = azure::store(&w.container, "").into_bucket();
-    let states = tests::canary_in_states(&raw, "states/acme/canary/", canary).await;
+    let states = tests::canary_in_states(
+        &raw,
+        "states/acme/canary/",
+        canary,
+        "testcloud_network.leak",
+    )
+    .await;
     assert!(
         states > 0,
         "the canary reached terraform (its state holds it)"

@@ -243,7 +243,13 @@ async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
     assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
     assert!(!answer.body.contains(canary), "{}", answer.body);
     let raw = gcs::store(&w.bucket, "").await.into_bucket();
-    let states = tests::canary_in_states(&raw, "states/acme/canary/", canary).await;
+    let states = tests::canary_in_states(
+        &raw,
+        "states/acme/canary/",
+        canary,
+        "testcloud_network.leak",
+    )
+    .await;
     assert!(
         states > 0,
         "the canary reached terraform (its state holds it)"

@@ -216,9 +216,9 @@ pub fn install(modules: &[Module], workdir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Copies the folder `from` into `to`, at every depth leaving out `.terraform` and the names
-/// `skip` picks; a link is copied as what it points to (a module holds none: its digest
-/// refuses them).
+/// Copies the folder `from` into `to`, at every depth leaving out `.terraform` folders, the
+/// names `skip` picks and special files (a FIFO could hang the copy); a link is copied as
+/// what it points to (a module holds none: its digest refuses them).
 pub(crate) fn copy_tree(
     from: &Path,
     to: &Path,
@@ -227,14 +227,17 @@ pub(crate) fn copy_tree(
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let name = entry.file_name();
-        if name == ".terraform" || skip(&name) {
+        let kind = entry.file_type()?;
+        if skip(&name) {
             continue;
         }
         let target = to.join(&name);
-        if entry.file_type()?.is_dir() {
-            std::fs::create_dir_all(&target)?;
-            copy_tree(&entry.path(), &target, skip)?;
-        } else {
+        if kind.is_dir() {
+            if name != ".terraform" {
+                std::fs::create_dir_all(&target)?;
+                copy_tree(&entry.path(), &target, skip)?;
+            }
+        } else if kind.is_file() || kind.is_symlink() {
             std::fs::copy(entry.path(), target)?;
         }
     }

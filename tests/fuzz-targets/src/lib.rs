@@ -5,8 +5,8 @@
 //!
 //! - [`job`]: a job document, parsed and validated against the repository's templates.
 //! - [`tfstate`]: two states, parsed, checked as successors, and a serial raised.
-//! - [`state_server`]: requests to a running state server over TCP; the workspace's history
-//!   must stay a chain of valid states whatever arrives.
+//! - [`state_server`]: up to four requests to a state server of its own over TCP; the
+//!   workspace's history must stay a chain of valid states whatever arrives.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -54,7 +54,7 @@ pub fn job(data: &[u8]) {
             assert!(!errors.is_empty(), "an invalid job says why");
             for e in errors.iter().filter(|_| secret) {
                 assert!(
-                    !e.problem.contains(CANARY) && !e.fix.contains(CANARY),
+                    !e.to_string().contains(CANARY) && !e.field.contains(CANARY),
                     "a sensitive value quoted: {e}"
                 );
             }
@@ -105,70 +105,50 @@ pub fn tfstate(data: &[u8]) {
     }
 }
 
-struct Server {
-    runtime: tokio::runtime::Runtime,
-    /// Serves for the life of the process.
-    _server: shared::state_server::StateServer,
-    address: String,
-    authorization: String,
-    store: Arc<dyn StateStore>,
-    ws: WorkspaceId,
-}
-
-fn server() -> &'static Server {
-    static SERVER: OnceLock<Server> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
-            .expect("a runtime");
-        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
-        let ws = WorkspaceId::new("fuzz", "ws").expect("a workspace");
-        let (server, address, authorization) = runtime.block_on(async {
-            let lease = store
-                .acquire_lease(
-                    &ws,
-                    &LeaseRequest {
-                        owner: "fuzz".into(),
-                        ttl: Duration::from_secs(24 * 3600),
-                        info: serde_json::Value::Null,
-                    },
-                )
-                .await
-                .expect("the lease");
-            let server = shared::state_server::StateServer::start(shared::state_server::Config {
-                store: store.clone(),
-                ws: ws.clone(),
-                fence: lease.fence(),
-                password: "fuzz-password".into(),
-                logger: None,
-                lease_lost: tokio_util::sync::CancellationToken::new(),
-                max_body: 1 << 20,
-                header_read_timeout: Duration::from_secs(2),
-            })
-            .await
-            .expect("the state server starts");
-            let endpoint = server.endpoint().clone();
-            let address = endpoint
-                .address
-                .trim_start_matches("http://")
-                .split('/')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            let credentials = format!("{}:{}", endpoint.username, endpoint.password);
-            (server, address, basic(&credentials))
-        });
-        Server {
-            runtime,
-            _server: server,
-            address,
-            authorization,
-            store,
-            ws,
-        }
+            .expect("a runtime")
     })
+}
+
+/// A state server of its own for one input: a workspace leased to it in a new in-memory store,
+/// so no input's lock or writes carry over to the next.
+async fn serve() -> (
+    shared::state_server::StateServer,
+    Arc<dyn StateStore>,
+    WorkspaceId,
+) {
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+    let ws = WorkspaceId::new("fuzz", "ws").expect("a workspace");
+    let lease = store
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "fuzz".into(),
+                ttl: Duration::from_secs(3600),
+                info: serde_json::Value::Null,
+            },
+        )
+        .await
+        .expect("the lease");
+    let server = shared::state_server::StateServer::start(shared::state_server::Config {
+        store: store.clone(),
+        ws: ws.clone(),
+        fence: lease.fence(),
+        password: "fuzz-password".into(),
+        logger: None,
+        lease_lost: tokio_util::sync::CancellationToken::new(),
+        max_body: 1 << 20,
+        header_read_timeout: Duration::from_millis(500),
+    })
+    .await
+    .expect("the state server starts");
+    (server, store, ws)
 }
 
 fn basic(credentials: &str) -> String {
@@ -179,53 +159,77 @@ fn basic(credentials: &str) -> String {
     )
 }
 
-/// One request to a running state server: with the first byte's high bit, the input is sent
-/// as it is (raw HTTP); otherwise it picks a method, whether to authenticate and whether to
-/// name a lock, and the rest is the body. Whatever arrives, the server answers or closes, and
-/// the workspace's history stays a chain: every version a valid state, and between two
-/// deletions (which take a number each) one lineage with serials growing.
-pub fn state_server(data: &[u8]) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let s = server();
-    let request = match data.split_first() {
+/// The bytes of one request. A first byte with the high bit set: the rest is sent as it is
+/// (raw HTTP). Otherwise its low 5 bits pick the method (`GET`, `POST`, `LOCK`, `UNLOCK`,
+/// `DELETE`, `PUT`), 0x40 leaves the credentials out, 0x20 names the lock (`?ID=fuzz`), and
+/// the rest is the body.
+fn request(part: &[u8], host: &str, authorization: &str) -> Vec<u8> {
+    match part.split_first() {
         Some((&first, rest)) if first & 0x80 == 0 => {
-            let method = ["GET", "POST", "LOCK", "UNLOCK", "DELETE", "PUT"][usize::from(first % 6)];
+            let methods = ["GET", "POST", "LOCK", "UNLOCK", "DELETE", "PUT"];
+            let method = methods[usize::from(first & 0x1f) % methods.len()];
             let auth = if first & 0x40 == 0 {
-                format!("Authorization: {}\r\n", s.authorization)
+                format!("Authorization: {authorization}\r\n")
             } else {
                 String::new()
             };
             let query = if first & 0x20 == 0 { "" } else { "?ID=fuzz" };
             let mut request = format!(
-                "{method} /state{query} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
-                s.address,
+                "{method} /state{query} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
                 rest.len()
             )
             .into_bytes();
             request.extend_from_slice(rest);
             request
         }
-        _ => data.to_vec(),
-    };
-    s.runtime.block_on(async {
-        if let Ok(mut conn) = tokio::net::TcpStream::connect(&s.address).await {
-            let _ = conn.write_all(&request).await;
-            let _ = conn.shutdown().await;
+        Some((_, rest)) => rest.to_vec(),
+        None => Vec::new(),
+    }
+}
+
+/// Up to four requests (the input split at 0xFF bytes) to a state server of its own, one
+/// connection each, so a lock can be followed by a write. Whatever arrives, the server answers
+/// with HTTP or closes within 5 s, and the workspace's history stays a chain: every version a
+/// valid state, and between two deletions (which take a number each) one lineage with serials
+/// growing.
+pub fn state_server(data: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    runtime().block_on(async {
+        let (server, store, ws) = serve().await;
+        let endpoint = server.endpoint().clone();
+        let host = endpoint
+            .address
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let authorization = basic(&format!("{}:{}", endpoint.username, endpoint.password));
+        for part in data.split(|&b| b == 0xFF).take(4) {
+            let bytes = request(part, &host, &authorization);
+            if bytes.is_empty() {
+                continue;
+            }
+            let Ok(mut conn) = tokio::net::TcpStream::connect(&host).await else {
+                continue;
+            };
+            let _ = conn.write_all(&bytes).await;
+            // Raw bytes need not ask to close: say it is all, rather than wait for the
+            // server's idle timeout (a structured request says `Connection: close`).
+            if part.first().is_some_and(|&b| b & 0x80 != 0) {
+                let _ = conn.shutdown().await;
+            }
             let mut answer = Vec::new();
             let read = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut answer));
             assert!(read.await.is_ok(), "the server answers or closes in time");
             if !answer.is_empty() {
-                assert!(answer.starts_with(b"HTTP/1.1 "), "an HTTP answer");
+                assert!(answer.starts_with(b"HTTP/1."), "an HTTP answer");
             }
         }
-        let versions = s.store.versions(&s.ws).await.expect("the history reads");
+        let versions = store.versions(&ws).await.expect("the history reads");
         let mut previous: Option<(u64, StateMeta)> = None;
         for v in versions {
-            let data = s
-                .store
-                .version(&s.ws, v.number)
-                .await
-                .expect("a version reads");
+            let data = store.version(&ws, v.number).await.expect("a version reads");
             let meta = StateMeta::parse(&data).expect("every stored version is a valid state");
             if let Some((number, p)) = &previous
                 && *number + 1 == v.number
@@ -235,5 +239,6 @@ pub fn state_server(data: &[u8]) {
             }
             previous = Some((v.number, meta));
         }
+        drop(server);
     });
 }
