@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use shared::template::source::Location;
 use state_backends::StateStore;
 use state_backends::objects::Bucket;
 use state_backends::sealed::{Keyring, SealedStore};
@@ -232,22 +233,31 @@ impl Query {
     }
 }
 
+impl StoreUrl {
+    /// Where the store is, without its settings: the place a templates URL names too.
+    pub fn location(&self) -> Location {
+        match self {
+            Self::Fs(path) => Location::Folder(path.clone()),
+            Self::S3(s) => Location::S3 {
+                bucket: s.bucket.clone(),
+                prefix: s.prefix.clone(),
+            },
+            Self::Gcs(g) => Location::Gcs {
+                bucket: g.bucket.clone(),
+                prefix: g.prefix.clone(),
+            },
+            Self::Azure(a) => Location::Azure {
+                container_url: a.container_url.clone(),
+                prefix: a.prefix.clone(),
+            },
+        }
+    }
+}
+
 impl fmt::Display for StoreUrl {
     /// The store as people read it in messages (settings left out; never a secret).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let joined = |base: String, prefix: &str| {
-            if prefix.is_empty() {
-                base
-            } else {
-                format!("{base}/{prefix}")
-            }
-        };
-        match self {
-            Self::Fs(path) => write!(f, "{}", path.display()),
-            Self::S3(s) => f.write_str(&joined(format!("s3://{}", s.bucket), &s.prefix)),
-            Self::Gcs(g) => f.write_str(&joined(format!("gs://{}", g.bucket), &g.prefix)),
-            Self::Azure(a) => f.write_str(&joined(a.container_url.clone(), &a.prefix)),
-        }
+        self.location().fmt(f)
     }
 }
 
