@@ -564,6 +564,19 @@ impl Run {
     }
 }
 
+/// Secrets canary: the job message (`{"job": …}`) of an apply of the `leaky` template, whose
+/// secret `canary` terraform prints in a resource, an output and its plan.
+pub fn canary_message(id: &str, canary: &str, timeout: &str) -> serde_json::Value {
+    serde_json::json!({
+        "job": {
+            "id": id, "tenant": "acme", "workspace": "canary", "operation": "apply",
+            "template": { "name": "leaky", "version": "1.0.0" },
+            "variables": { "name": "leaky", "token": canary },
+            "timeout": timeout,
+        },
+    })
+}
+
 /// Secrets canary: fails when an object under `prefix` other than a state holds `canary`
 /// (terraform's states hold the values they manage, by design; nothing else may). How many
 /// states hold it: more than none shows the canary reached terraform. Also fails when no

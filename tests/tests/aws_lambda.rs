@@ -412,15 +412,7 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
         .unwrap();
     let function = Function(child);
     let canary = "canary-7c1e-lambda-5ecret";
-    let body = json!({
-        "job": {
-            "id": "canary-1", "tenant": "acme", "workspace": "canary", "operation": "apply",
-            "template": { "name": "leaky", "version": "1.0.0" },
-            "variables": { "name": "leaky", "token": canary },
-            "timeout": "3m",
-        },
-    })
-    .to_string();
+    let body = tests::canary_message("canary-1", canary, "3m").to_string();
     let (event, _) = w.batch(&[body]).await;
     let response = api.invoke(event, Duration::from_secs(300)).await.unwrap();
     assert!(failures(&response).is_empty(), "{response}");

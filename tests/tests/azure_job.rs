@@ -274,14 +274,7 @@ async fn templates_published_to_the_runners_container_run_without_a_new_image() 
 async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
     let w = World::new().await;
     let canary = "canary-9e2f-containerapps-5ecret";
-    let message = json!({
-        "job": {
-            "id": "canary-1", "tenant": "acme", "workspace": "canary", "operation": "apply",
-            "template": { "name": "leaky", "version": "1.0.0" },
-            "variables": { "name": "leaky", "token": canary },
-            "timeout": "5m",
-        },
-    });
+    let message = tests::canary_message("canary-1", canary, "5m");
     w.jobs.send(&message.to_string()).await;
     let out = w.command(&[]).stderr(Stdio::piped()).output().unwrap();
     assert!(out.status.success(), "{out:?}");

@@ -230,14 +230,7 @@ async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
     };
     tests::gcp::wait_for_port(port, Duration::from_secs(10), "terrace-gcp").await;
     let canary = "canary-3b9d-cloudrun-5ecret";
-    let message = json!({
-        "job": {
-            "id": "canary-1", "tenant": "acme", "workspace": "canary", "operation": "apply",
-            "template": { "name": "leaky", "version": "1.0.0" },
-            "variables": { "name": "leaky", "token": canary },
-            "timeout": "5m",
-        },
-    });
+    let message = tests::canary_message("canary-1", canary, "5m");
     let answer = w.push(&service, &push_envelope("m-c1", &message)).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
