@@ -15,6 +15,7 @@ pub mod http;
 pub mod image;
 pub mod lambda;
 pub mod pubsub;
+pub mod stores;
 pub mod sweep;
 
 use std::collections::BTreeMap;

@@ -1,8 +1,17 @@
-//! The runner SIGKILLed at several points of an apply: its terraform dies with it, no state
-//! version accepted before the kill is lost or changed, the dead runner's lease
-//! expires, the next job for the workspace takes over with a higher fence, finds the dead job
-//! `interrupted`, and leaves the cloud with exactly what the configuration says, importing what
-//! the dead run made but never saved.
+//! The kill matrix: `terrace run` SIGKILLed at each step of an apply (init, plan, apply mid-
+//! resource, just after a state write, just after a lease renewal, at the result write), on
+//! every store (folder, S3 with a DynamoDB lease, S3 with a lock object, GCS, Azure Blob),
+//! against the emulators and the machine's terraform.
+//!
+//! After each kill: terraform died with its runner; no state version accepted before the kill
+//! is lost or changed, and the history is unbroken (numbers 1..n, one lineage, serials
+//! growing); the dead runner's lease is still there and expires; the next job for the workspace
+//! takes it over with a higher fence, finds the dead job `interrupted` and leaves the cloud with
+//! exactly what the configuration says (nothing doubled, what the dead run made but never saved
+//! imported). Delivered again, the dead job runs.
+//!
+//! `TERRACE_KILL_ROUNDS` (1) repeats the matrix with new workspaces; each store prints what it
+//! tried (`--nocapture`), for docs/RELIABILITY.md.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -10,54 +19,98 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use state_backends::{StateStore, WorkspaceId};
+use tests::stores::{Kind, Under};
 use tests::{Sandbox, children_of, demo_job};
 
-/// Where the runner dies: when its log prints `trigger`.
+/// What makes the test kill the runner.
+#[derive(Clone, Copy)]
+enum Trigger {
+    /// The runner's log prints this.
+    Line(&'static str),
+    /// The store shows the victim's lease renewed (its expiry moved) after the log printed
+    /// this.
+    RenewalAfter(&'static str),
+}
+
+/// Where the runner dies.
 struct KillPoint {
     name: &'static str,
-    trigger: &'static str,
+    trigger: Trigger,
     /// The victim's cluster create is slow, so the kill comes while it is under way.
     slow_cluster: bool,
     /// terraform is running at the kill (after a write it may already have exited).
     terraform_running: bool,
+    /// The kill may come after the victim wrote its result and let go of its lease (it is
+    /// racing the write): then the result is `succeeded`, not `interrupted`.
+    may_have_finished: bool,
 }
 
-const KILL_POINTS: [KillPoint; 4] = [
+const KILL_POINTS: [KillPoint; 7] = [
     KillPoint {
         name: "init",
-        trigger: "terraform init",
+        trigger: Trigger::Line("==> terraform init"),
         slow_cluster: false,
         terraform_running: true,
+        may_have_finished: false,
     },
+    KillPoint {
+        name: "plan",
+        trigger: Trigger::Line("==> terraform plan"),
+        slow_cluster: false,
+        terraform_running: true,
+        may_have_finished: false,
+    },
+    // Apply, mid-resource: the old cluster is being destroyed.
     KillPoint {
         name: "destroying",
-        trigger: "Destroying...",
+        trigger: Trigger::Line("Destroying..."),
         slow_cluster: true,
         terraform_running: true,
+        may_have_finished: false,
     },
-    // The new network exists in the cloud, but no state records it yet.
+    // Apply, mid-resource: the new network exists in the cloud, but no state records it yet.
     KillPoint {
         name: "created-not-saved",
-        trigger: "testcloud_network.main: Creation complete",
+        trigger: Trigger::Line("testcloud_network.main: Creation complete"),
         slow_cluster: true,
         terraform_running: true,
+        may_have_finished: false,
     },
     // Right after a state version was accepted, before the result.
     KillPoint {
         name: "after-a-write",
-        trigger: "state version",
+        trigger: Trigger::Line("state version"),
         slow_cluster: false,
         terraform_running: false,
+        may_have_finished: false,
+    },
+    // Right after the heartbeat renewed the lease, while the new cluster is being created.
+    KillPoint {
+        name: "lease-renewal",
+        trigger: Trigger::RenewalAfter("testcloud_cluster.main: Creating..."),
+        slow_cluster: true,
+        terraform_running: true,
+        may_have_finished: false,
+    },
+    // The job's last line is logged just before its result is written.
+    KillPoint {
+        name: "result-write",
+        trigger: Trigger::Line(" succeeded in "),
+        slow_cluster: false,
+        terraform_running: false,
+        may_have_finished: true,
     },
 ];
 
-fn version_bytes(sb: &Sandbox, ws: &str, number: u64) -> Vec<u8> {
-    std::fs::read(sb.store.join(format!("{ws}/versions/{number:010}.tfstate"))).unwrap()
-}
-
-/// Runs `job` with `terrace run` and SIGKILLs it and its terraform when `trigger` is logged.
-fn kill_at(sb: &Sandbox, job: &std::path::Path, point: &KillPoint) {
-    let trigger = point.trigger;
+/// Runs `job` with `terrace run` and SIGKILLs it (only the runner) at `point`; its terraform
+/// must die with it.
+async fn kill_at(
+    sb: &Sandbox,
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job: &std::path::Path,
+    point: &KillPoint,
+) {
     let mut child = sb
         .terrace()
         .args(["run", job.to_str().unwrap()])
@@ -65,20 +118,54 @@ fn kill_at(sb: &Sandbox, job: &std::path::Path, point: &KillPoint) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut seen = Vec::new();
-    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
-        let line = line.unwrap();
-        let hit = line.contains(trigger);
-        seen.push(line);
-        if hit {
-            break;
+    let (line, renewal) = match point.trigger {
+        Trigger::Line(line) => (line, false),
+        Trigger::RenewalAfter(line) => (line, true),
+    };
+    // The log is read on a thread of its own, so the store can be watched meanwhile.
+    let stderr = child.stderr.take().unwrap();
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for l in BufReader::new(stderr).lines() {
+            let Ok(l) = l else { break };
+            if l.contains(line) {
+                let _ = seen_tx.send(());
+            }
+            seen.push(l);
+        }
+        seen
+    });
+    let came =
+        tokio::task::spawn_blocking(move || seen_rx.recv_timeout(Duration::from_secs(60)).is_ok())
+            .await
+            .unwrap();
+    if !came {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "{}: `{line}` never came:\n{}",
+            point.name,
+            reader.join().unwrap().join("\n")
+        );
+    }
+    if renewal {
+        let first = store.lease(ws).await.unwrap().expect("the victim's lease");
+        let give_up = Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = store.lease(ws).await.unwrap().expect("the victim's lease");
+            if now.expires_at > first.expires_at {
+                assert_eq!(now.fence, first.fence, "a renewal keeps the fence");
+                break;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "{}: the lease was never renewed",
+                point.name
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    assert!(
-        seen.last().is_some_and(|l| l.contains(trigger)),
-        "`{trigger}` never came:\n{}",
-        seen.join("\n")
-    );
     // terraform, not its providers. The runner logs a step's line just before it starts the
     // step's terraform, so that may take a moment to appear.
     let give_up = Instant::now() + Duration::from_secs(10);
@@ -96,20 +183,23 @@ fn kill_at(sb: &Sandbox, job: &std::path::Path, point: &KillPoint) {
         }
         assert!(
             Instant::now() < give_up,
-            "no terraform under the runner after `{trigger}`"
+            "{}: no terraform under the runner after `{line}`",
+            point.name
         );
-        std::thread::sleep(Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
     };
     // Only the runner is killed: its terraform must die with it, not go on changing the cloud.
     child.kill().unwrap();
     child.wait().unwrap();
+    reader.join().unwrap();
     let give_up = Instant::now() + Duration::from_secs(10);
     while terraform.iter().any(|&pid| alive(pid)) {
         assert!(
             Instant::now() < give_up,
-            "terraform outlived its runner: {terraform:?}"
+            "{}: terraform outlived its runner: {terraform:?}",
+            point.name
         );
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Its providers (in terraform's process group) are not the runner's children: stop them.
     for pgid in groups.into_iter().map(|p| p as i32) {
@@ -148,96 +238,195 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-#[tokio::test]
-async fn a_runner_killed_at_any_point_loses_no_version_and_the_next_job_takes_over() {
-    let mut sb = Sandbox::new();
-    sb.env.push(("TERRACE_LEASE_TTL".into(), "3".into()));
-    let store = sb.fs_store();
-    for (i, point) in KILL_POINTS.iter().enumerate() {
-        let ws_name = format!("acme/kill{i}");
-        let ws: WorkspaceId = ws_name.parse().unwrap();
-        let job = |id: &str, cluster: &str| demo_job(id, &format!("kill{i}"), "apply", cluster, 1);
-        let (old, new) = (format!("old{i}"), format!("new{i}"));
-        let base = sb.job(&format!("b{i}.yaml"), &job(&format!("b{i}"), &old));
-        sb.run(&["run", "-q", base.to_str().unwrap()])
-            .expect_code(0);
-
-        // The victim renames the cluster: network and cluster are replaced.
-        let faults = if point.slow_cluster {
-            json!([{ "resource": "testcloud_cluster", "name": new, "op": "create", "kind": "slow", "delay_ms": 60000, "times": 1 }])
-        } else {
-            json!([])
-        };
-        sb.faults(faults);
-        let victim_id = format!("v{i}");
-        let victim = sb.job(&format!("v{i}.yaml"), &job(&victim_id, &new));
-        kill_at(&sb, &victim, point);
-        // Every version the store accepted, including any the victim wrote before it died.
-        let accepted: Vec<(u64, Vec<u8>)> = sb
-            .versions(&ws_name)
-            .await
-            .iter()
-            .map(|v| (v.number, version_bytes(&sb, &ws_name, v.number)))
-            .collect();
-        let lease = store
-            .lease(&ws)
-            .await
-            .unwrap()
-            .unwrap_or_else(|| panic!("{}: the dead runner's lease is gone", point.name));
-        assert_eq!(lease.owner, victim_id, "{}", point.name);
-
-        // The next job waits for the lease to expire, then brings the workspace to `new`.
-        sb.faults(json!([]));
-        let next_id = format!("n{i}");
-        let next = sb.job(&format!("n{i}.yaml"), &job(&next_id, &new));
-        let started = Instant::now();
-        let run = sb.run(&["run", "-q", "--wait", "60", next.to_str().unwrap()]);
-        assert_eq!(run.code(), 0, "{}: {}", point.name, run.stdout());
-        assert!(started.elapsed() < Duration::from_secs(60));
-        let result = sb.artifact_json(&ws_name, &next_id, "result.json").await;
-        let fence = sb.artifact_json(&ws_name, &next_id, "job.json").await["lease"]["fence"]
-            .as_u64()
-            .unwrap();
-        assert!(fence > lease.fence, "{}: fence did not grow", point.name);
-
-        // No accepted version was lost or changed, and numbering has no gaps.
-        let after = sb.versions(&ws_name).await;
-        for (number, data) in &accepted {
-            assert_eq!(
-                &version_bytes(&sb, &ws_name, *number),
-                data,
-                "{}: version {number} changed",
-                point.name
-            );
-        }
-        let numbers: Vec<u64> = after.iter().map(|v| v.number).collect();
-        assert_eq!(numbers, (1..=after.len() as u64).collect::<Vec<_>>());
-
-        // The cloud holds exactly what the configuration says: nothing doubled, nothing stale.
-        let cloud: Vec<String> = sb
-            .cloud_names()
-            .into_iter()
-            .filter(|n| n.ends_with(&i.to_string()) || n.ends_with(&format!("{i}-net")))
-            .collect();
-        assert_eq!(
-            cloud,
-            [new.clone(), format!("{new}-net")],
-            "{}: {result}",
-            point.name
-        );
-        if point.name == "created-not-saved" {
-            assert_eq!(
-                result["recovered"][0]["address"], "testcloud_network.main",
-                "the network the dead run made was imported: {result}"
-            );
-        }
-
-        // The dead job is `interrupted`, and not final: delivered again, it runs.
-        let dead = sb.artifact_json(&ws_name, &victim_id, "result.json").await;
-        assert_eq!(dead["status"], "interrupted", "{}: {dead}", point.name);
-        let again = sb.run(&["run", "-q", victim.to_str().unwrap()]);
-        again.expect_code(0);
-        let redone: Value = sb.artifact_json(&ws_name, &victim_id, "result.json").await;
-        assert_eq!(redone["status"], "succeeded", "{}", point.name);
+/// Every accepted version of a workspace, number and bytes.
+async fn history(store: &dyn StateStore, ws: &WorkspaceId) -> Vec<(u64, Vec<u8>)> {
+    let mut all = Vec::new();
+    for v in store.versions(ws).await.unwrap() {
+        all.push((
+            v.number,
+            store.version(ws, v.number).await.unwrap().to_vec(),
+        ));
     }
+    all
+}
+
+/// The history is unbroken: numbered 1..n, every version a state of one lineage, serials
+/// growing.
+fn assert_unbroken(history: &[(u64, Vec<u8>)], what: &str) {
+    let numbers: Vec<u64> = history.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        numbers,
+        (1..=history.len() as u64).collect::<Vec<_>>(),
+        "{what}: numbering has a gap"
+    );
+    let mut last: Option<(String, u64)> = None;
+    for (number, data) in history {
+        let state: Value = serde_json::from_slice(data)
+            .unwrap_or_else(|e| panic!("{what}: version {number} is not a state: {e}"));
+        let lineage = state["lineage"].as_str().unwrap().to_owned();
+        let serial = state["serial"].as_u64().unwrap();
+        if let Some((l, s)) = &last {
+            assert_eq!(l, &lineage, "{what}: version {number} changed the lineage");
+            assert!(
+                serial > *s,
+                "{what}: version {number} has serial {serial}, not above {s}"
+            );
+        }
+        last = Some((lineage, serial));
+    }
+}
+
+async fn artifact(store: &dyn StateStore, ws: &WorkspaceId, job: &str, name: &str) -> Value {
+    let raw = store
+        .artifact(ws, job, name)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no {name} for job {job}"));
+    serde_json::from_slice(&raw).expect("artifact is JSON")
+}
+
+fn rounds() -> usize {
+    std::env::var("TERRACE_KILL_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
+
+async fn kill_matrix(kind: Kind) {
+    let mut sb = Sandbox::new();
+    let under = Under::new(kind, &sb.store, "kill", None).await;
+    under.use_in(&mut sb);
+    sb.env.push(("TERRACE_LEASE_TTL".into(), "3".into()));
+    let store = &*under.store;
+    let started = Instant::now();
+    let (mut kills, mut versions_kept, mut interrupted, mut finished) = (0, 0, 0, 0);
+    for round in 0..rounds() {
+        for (i, point) in KILL_POINTS.iter().enumerate() {
+            let what = format!("{} at {} (round {round})", kind.name(), point.name);
+            let tag = format!("{round}k{i}");
+            let ws_name = format!("acme/kill{tag}");
+            let ws: WorkspaceId = ws_name.parse().unwrap();
+            let job =
+                |id: &str, cluster: &str| demo_job(id, &format!("kill{tag}"), "apply", cluster, 1);
+            let (old, new) = (format!("o{tag}"), format!("n{tag}"));
+            let base = sb.job(&format!("b{tag}.yaml"), &job(&format!("b{tag}"), &old));
+            let run = sb.run(&["run", "-q", base.to_str().unwrap()]);
+            assert_eq!(run.code(), 0, "{what}: {}", run.stderr());
+
+            // The victim renames the cluster: network and cluster are replaced.
+            let faults = if point.slow_cluster {
+                json!([{ "resource": "testcloud_cluster", "name": new, "op": "create", "kind": "slow", "delay_ms": 60000, "times": 1 }])
+            } else {
+                json!([])
+            };
+            sb.faults(faults);
+            let victim_id = format!("v{tag}");
+            let victim = sb.job(&format!("v{tag}.yaml"), &job(&victim_id, &new));
+            kill_at(&sb, store, &ws, &victim, point).await;
+            kills += 1;
+            // Every version the store accepted, including any the victim wrote before it died.
+            let accepted = history(store, &ws).await;
+            assert_unbroken(&accepted, &what);
+            let victim_fence = artifact(store, &ws, &victim_id, "job.json").await["lease"]["fence"]
+                .as_u64()
+                .unwrap();
+            match store.lease(&ws).await.unwrap() {
+                Some(lease) => assert_eq!(lease.owner, victim_id, "{what}"),
+                None => assert!(
+                    point.may_have_finished,
+                    "{what}: the dead runner's lease is gone"
+                ),
+            }
+
+            // The next job waits for the lease to expire, then brings the workspace to `new`.
+            sb.faults(json!([]));
+            let next_id = format!("n{tag}");
+            let next = sb.job(&format!("n{tag}.yaml"), &job(&next_id, &new));
+            let run = sb.run(&["run", "-q", "--wait", "60", next.to_str().unwrap()]);
+            assert_eq!(run.code(), 0, "{what}: {}{}", run.stdout(), run.stderr());
+            let result = artifact(store, &ws, &next_id, "result.json").await;
+            let fence = artifact(store, &ws, &next_id, "job.json").await["lease"]["fence"]
+                .as_u64()
+                .unwrap();
+            assert!(fence > victim_fence, "{what}: the fence did not grow");
+
+            // No accepted version was lost or changed, and the history is still unbroken.
+            let after = history(store, &ws).await;
+            assert_unbroken(&after, &what);
+            assert_eq!(
+                &after[..accepted.len()],
+                &accepted[..],
+                "{what}: a version accepted before the kill was lost or changed"
+            );
+            versions_kept += accepted.len();
+            assert!(
+                store.lease(&ws).await.unwrap().is_none(),
+                "{what}: a lease was left"
+            );
+
+            // The cloud holds exactly what the configuration says: nothing doubled, nothing
+            // stale.
+            let cloud: Vec<String> = sb
+                .cloud_names()
+                .into_iter()
+                .filter(|n| n.trim_end_matches("-net").get(1..) == Some(tag.as_str()))
+                .collect();
+            assert_eq!(
+                cloud,
+                [new.clone(), format!("{new}-net")],
+                "{what}: {result}"
+            );
+            if point.name == "created-not-saved" {
+                assert_eq!(
+                    result["recovered"][0]["address"], "testcloud_network.main",
+                    "{what}: the network the dead run made was imported: {result}"
+                );
+            }
+
+            // The dead job is `interrupted` (or, killed racing its result write, `succeeded`),
+            // and an interrupted one is not final: delivered again, it runs.
+            let dead = artifact(store, &ws, &victim_id, "result.json").await;
+            match dead["status"].as_str() {
+                Some("interrupted") => interrupted += 1,
+                Some("succeeded") if point.may_have_finished => finished += 1,
+                _ => panic!("{what}: the dead job's result: {dead}"),
+            }
+            let again = sb.run(&["run", "-q", victim.to_str().unwrap()]);
+            assert_eq!(again.code(), 0, "{what}: {}", again.stderr());
+            let redone = artifact(store, &ws, &victim_id, "result.json").await;
+            assert_eq!(redone["status"], "succeeded", "{what}: {redone}");
+            assert_unbroken(&history(store, &ws).await, &what);
+        }
+    }
+    println!(
+        "kill matrix {}: {kills} kills at {} points in {:.0} s; {versions_kept} versions accepted before a kill, 0 lost or changed; dead jobs {interrupted} interrupted, {finished} finished before the kill",
+        kind.name(),
+        KILL_POINTS.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_matrix_on_a_folder() {
+    kill_matrix(Kind::Folder).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_matrix_on_s3_with_a_dynamodb_lease() {
+    kill_matrix(Kind::S3DynamoDb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_matrix_on_s3_with_a_lock_object() {
+    kill_matrix(Kind::S3LockObject).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_matrix_on_gcs() {
+    kill_matrix(Kind::Gcs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_matrix_on_azure_blob() {
+    kill_matrix(Kind::AzureBlob).await;
 }
