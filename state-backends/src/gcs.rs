@@ -47,6 +47,18 @@ impl GcsConfig {
 /// The GCS store.
 pub type GcsStore = BucketStore<GcsBucket>;
 
+/// How a store's client tries a call again: what may pass (the library's `RetryableErrors`), at
+/// most 5 attempts within 30 s. The library's default keeps trying for 5 minutes, longer than
+/// a job should wait on one call to a bucket that does not answer: the error is retryable, so
+/// the job, its queue or the operator tries again. Give it to
+/// `Storage::builder().with_retry_policy`.
+pub fn retry_policy() -> impl google_cloud_gax::retry_policy::RetryPolicy {
+    use google_cloud_gax::retry_policy::RetryPolicyExt;
+    google_cloud_storage::retry_policy::RetryableErrors
+        .with_attempt_limit(5)
+        .with_time_limit(std::time::Duration::from_secs(30))
+}
+
 impl BucketStore<GcsBucket> {
     /// A store over a client the caller built (credentials, endpoint); `credentials` are the
     /// same the client uses, for the JSON API calls.
@@ -92,8 +104,14 @@ fn backend_error(message: String, retryable: bool) -> StoreError {
 }
 
 fn client_error(what: &str, e: &google_cloud_storage::Error) -> StoreError {
+    // A connection that broke mid-request (`is_io`, `is_transport`) may have done what was
+    // asked or not: the caller's checks (generations, the history) tell, so trying again is
+    // safe. `is_exhausted`: the client's own retries of such errors ran out.
     let retryable = e.is_timeout()
         || e.is_connect()
+        || e.is_io()
+        || e.is_transport()
+        || e.is_exhausted()
         || e.http_status_code()
             .is_some_and(|c| c >= 500 || c == 429 || c == 408);
     backend_error(format!("{what}: {e}"), retryable)
@@ -153,7 +171,10 @@ impl Bucket for GcsBucket {
             .set_metadata(metadata)
             .with_known_crc32c(crc);
         write = match condition {
-            Condition::None => write,
+            // A whole object written again is the same object: safe for the client to send
+            // again when a connection breaks (it retries only what it is told is idempotent;
+            // the conditional writes below are, by their precondition).
+            Condition::None => write.with_idempotency(true),
             Condition::Absent => write.set_if_generation_match(0),
             Condition::Matches(tag) => write.set_if_generation_match(generation(tag)?),
         };

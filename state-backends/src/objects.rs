@@ -352,16 +352,19 @@ impl<B: Bucket> BucketStore<B> {
         let current = (!deleted).then(|| VersionToken(number.to_string()));
         check_put(ws, &record, current.as_ref(), mode, fence)?;
         let next = self.successor(ws, number)?;
+        let key = self.version_key(ws, next);
         if !self
             .bucket
-            .put(
-                &self.version_key(ws, next),
-                data,
-                metadata,
-                Condition::Absent,
-            )
+            .put(&key, data, metadata.clone(), Condition::Absent)
             .await?
         {
+            // A client that lost the answer to this very write and sent it again finds the
+            // version taken, by itself. The same facts (the content's digest and the commit's
+            // time, or a deletion) say the first try landed: the version is this write's.
+            let landed = self.bucket.head(&key).await?;
+            if landed.is_some_and(|facts| metadata.iter().all(|(k, v)| facts.get(k) == Some(v))) {
+                return Ok(next);
+            }
             return Err(StoreError::Conflict {
                 workspace: ws.clone(),
                 detail: format!("version {next} was written by another writer first"),
@@ -869,6 +872,107 @@ mod tests {
             Some(42)
         );
         assert_eq!(version_number("p/t/w/versions/notes.txt"), None);
+    }
+
+    /// A bucket whose every version write is sent twice, as a client does when the answer to
+    /// the first is lost: the first lands, the second finds the version taken.
+    #[derive(Clone, Debug, Default)]
+    struct SentTwice(crate::memory::MemoryBucket);
+
+    #[async_trait]
+    impl Bucket for SentTwice {
+        fn backend(&self) -> &'static str {
+            "twice"
+        }
+        async fn get(&self, key: &str) -> Result<Option<Object>> {
+            self.0.get(key).await
+        }
+        async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
+            self.0.head(key).await
+        }
+        async fn put(
+            &self,
+            key: &str,
+            data: Bytes,
+            metadata: HashMap<String, String>,
+            condition: Condition<'_>,
+        ) -> Result<bool> {
+            if key.contains("/versions/") {
+                let first = self
+                    .0
+                    .put(key, data.clone(), metadata.clone(), condition)
+                    .await?;
+                assert!(first, "the first try lands");
+            }
+            self.0.put(key, data, metadata, condition).await
+        }
+        async fn copy(
+            &self,
+            from: &str,
+            to: &str,
+            metadata: Option<HashMap<String, String>>,
+        ) -> Result<()> {
+            self.0.copy(from, to, metadata).await
+        }
+        async fn delete(&self, key: &str) -> Result<()> {
+            self.0.delete(key).await
+        }
+        async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
+            self.0.clear_if(key, tag).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+            self.0.list(prefix).await
+        }
+        async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
+            self.0.folders(prefix).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_version_write_sent_twice_is_one_version_not_a_conflict() {
+        let store = BucketStore::over(SentTwice::default(), "p", None);
+        let ws = WorkspaceId::new("acme", "twice").unwrap();
+        let state = |serial: u64| {
+            crate::NewState::parse(Bytes::from(format!(
+                r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"l-1","outputs":{{}},"resources":[]}}"#
+            )))
+            .unwrap()
+        };
+        let mut mode = PutMode::Create;
+        for serial in 1..=2 {
+            let info = store.put(&ws, state(serial), mode, None).await.unwrap();
+            assert_eq!(info.number, serial);
+            mode = PutMode::Update(store.current(&ws).await.unwrap().unwrap().token);
+        }
+        assert_eq!(store.versions(&ws).await.unwrap().len(), 2);
+        let PutMode::Update(last) = &mode else {
+            unreachable!()
+        };
+        store.delete_current(&ws, last, None).await.unwrap();
+        assert!(store.current(&ws).await.unwrap().is_none());
+        // Another writer's version at the same number is still a conflict.
+        let other = BucketStore::over(crate::memory::MemoryBucket::new(), "p", None);
+        other
+            .put(&ws, state(1), PutMode::Create, None)
+            .await
+            .unwrap();
+        let read = other.current(&ws).await.unwrap().unwrap().token;
+        let taken = other.version_key(&ws, 2);
+        other
+            .bucket
+            .put(
+                &taken,
+                Bytes::from_static(b"{}"),
+                HashMap::new(),
+                Condition::Absent,
+            )
+            .await
+            .unwrap();
+        let refused = other
+            .put(&ws, state(2), PutMode::Update(read), None)
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, StoreError::Conflict { .. }), "{refused}");
     }
 
     #[test]

@@ -122,6 +122,7 @@ pub async fn templates_bucket(
             .map_err(|e| format!("this service has no credentials of its own: {e}"))?
     };
     let storage = google_cloud_storage::client::Storage::builder()
+        .with_retry_policy(state_backends::gcs::retry_policy())
         .with_endpoint(&endpoint)
         .with_credentials(credentials.clone())
         .build()
@@ -149,6 +150,7 @@ impl App {
         let credentials =
             access::customer(target, Duration::from_secs(3600), self.config.anonymous)?;
         let storage = google_cloud_storage::client::Storage::builder()
+            .with_retry_policy(state_backends::gcs::retry_policy())
             .with_endpoint(&self.config.gcs_endpoint)
             .with_credentials(credentials.clone())
             .build()

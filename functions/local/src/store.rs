@@ -413,6 +413,7 @@ async fn gcs_store(gcs: &GcsUrl) -> anyhow::Result<state_backends::gcs::GcsStore
         }
     };
     let storage = google_cloud_storage::client::Storage::builder()
+        .with_retry_policy(state_backends::gcs::retry_policy())
         .with_endpoint(&endpoint)
         .with_credentials(credentials.clone())
         .build()
