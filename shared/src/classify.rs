@@ -16,6 +16,15 @@ const GENERIC: [&str; 2] = ["Error: execution halted", "Error: operation cancele
 
 /// Classifies a failed terraform step from its exit and its error lines.
 pub fn classify(step: &str, outcome: &Outcome) -> JobError {
+    classify_after(step, outcome, 0)
+}
+
+/// Classifies a failed terraform step during which the runner's state server answered
+/// `store_failures` of terraform's requests with 503, because the workspace's store failed:
+/// terraform then reports only that its backend gave up (`GET …/state giving up after 3
+/// attempt(s)`, `Error acquiring the state lock`), which reads like a broken configuration or a
+/// held lock, and is neither.
+pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> JobError {
     // Terraform adds its own "execution halted" to an interrupted run's diagnostics, before or
     // after the provider's: the provider's says more.
     let index = outcome
@@ -54,6 +63,12 @@ pub fn classify(step: &str, outcome: &Outcome) -> JobError {
         (
             Category::StateConflict,
             "the workspace's state changed after the plan was made, so it was not applied and nothing was written; run the job again to plan again from the current state",
+            true,
+        )
+    } else if store_failures > 0 {
+        (
+            Category::Transient,
+            "the workspace's state store failed while terraform read, locked or wrote its state through the runner (the runner's log has the store's error); running the job again may succeed",
             true,
         )
     } else if has(&[
@@ -299,6 +314,39 @@ mod tests {
         let e = classify("apply", &outcome);
         assert!(e.message.starts_with("Error: create cancelled"), "{e:?}");
         assert_eq!(e.address.as_deref(), Some("t.x"));
+    }
+
+    #[test]
+    fn a_backend_that_gave_up_because_the_store_failed_is_transient() {
+        let failed = |error: &str| Outcome {
+            exit_code: Some(1),
+            stdout: Vec::new(),
+            errors: vec![error.into()],
+            events: Default::default(),
+            interrupted: None,
+            duration: Duration::ZERO,
+        };
+        // terraform 1.11.4's words when the http backend's retries ran out.
+        let read = failed(
+            "Error: Error refreshing state: Failed to get state: GET http://127.0.0.1:44473/state giving up after 3 attempt(s)",
+        );
+        let lock = failed(
+            "Error: Error acquiring the state lock — Error message: Failed to lock: LOCK http://127.0.0.1:33331/state giving up after 3 attempt(s)",
+        );
+        // Without store failures the words alone decide (a broken init, a held lock).
+        assert_eq!(classify("init", &read).category, Category::Validation);
+        assert_eq!(classify("plan", &lock).category, Category::StateConflict);
+        for (step, outcome) in [("init", &read), ("plan", &lock)] {
+            let e = classify_after(step, outcome, 2);
+            assert_eq!(e.category, Category::Transient, "{e:?}");
+            assert!(e.retryable);
+            assert!(e.hint.contains("state store failed"), "{}", e.hint);
+        }
+        // A state terraform could not save keeps its own handling (errored.tfstate).
+        let save = failed("Error: Failed to save state: HTTP error: 503");
+        let e = classify_after("apply", &save, 3);
+        assert_eq!(e.category, Category::StateConflict);
+        assert!(!e.retryable);
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub struct Activity {
     pub refused: Vec<String>,
     /// Bytes of the last version accepted.
     pub state_bytes: Option<u64>,
+    /// Requests answered 503 because the store failed (it did not answer, or erred).
+    pub store_failures: u64,
 }
 
 /// What the server needs: the store, the workspace, the job's fence, the password terraform
@@ -337,10 +339,14 @@ async fn respond(shared: &Shared, method: &Method, result: Handled) -> Response 
                     )
                     .await;
             }
+            let mut activity = shared.activity.lock().unwrap_or_else(|e| e.into_inner());
             if refusal.status.is_client_error() && method.as_str() == "POST" {
-                let mut activity = shared.activity.lock().unwrap_or_else(|e| e.into_inner());
                 activity.refused.push(refusal.message.clone());
             }
+            if refusal.status == StatusCode::SERVICE_UNAVAILABLE {
+                activity.store_failures += 1;
+            }
+            drop(activity);
             refusal.into_response()
         }
     }

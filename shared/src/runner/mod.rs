@@ -19,7 +19,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::classify::classify;
+use crate::classify::classify_after;
 use crate::client::Client;
 use crate::cost;
 use crate::job::{OnFailure, Operation, RetryPolicy};

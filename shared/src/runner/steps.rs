@@ -175,15 +175,17 @@ impl Runner {
             )
             .await;
         let mut errors = Vec::new();
-        for attempt in 1..=3u64 {
+        // Each try with the wait before the next, if there is one.
+        let tries = || UNSAVED_WAITS.iter().copied().map(Some).chain([None]);
+        for wait in tries() {
             match self
                 .store
                 .put_artifact(s.ws, s.job_id, ERRORED_STATE, data.clone())
                 .await
             {
                 Ok(()) => break,
-                Err(e) if e.is_retryable() && attempt < 3 => {
-                    tokio::time::sleep(Duration::from_secs(attempt)).await;
+                Err(e) if e.is_retryable() && wait.is_some() => {
+                    tokio::time::sleep(wait.unwrap_or_default()).await;
                 }
                 Err(e) => {
                     // The workdir is kept so the file is not lost with it.
@@ -198,7 +200,7 @@ impl Runner {
             }
         }
         let mut pushed = false;
-        for attempt in 1..=3u64 {
+        for wait in tries() {
             match s.server.push(data.clone()).await {
                 Ok(version) => {
                     unsaved.pushed_as = version;
@@ -213,8 +215,8 @@ impl Runner {
                     break;
                 }
                 Err((why, retryable)) => {
-                    if retryable && attempt < 3 {
-                        tokio::time::sleep(Duration::from_secs(attempt)).await;
+                    if let Some(wait) = wait.filter(|_| retryable) {
+                        tokio::time::sleep(wait).await;
                         continue;
                     }
                     errors.push(format!("cannot push it: {why}"));
@@ -533,10 +535,23 @@ pub(super) fn read_own_file(path: &Path, cap: usize) -> Result<Option<Vec<u8>>, 
     Ok(Some(data))
 }
 
+/// The waits between tries of keeping and of pushing a state terraform could not save, while
+/// the store fails: 31 s in all, enough to ride out a short outage of the store (the push
+/// stops at once when the lease is lost: the heartbeat fences the job before it expires).
+const UNSAVED_WAITS: [Duration; 5] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(16),
+];
+
 /// A finished step and its outcome.
 pub(super) struct Ran {
     pub(super) step: &'static str,
     pub(super) outcome: Outcome,
+    /// terraform's requests the state server answered 503 during the step: the store failed.
+    pub(super) store_failures: u64,
 }
 
 impl std::ops::Deref for Ran {
@@ -552,7 +567,11 @@ impl Ran {
         if self.outcome.success() {
             return Ok(self.outcome);
         }
-        Err(classify(self.step, &self.outcome))
+        Err(classify_after(
+            self.step,
+            &self.outcome,
+            self.store_failures,
+        ))
     }
 }
 
@@ -581,6 +600,7 @@ impl Steps<'_> {
             return Err(internal(step, "stopped before the step started".into()));
         }
         self.logger.runner(step, &format!("terraform {step}")).await;
+        let failures_before = self.server.activity().store_failures;
         let span = tracing::info_span!("step", step);
         let outcome = terraform::run(self.config, self.dir, command, self.logger, self.stop)
             .instrument(span.clone())
@@ -608,7 +628,12 @@ impl Steps<'_> {
             duration_ms,
             exit_code: outcome.exit_code,
         });
-        Ok(Ran { step, outcome })
+        let store_failures = self.server.activity().store_failures - failures_before;
+        Ok(Ran {
+            step,
+            outcome,
+            store_failures,
+        })
     }
 }
 
