@@ -9,6 +9,7 @@ pub mod aws;
 pub mod azure;
 pub mod counted;
 pub mod failing;
+pub mod fault_proxy;
 pub mod gcp;
 pub mod gcs;
 pub mod http;

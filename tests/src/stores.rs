@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use state_backends::StateStore;
+use state_backends::{StateStore, WorkspaceId};
 
 /// The kinds of store, in the order the tests report them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,3 +157,41 @@ pub const ALL: [Kind; 5] = [
     Kind::Gcs,
     Kind::AzureBlob,
 ];
+
+/// Every accepted version of a workspace, number and bytes.
+pub async fn history(store: &dyn StateStore, ws: &WorkspaceId) -> Vec<(u64, Vec<u8>)> {
+    let mut all = Vec::new();
+    for v in store.versions(ws).await.unwrap() {
+        all.push((
+            v.number,
+            store.version(ws, v.number).await.unwrap().to_vec(),
+        ));
+    }
+    all
+}
+
+/// The history is unbroken: numbered 1..n, every version a state of one lineage, serials
+/// growing.
+pub fn assert_unbroken(history: &[(u64, Vec<u8>)], what: &str) {
+    let numbers: Vec<u64> = history.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        numbers,
+        (1..=history.len() as u64).collect::<Vec<_>>(),
+        "{what}: numbering has a gap"
+    );
+    let mut last: Option<(String, u64)> = None;
+    for (number, data) in history {
+        let state: serde_json::Value = serde_json::from_slice(data)
+            .unwrap_or_else(|e| panic!("{what}: version {number} is not a state: {e}"));
+        let lineage = state["lineage"].as_str().unwrap().to_owned();
+        let serial = state["serial"].as_u64().unwrap();
+        if let Some((l, s)) = &last {
+            assert_eq!(l, &lineage, "{what}: version {number} changed the lineage");
+            assert!(
+                serial > *s,
+                "{what}: version {number} has serial {serial}, not above {s}"
+            );
+        }
+        last = Some((lineage, serial));
+    }
+}

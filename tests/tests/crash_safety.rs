@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use state_backends::{StateStore, WorkspaceId};
-use tests::stores::{Kind, Under};
+use tests::stores::{Kind, Under, assert_unbroken, history};
 use tests::{Sandbox, children_of, demo_job};
 
 /// What makes the test kill the runner.
@@ -236,44 +236,6 @@ fn alive(pid: u32) -> bool {
             Some(state != "Z" && state != "X")
         })
         .unwrap_or(false)
-}
-
-/// Every accepted version of a workspace, number and bytes.
-async fn history(store: &dyn StateStore, ws: &WorkspaceId) -> Vec<(u64, Vec<u8>)> {
-    let mut all = Vec::new();
-    for v in store.versions(ws).await.unwrap() {
-        all.push((
-            v.number,
-            store.version(ws, v.number).await.unwrap().to_vec(),
-        ));
-    }
-    all
-}
-
-/// The history is unbroken: numbered 1..n, every version a state of one lineage, serials
-/// growing.
-fn assert_unbroken(history: &[(u64, Vec<u8>)], what: &str) {
-    let numbers: Vec<u64> = history.iter().map(|(n, _)| *n).collect();
-    assert_eq!(
-        numbers,
-        (1..=history.len() as u64).collect::<Vec<_>>(),
-        "{what}: numbering has a gap"
-    );
-    let mut last: Option<(String, u64)> = None;
-    for (number, data) in history {
-        let state: Value = serde_json::from_slice(data)
-            .unwrap_or_else(|e| panic!("{what}: version {number} is not a state: {e}"));
-        let lineage = state["lineage"].as_str().unwrap().to_owned();
-        let serial = state["serial"].as_u64().unwrap();
-        if let Some((l, s)) = &last {
-            assert_eq!(l, &lineage, "{what}: version {number} changed the lineage");
-            assert!(
-                serial > *s,
-                "{what}: version {number} has serial {serial}, not above {s}"
-            );
-        }
-        last = Some((lineage, serial));
-    }
 }
 
 async fn artifact(store: &dyn StateStore, ws: &WorkspaceId, job: &str, name: &str) -> Value {

@@ -1,0 +1,339 @@
+//! A fault-injecting HTTP proxy between a runner and an emulator: real HTTP on loopback, every
+//! request forwarded to the emulator unless a fault is drawn for it. At a set rate it delays a
+//! request, resets the connection before or after the emulator saw the request (the second is
+//! the hard case: the change landed but its answer was lost), answers 500 or 503, or throttles
+//! in the cloud's own words (S3 `SlowDown`, DynamoDB `ThrottlingException`, GCS 429, Azure
+//! `ServerBusy`). [`FaultProxy::partition`] drops every request for a while.
+//!
+//! Faults are drawn from a seeded generator, so a run can be repeated (the order requests
+//! arrive in still varies).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// What a drawn fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Forwarded after a pause of 50 to 500 ms.
+    Delay,
+    /// The connection is dropped before the request is forwarded: nothing happened.
+    ResetBefore,
+    /// Forwarded, the emulator answered, then the connection is dropped: what was asked may
+    /// have happened, and the client cannot know.
+    ResetAfter,
+    /// 500, not forwarded.
+    InternalError,
+    /// 503, not forwarded.
+    Unavailable,
+    /// The cloud's throttling answer, not forwarded.
+    Throttled,
+}
+
+const KINDS: [Fault; 6] = [
+    Fault::Delay,
+    Fault::ResetBefore,
+    Fault::ResetAfter,
+    Fault::InternalError,
+    Fault::Unavailable,
+    Fault::Throttled,
+];
+
+/// Which cloud's words the faults are in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cloud {
+    /// S3 (XML) and DynamoDB (JSON, told apart by `x-amz-target`).
+    Aws,
+    Gcs,
+    Azure,
+}
+
+/// What the proxy did.
+#[derive(Debug, Default)]
+pub struct Counts {
+    requests: AtomicU64,
+    faults: [AtomicU64; 6],
+    partitioned: AtomicU64,
+}
+
+impl Counts {
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    pub fn of(&self, fault: Fault) -> u64 {
+        let i = KINDS.iter().position(|k| *k == fault).expect("a kind");
+        self.faults[i].load(Ordering::Relaxed)
+    }
+
+    /// Every fault, partitions included.
+    pub fn faults(&self) -> u64 {
+        self.faults
+            .iter()
+            .map(|f| f.load(Ordering::Relaxed))
+            .sum::<u64>()
+            + self.partitioned()
+    }
+
+    /// Requests dropped by a partition.
+    pub fn partitioned(&self) -> u64 {
+        self.partitioned.load(Ordering::Relaxed)
+    }
+
+    /// One line: every count.
+    pub fn summary(&self) -> String {
+        let faults: Vec<String> = KINDS
+            .iter()
+            .map(|k| format!("{k:?} {}", self.of(*k)))
+            .collect();
+        format!(
+            "{} requests, {} faults ({}, partitioned {})",
+            self.requests(),
+            self.faults(),
+            faults.join(", "),
+            self.partitioned()
+        )
+    }
+}
+
+struct Shared {
+    upstream: String,
+    authority: String,
+    cloud: Cloud,
+    rate: f64,
+    rng: Mutex<StdRng>,
+    partition_until: Mutex<Option<Instant>>,
+    counts: Counts,
+    client: Client<HttpConnector, Incoming>,
+}
+
+/// The proxy, serving until dropped.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy on 127.0.0.1 in front of `upstream` (`http://HOST:PORT`), drawing a
+    /// fault for `rate` of the requests (0.3: 30 %) from `seed`.
+    pub async fn start(upstream: &str, cloud: Cloud, rate: f64, seed: u64) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port for the proxy");
+        let addr = listener.local_addr().expect("its address");
+        let upstream = upstream.trim_end_matches('/').to_owned();
+        let authority = upstream
+            .split_once("://")
+            .map_or(upstream.as_str(), |(_, rest)| rest)
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let shared = Arc::new(Shared {
+            upstream,
+            authority,
+            cloud,
+            rate,
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            partition_until: Mutex::new(None),
+            counts: Counts::default(),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        });
+        let serving = shared.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let shared = serving.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        let shared = shared.clone();
+                        async move { shared.handle(request).await }
+                    });
+                    // A handler's error drops the connection: that is how a reset is made.
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, shared, task }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn counts(&self) -> &Counts {
+        &self.shared.counts
+    }
+
+    /// Every request for the next `length` is dropped, as if the network were cut.
+    pub fn partition(&self, length: Duration) {
+        *self.shared.partition_until.lock().expect("not poisoned") = Some(Instant::now() + length);
+    }
+}
+
+/// Why a connection was dropped (never seen by the client: it sees the connection close).
+#[derive(Debug)]
+struct Dropped;
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("dropped by the fault proxy")
+    }
+}
+
+impl std::error::Error for Dropped {}
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+impl Shared {
+    fn draw(&self) -> (Option<Fault>, u64) {
+        let mut rng = self.rng.lock().expect("not poisoned");
+        let fault =
+            (rng.random::<f64>() < self.rate).then(|| KINDS[rng.random_range(0..KINDS.len())]);
+        (fault, rng.random_range(50..=500))
+    }
+
+    fn count(&self, fault: Fault) {
+        let i = KINDS.iter().position(|k| *k == fault).expect("a kind");
+        self.counts.faults[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn handle(&self, mut request: Request<Incoming>) -> Result<Response<Body>, Dropped> {
+        self.counts.requests.fetch_add(1, Ordering::Relaxed);
+        let partitioned = self
+            .partition_until
+            .lock()
+            .expect("not poisoned")
+            .is_some_and(|until| Instant::now() < until);
+        if partitioned {
+            self.counts.partitioned.fetch_add(1, Ordering::Relaxed);
+            return Err(Dropped);
+        }
+        let (fault, pause_ms) = self.draw();
+        if let Some(fault) = fault {
+            self.count(fault);
+        }
+        match fault {
+            Some(Fault::ResetBefore) => return Err(Dropped),
+            Some(fault @ (Fault::InternalError | Fault::Unavailable | Fault::Throttled)) => {
+                return Ok(self.answer(&request, fault));
+            }
+            Some(Fault::Delay) => tokio::time::sleep(Duration::from_millis(pause_ms)).await,
+            Some(Fault::ResetAfter) | None => {}
+        }
+        let path = request
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        *request.uri_mut() = format!("{}{path}", self.upstream)
+            .parse()
+            .expect("an upstream URI");
+        request.headers_mut().insert(
+            hyper::header::HOST,
+            self.authority.parse().expect("a host header"),
+        );
+        let answer = self.client.request(request).await.map_err(|_| Dropped)?;
+        if fault == Some(Fault::ResetAfter) {
+            // Read the whole answer, so the emulator is done, then lose it.
+            let _ = answer.into_body().collect().await;
+            return Err(Dropped);
+        }
+        Ok(answer.map(BodyExt::boxed))
+    }
+
+    /// An error answer in the cloud's words, for a fault that is not forwarded.
+    fn answer(&self, request: &Request<Incoming>, fault: Fault) -> Response<Body> {
+        const DYNAMODB: &str = "com.amazonaws.dynamodb.v20120810#";
+        let dynamodb = request.headers().contains_key("x-amz-target");
+        let (status, code, message) = match fault {
+            Fault::Throttled => match self.cloud {
+                Cloud::Aws if dynamodb => (
+                    400,
+                    "ThrottlingException",
+                    "Rate of requests exceeds the allowed throughput.",
+                ),
+                Cloud::Aws => (503, "SlowDown", "Please reduce your request rate."),
+                Cloud::Gcs => (
+                    429,
+                    "rateLimitExceeded",
+                    "The rate of change requests to the object is too high.",
+                ),
+                Cloud::Azure => (
+                    503,
+                    "ServerBusy",
+                    "The server is currently unable to receive requests. Please retry your request.",
+                ),
+            },
+            Fault::Unavailable => match self.cloud {
+                Cloud::Gcs => (503, "backendError", "Backend Error"),
+                _ => (
+                    503,
+                    "ServiceUnavailable",
+                    "Service is unable to handle request.",
+                ),
+            },
+            _ => match self.cloud {
+                Cloud::Aws if dynamodb => (500, "InternalServerError", "Internal server error"),
+                Cloud::Gcs => (500, "backendError", "Backend Error"),
+                _ => (
+                    500,
+                    "InternalError",
+                    "We encountered an internal error. Please try again.",
+                ),
+            },
+        };
+        let (content_type, body) = match self.cloud {
+            Cloud::Aws if dynamodb => (
+                "application/x-amz-json-1.0",
+                serde_json::json!({ "__type": format!("{DYNAMODB}{code}"), "message": message }).to_string(),
+            ),
+            Cloud::Gcs => (
+                "application/json",
+                serde_json::json!({ "error": { "code": status, "message": message, "errors": [{ "reason": code, "message": message }] } }).to_string(),
+            ),
+            Cloud::Aws | Cloud::Azure => (
+                "application/xml",
+                format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{message}</Message></Error>"),
+            ),
+        };
+        let mut answer = Response::builder()
+            .status(StatusCode::from_u16(status).expect("a status"))
+            .header(hyper::header::CONTENT_TYPE, content_type);
+        if self.cloud == Cloud::Azure {
+            answer = answer.header("x-ms-error-code", code);
+        }
+        answer
+            .body(
+                Full::new(Bytes::from(body))
+                    .map_err(|never: Infallible| match never {})
+                    .boxed(),
+            )
+            .expect("an answer")
+    }
+}

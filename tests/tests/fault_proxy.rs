@@ -1,0 +1,231 @@
+//! Jobs through a faulty network: `terrace run` reaches S3 and DynamoDB (moto), GCS
+//! (fake-gcs-server) and Azure Blob (Azurite) through a proxy that, for 30 % of requests,
+//! delays, resets the connection (before the emulator sees the request, or after it answered),
+//! answers 500 or 503, or throttles; and cuts the network entirely for 5 s while the batch
+//! runs (`tests::fault_proxy`).
+//!
+//! A batch of jobs (3 workspaces, 3 applies each: create, resize, rename) runs as a platform
+//! would run it: a job that fails is submitted again as a new job, a run that could not reach
+//! the store is delivered again, and a state terraform could not save, which the runner kept
+//! but could not push, is pushed (`terrace state push --from-run`) before the next job. Afterwards, on each store: every job's change landed, no state
+//! version was lost (the history unbroken: numbers 1..n, one lineage, serials growing), the
+//! test cloud holds each workspace's resources exactly once, no lease is left, and every
+//! failure said it may pass when tried again. Attempts, faults and time are printed
+//! (`--nocapture`) for docs/RELIABILITY.md.
+//!
+//! `TERRACE_FAULT_RATE` (0.3), `TERRACE_FAULT_SEED` (1) and `TERRACE_FAULT_WORKSPACES` (3)
+//! change the run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use state_backends::{StateStore, WorkspaceId};
+use tests::fault_proxy::{Cloud, FaultProxy};
+use tests::stores::{Kind, Under, assert_unbroken, history};
+use tests::{Sandbox, demo_job};
+
+fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The applies each workspace gets, in order: (cluster, nodes).
+const STEPS: [(&str, u32); 3] = [("alpha", 1), ("alpha", 2), ("bravo", 2)];
+
+/// What one workspace's jobs cost.
+#[derive(Debug, Default)]
+struct Tally {
+    /// `terrace run` invocations.
+    runs: usize,
+    /// Jobs that failed and were submitted again as new jobs (their error messages).
+    failed: Vec<String>,
+    /// Runs that could not reach the store (exit 70) or found the workspace busy (75).
+    again: usize,
+    /// States terraform could not save, kept by the runner and pushed afterwards.
+    pushed: usize,
+}
+
+async fn result(store: &dyn StateStore, ws: &WorkspaceId, job: &str) -> Option<Value> {
+    let raw = store.artifact(ws, job, "result.json").await.ok()??;
+    serde_json::from_slice(&raw).ok()
+}
+
+/// Runs the workspace's applies in order, each until it succeeds, as a platform would.
+async fn workspace(sb: Arc<Sandbox>, store: Arc<dyn StateStore>, w: usize) -> Tally {
+    let name = format!("faults{w}");
+    let ws = WorkspaceId::new("acme", &name).unwrap();
+    let mut tally = Tally::default();
+    let give_up = Instant::now() + Duration::from_secs(600);
+    for (step, (cluster, nodes)) in STEPS.iter().enumerate() {
+        let cluster = format!("{cluster}{w}");
+        let mut submission = 0;
+        loop {
+            let id = format!("w{w}s{step}j{submission}");
+            let job = sb.job(
+                &format!("{id}.yaml"),
+                &demo_job(&id, &name, "apply", &cluster, *nodes),
+            );
+            let sb2 = sb.clone();
+            let run = tokio::task::spawn_blocking(move || {
+                sb2.run(&["run", "-q", "--wait", "120", job.to_str().unwrap()])
+            })
+            .await
+            .unwrap();
+            tally.runs += 1;
+            assert!(
+                Instant::now() < give_up,
+                "{name}: still failing after 10 minutes: {}",
+                run.stderr()
+            );
+            match run.code() {
+                0 => break,
+                // The store could not be reached, or the lease is still held by a run the
+                // network cut off: deliver the same job again.
+                70 | 75 => tally.again += 1,
+                1 => {
+                    let r = result(&*store, &ws, &id)
+                        .await
+                        .unwrap_or_else(|| panic!("{id} failed with no result: {}", run.stderr()));
+                    if r["status"] == "interrupted" {
+                        tally.again += 1;
+                        continue;
+                    }
+                    // terraform could not save its state and the runner could not push it
+                    // before giving up: the kept state is pushed, as its hint says, before
+                    // anything else runs in the workspace.
+                    if r["unsaved_state"]["artifact"].is_string()
+                        && r["unsaved_state"]["pushed_as"].is_null()
+                    {
+                        let ws_name = format!("acme/{name}");
+                        loop {
+                            let sb2 = sb.clone();
+                            let (ws_name, run_id) = (ws_name.clone(), id.clone());
+                            let push = tokio::task::spawn_blocking(move || {
+                                sb2.run(&["state", "push", &ws_name, "--from-run", &run_id])
+                            })
+                            .await
+                            .unwrap();
+                            if push.code() == 0 {
+                                break;
+                            }
+                            assert!(
+                                Instant::now() < give_up,
+                                "{id}: the kept state was never pushed: {}",
+                                push.stderr()
+                            );
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        tally.pushed += 1;
+                        submission += 1;
+                        continue;
+                    }
+                    assert_eq!(
+                        r["error"]["retryable"], true,
+                        "{id} failed in a way that says trying again will not help: {r}"
+                    );
+                    tally.failed.push(format!(
+                        "{}: {}",
+                        r["error"]["category"].as_str().unwrap_or("?"),
+                        r["error"]["message"].as_str().unwrap_or("?")
+                    ));
+                    submission += 1;
+                }
+                code => panic!("{id}: exit {code}: {}{}", run.stdout(), run.stderr()),
+            }
+        }
+    }
+    tally
+}
+
+async fn batch(kind: Kind, cloud: Cloud, upstream: &str) {
+    let rate: f64 = setting("TERRACE_FAULT_RATE", 0.3);
+    let seed: u64 = setting("TERRACE_FAULT_SEED", 1);
+    let workspaces: usize = setting("TERRACE_FAULT_WORKSPACES", 3);
+    let proxy = FaultProxy::start(upstream, cloud, rate, seed).await;
+    let mut sb = Sandbox::new();
+    let under = Under::new(kind, &sb.store, "faults", Some(&proxy.url())).await;
+    under.use_in(&mut sb);
+    let sb = Arc::new(sb);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workspaces)
+        .map(|w| tokio::spawn(workspace(sb.clone(), under.store.clone(), w)))
+        .collect();
+    // The network is cut for 5 s once the batch is under way.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    proxy.partition(Duration::from_secs(5));
+    let mut tallies = Vec::new();
+    for t in tasks {
+        tallies.push(t.await.unwrap());
+    }
+    let took = started.elapsed();
+    let counts = proxy.counts();
+
+    let mut versions = 0;
+    for w in 0..workspaces {
+        let ws = WorkspaceId::new("acme", &format!("faults{w}")).unwrap();
+        let what = format!("{} {ws}", kind.name());
+        let all = history(&*under.store, &ws).await;
+        assert_unbroken(&all, &what);
+        versions += all.len();
+        // The last apply's change is what the store holds.
+        let (_, last) = all.last().expect("versions");
+        let state: Value = serde_json::from_slice(last).unwrap();
+        assert_eq!(
+            state["outputs"]["endpoint"]["value"],
+            format!("https://bravo{w}.eu-west-1.testcloud.local"),
+            "{what}"
+        );
+        assert!(
+            under.store.lease(&ws).await.unwrap().is_none(),
+            "{what}: a lease was left"
+        );
+    }
+    // Each workspace's cluster and network exist once: nothing made twice, nothing left over.
+    let mut expected: Vec<String> = (0..workspaces)
+        .flat_map(|w| [format!("bravo{w}"), format!("bravo{w}-net")])
+        .collect();
+    expected.sort();
+    assert_eq!(sb.cloud_names(), expected, "{}", kind.name());
+    assert!(
+        counts.faults() > 0,
+        "{}: the proxy injected no fault ({}), so this proved nothing",
+        kind.name(),
+        counts.summary()
+    );
+
+    let runs: usize = tallies.iter().map(|t| t.runs).sum();
+    let again: usize = tallies.iter().map(|t| t.again).sum();
+    let pushed: usize = tallies.iter().map(|t| t.pushed).sum();
+    let failed: Vec<&String> = tallies.iter().flat_map(|t| &t.failed).collect();
+    println!(
+        "faults {}: {} jobs succeeded in {:.1} s with {runs} runs ({} failed jobs submitted again, {again} runs delivered again, {pushed} kept states pushed); {versions} versions, 0 lost; proxy: {}",
+        kind.name(),
+        workspaces * STEPS.len(),
+        took.as_secs_f64(),
+        failed.len(),
+        counts.summary()
+    );
+    for f in failed {
+        println!("  failed, submitted again: {f}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jobs_on_s3_and_dynamodb_survive_a_faulty_network() {
+    batch(Kind::S3DynamoDb, Cloud::Aws, &tests::aws::moto()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jobs_on_gcs_survive_a_faulty_network() {
+    batch(Kind::Gcs, Cloud::Gcs, &tests::gcs::endpoint()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jobs_on_azure_blob_survive_a_faulty_network() {
+    let blob = tests::azure::blob_endpoint();
+    let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
+    batch(Kind::AzureBlob, Cloud::Azure, origin).await;
+}
