@@ -519,7 +519,41 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
              template: {{ name: leaky, version: 1.0.0 }}\nvariables: {{ name: leaky, token: {token} }}\n"
         ),
     );
+    // While the job runs, every process's command line and environment (what `ps` and
+    // `ps e` show) is read every few milliseconds: the secret must be in none of them.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let (mut samples, mut terraform_seen, mut leaks) = (0, false, Vec::new());
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let dir = entry.path();
+                    for what in ["cmdline", "environ"] {
+                        let Ok(raw) = std::fs::read(dir.join(what)) else {
+                            continue;
+                        };
+                        let text = String::from_utf8_lossy(&raw).replace('\0', " ");
+                        terraform_seen |= what == "cmdline" && text.contains("terraform apply");
+                        if text.contains(token) {
+                            leaks.push(format!("{} {what}: {text}", dir.display()));
+                        }
+                    }
+                }
+                samples += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            (samples, terraform_seen, leaks)
+        })
+    };
     let run = sb.run(&["run", job.to_str().unwrap()]);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (samples, terraform_seen, leaks) = sampler.join().unwrap();
+    assert!(leaks.is_empty(), "the secret is in a process listing: {leaks:?}");
+    assert!(
+        terraform_seen,
+        "no sample of {samples} caught terraform apply running, so the listings proved nothing"
+    );
     run.expect_code(0);
     // Terraform printed the secret (plan, apply, outputs); Terrace masked every occurrence.
     assert!(
