@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-state-server bench-sealing fuzz clean
+.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-state-server bench-sealing fuzz clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -39,7 +39,7 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 
 ci: test test-images check-deploy lint deny
 
-bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-templates ## the benchmarks
+bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
@@ -58,6 +58,9 @@ bench-s3: tools ## terraform's s3 backend vs Terrace's S3 + DynamoDB store, agai
 
 bench-templates: tools ## what reading a job's template from a bucket costs, against moto
 	benches/template-fetch.sh
+
+bench-cold-start: tools ## terrace-aws's start to its first Runtime API poll, against a minimal lambda_runtime function
+	benches/cold-start.sh
 
 fuzz: ## each fuzz target for FUZZ_SECONDS (30) with cargo-fuzz (nightly), growing fuzz/corpus
 	scripts/fuzz.sh $(or $(FUZZ_SECONDS),30)

@@ -549,7 +549,10 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
     let run = sb.run(&["run", job.to_str().unwrap()]);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let (samples, terraform_seen, leaks) = sampler.join().unwrap();
-    assert!(leaks.is_empty(), "the secret is in a process listing: {leaks:?}");
+    assert!(
+        leaks.is_empty(),
+        "the secret is in a process listing: {leaks:?}"
+    );
     assert!(
         terraform_seen,
         "no sample of {samples} caught terraform apply running, so the listings proved nothing"
