@@ -68,7 +68,6 @@ terrace_env = dict(lambda_env, **{
     "TERRACE_CACHE_DIR": os.path.join(work, "cache"),
     "TERRACE_TEMPLATE_CACHE": os.path.join(work, "template-cache"),
     "TERRACE_RESULTS_QUEUE_URL": "http://127.0.0.1:9/results",
-    "TERRACE_LOG": "warn",
 })
 
 def once(binary, env):

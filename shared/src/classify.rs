@@ -20,10 +20,11 @@ pub fn classify(step: &str, outcome: &Outcome) -> JobError {
 }
 
 /// Classifies a failed terraform step during which the runner's state server answered
-/// `store_failures` of terraform's requests with 503, because the workspace's store failed:
-/// terraform then reports only that its backend gave up (`GET …/state giving up after 3
-/// attempt(s)`, `Error acquiring the state lock`), which reads like a broken configuration or a
-/// held lock, and is neither.
+/// `store_failures` of terraform's requests with 503, because the workspace's store failed with
+/// an error that may pass. When terraform's error is then its backend giving up (`GET …/state
+/// giving up after 3 attempt(s)`, `Failed to lock`), which reads like a broken configuration
+/// or a held lock, it is the store's: transient. Any other error (a provider's, a state
+/// terraform could not save) keeps its own category.
 pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> JobError {
     // Terraform adds its own "execution halted" to an interrupted run's diagnostics, before or
     // after the provider's: the provider's says more.
@@ -65,7 +66,14 @@ pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> Job
             "the workspace's state changed after the plan was made, so it was not applied and nothing was written; run the job again to plan again from the current state",
             true,
         )
-    } else if store_failures > 0 {
+    } else if store_failures > 0
+        && has(&[
+            "giving up after",
+            "failed to get state",
+            "failed to lock",
+            "failed to unlock",
+        ])
+    {
         (
             Category::Transient,
             "the workspace's state store failed while terraform read, locked or wrote its state through the runner (the runner's log has the store's error); running the job again may succeed",
@@ -342,6 +350,14 @@ mod tests {
             assert!(e.retryable);
             assert!(e.hint.contains("state store failed"), "{}", e.hint);
         }
+        // A provider's error after a 503 terraform got past keeps its category.
+        let conflict = failed(
+            "Error: resource already exists: testcloud_network \"c\" (id net-1) — on main.tf line 17, in resource \"testcloud_network\" \"n\":",
+        );
+        let e = classify_after("apply", &conflict, 1);
+        assert_eq!(e.category, Category::ProviderConflict, "{e:?}");
+        let denied = failed("Error: AccessDenied: not authorized to create the bucket");
+        assert_eq!(classify_after("apply", &denied, 1).category, Category::Auth);
         // A state terraform could not save keeps its own handling (errored.tfstate).
         let save = failed("Error: Failed to save state: HTTP error: 503");
         let e = classify_after("apply", &save, 3);

@@ -60,7 +60,8 @@ pub struct Activity {
     pub refused: Vec<String>,
     /// Bytes of the last version accepted.
     pub state_bytes: Option<u64>,
-    /// Requests answered 503 because the store failed (it did not answer, or erred).
+    /// Requests answered 503 because the store failed with an error that may pass (it did
+    /// not answer, throttled, broke the connection).
     pub store_failures: u64,
 }
 
@@ -343,7 +344,7 @@ async fn respond(shared: &Shared, method: &Method, result: Handled) -> Response 
             if refusal.status.is_client_error() && method.as_str() == "POST" {
                 activity.refused.push(refusal.message.clone());
             }
-            if refusal.status == StatusCode::SERVICE_UNAVAILABLE {
+            if refusal.store_may_pass {
                 activity.store_failures += 1;
             }
             drop(activity);
@@ -380,6 +381,8 @@ struct Refusal {
     status: StatusCode,
     message: String,
     body: Option<serde_json::Value>,
+    /// The store failed with an error that may pass (counted in [`Activity::store_failures`]).
+    store_may_pass: bool,
 }
 
 impl Refusal {
@@ -388,6 +391,7 @@ impl Refusal {
             status,
             message: message.into(),
             body: None,
+            store_may_pass: false,
         }
     }
 
@@ -401,7 +405,10 @@ impl Refusal {
         if status == StatusCode::SERVICE_UNAVAILABLE {
             // Internals (paths, backend messages) go to our log, not to the client.
             tracing::error!(error = %e, "state store failed");
-            return Self::new(status, "the state store failed; see the runner's log");
+            return Self {
+                store_may_pass: e.is_retryable(),
+                ..Self::new(status, "the state store failed; see the runner's log")
+            };
         }
         Self::new(status, e.to_string())
     }

@@ -705,6 +705,12 @@ impl LeaseKeeper for BlobLeases {
                     if self.write(&key, &current, &id, tag.as_deref()).await? {
                         return Ok(lease);
                     }
+                    // The client sent the write again after its answer was lost, and the first
+                    // try landed: the record holds this very lease (its time to the
+                    // nanosecond), under this blob lease.
+                    if self.read(&key).await?.0.record.held.as_ref() == Some(&lease) {
+                        return Ok(lease);
+                    }
                     // Broken by another taker between our take and our write.
                     self.give_back(&key, &id).await;
                     pause(attempt).await;

@@ -104,13 +104,14 @@ fn backend_error(message: String, retryable: bool) -> StoreError {
 }
 
 fn client_error(what: &str, e: &google_cloud_storage::Error) -> StoreError {
-    // A connection that broke mid-request (`is_io`, `is_transport`) may have done what was
-    // asked or not: the caller's checks (generations, the history) tell, so trying again is
-    // safe. `is_exhausted`: the client's own retries of such errors ran out.
+    // A connection that broke mid-request, with no answer (`is_io`, or the transport's error
+    // without a status), may have done what was asked or not: the caller's checks
+    // (generations, the history) tell, so trying again is safe. A transport error with a
+    // status is the status's. `is_exhausted`: the client's own retries ran out.
     let retryable = e.is_timeout()
         || e.is_connect()
         || e.is_io()
-        || e.is_transport()
+        || (e.is_transport() && e.http_status_code().is_none())
         || e.is_exhausted()
         || e.http_status_code()
             .is_some_and(|c| c >= 500 || c == 429 || c == 408);

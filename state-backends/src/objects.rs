@@ -353,16 +353,19 @@ impl<B: Bucket> BucketStore<B> {
         check_put(ws, &record, current.as_ref(), mode, fence)?;
         let next = self.successor(ws, number)?;
         let key = self.version_key(ws, next);
+        // This write's own mark, to know it again below.
+        let mut metadata = metadata;
+        let write_id = format!("{:032x}", rand::random::<u128>());
+        metadata.insert(META_WRITE.to_owned(), write_id.clone());
         if !self
             .bucket
-            .put(&key, data, metadata.clone(), Condition::Absent)
+            .put(&key, data, metadata, Condition::Absent)
             .await?
         {
             // A client that lost the answer to this very write and sent it again finds the
-            // version taken, by itself. The same facts (the content's digest and the commit's
-            // time, or a deletion) say the first try landed: the version is this write's.
+            // version taken, by itself: the version carries this write's mark, and is its.
             let landed = self.bucket.head(&key).await?;
-            if landed.is_some_and(|facts| metadata.iter().all(|(k, v)| facts.get(k) == Some(v))) {
+            if landed.is_some_and(|facts| facts.get(META_WRITE) == Some(&write_id)) {
                 return Ok(next);
             }
             return Err(StoreError::Conflict {
@@ -402,8 +405,18 @@ impl<B: Bucket> BucketStore<B> {
         mut change: impl FnMut(&mut LeaseRecord) -> Result<(T, bool)> + Send,
     ) -> Result<T> {
         let key = self.key(ws, "lease.json");
+        // The record last written and its answer, when the write's condition failed.
+        let mut tried: Option<(LeaseRecord, T)> = None;
         for _ in 0..20 {
             let (mut record, tag) = self.lock_object(ws).await?;
+            // A client that lost the answer to a write and sent it again finds the object
+            // changed, by that very write: the record it wrote is there (a lease carries its
+            // time to the nanosecond, so no other writer's record is the same).
+            if let Some((wrote, answer)) = tried.take()
+                && record == wrote
+            {
+                return Ok(answer);
+            }
             let (answer, write) = change(&mut record)?;
             if !write {
                 return Ok(answer);
@@ -420,6 +433,7 @@ impl<B: Bucket> BucketStore<B> {
             {
                 return Ok(answer);
             }
+            tried = Some((record, answer));
         }
         Err(self.gave_up(&key))
     }
@@ -456,6 +470,8 @@ const META_SERIAL: &str = "terrace-serial";
 const META_LINEAGE: &str = "terrace-lineage";
 const META_SHA256: &str = "terrace-sha256";
 const META_CREATED: &str = "terrace-created";
+/// A random mark of the write that made a version (state or deletion), unique to it.
+const META_WRITE: &str = "terrace-write";
 
 fn is_deleted(meta: &HashMap<String, String>) -> bool {
     meta.get(META_KIND).is_some_and(|k| k == "deleted")
@@ -874,7 +890,7 @@ mod tests {
         assert_eq!(version_number("p/t/w/versions/notes.txt"), None);
     }
 
-    /// A bucket whose every version write is sent twice, as a client does when the answer to
+    /// A bucket whose every version and lock-object write is sent twice, as a client does when the answer to
     /// the first is lost: the first lands, the second finds the version taken.
     #[derive(Clone, Debug, Default)]
     struct SentTwice(crate::memory::MemoryBucket);
@@ -897,7 +913,7 @@ mod tests {
             metadata: HashMap<String, String>,
             condition: Condition<'_>,
         ) -> Result<bool> {
-            if key.contains("/versions/") {
+            if key.contains("/versions/") || key.ends_with("/lease.json") {
                 let first = self
                     .0
                     .put(key, data.clone(), metadata.clone(), condition)
@@ -929,7 +945,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_version_write_sent_twice_is_one_version_not_a_conflict() {
+    async fn writes_sent_twice_are_one_version_and_one_lease_not_a_conflict() {
         let store = BucketStore::over(SentTwice::default(), "p", None);
         let ws = WorkspaceId::new("acme", "twice").unwrap();
         let state = |serial: u64| {
@@ -945,12 +961,52 @@ mod tests {
             mode = PutMode::Update(store.current(&ws).await.unwrap().unwrap().token);
         }
         assert_eq!(store.versions(&ws).await.unwrap().len(), 2);
+        // The lease too: taken, renewed and let go with every write sent twice, never found
+        // held by itself.
+        let request = crate::LeaseRequest {
+            owner: "job-1".into(),
+            ttl: Duration::from_secs(60),
+            info: serde_json::Value::Null,
+        };
+        let lease = store.acquire_lease(&ws, &request).await.unwrap();
+        assert_eq!(lease.fence, 1);
+        let renewed = store
+            .renew_lease(&ws, &lease, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(renewed.fence, 1);
+        store.release_lease(&ws, &renewed).await.unwrap();
+        assert!(store.lease(&ws).await.unwrap().is_none());
         let PutMode::Update(last) = &mode else {
             unreachable!()
         };
         store.delete_current(&ws, last, None).await.unwrap();
         assert!(store.current(&ws).await.unwrap().is_none());
-        // Another writer's version at the same number is still a conflict.
+        // Another writer's version at the same number is still a conflict, even with the same
+        // content, or when both are deletions.
+        let racing = BucketStore::over(crate::memory::MemoryBucket::new(), "p", None);
+        racing
+            .put(&ws, state(1), PutMode::Create, None)
+            .await
+            .unwrap();
+        let read = racing.current(&ws).await.unwrap().unwrap().token;
+        let (first, second) = tokio::join!(
+            racing.put(&ws, state(2), PutMode::Update(read.clone()), None),
+            racing.put(&ws, state(2), PutMode::Update(read.clone()), None)
+        );
+        assert!(
+            first.is_ok() != second.is_ok(),
+            "exactly one of two same writes wins: {first:?} {second:?}"
+        );
+        let read = racing.current(&ws).await.unwrap().unwrap().token;
+        let (first, second) = tokio::join!(
+            racing.delete_current(&ws, &read, None),
+            racing.delete_current(&ws, &read, None)
+        );
+        assert!(
+            first.is_ok() != second.is_ok(),
+            "exactly one of two deletions wins: {first:?} {second:?}"
+        );
         let other = BucketStore::over(crate::memory::MemoryBucket::new(), "p", None);
         other
             .put(&ws, state(1), PutMode::Create, None)

@@ -504,6 +504,16 @@ impl LeaseKeeper for DynamoLeases {
                     .ok_or_else(|| {
                         backend_error("the lease is held, but its item is empty".into(), true)
                     })?;
+                // The SDK sent this request again after its answer was lost, and the first
+                // try had taken the lease: the holder is this request (its owner, its info,
+                // its time to the millisecond). Whose expired lease it took over is gone
+                // with the lost answer.
+                if holder.owner == request.owner
+                    && holder.info == request.info
+                    && holder.acquired_at == from_millis(millis(now))
+                {
+                    return Ok(holder);
+                }
                 Err(StoreError::LeaseHeld {
                     workspace: ws.clone(),
                     holder: Box::new(holder),

@@ -3,7 +3,8 @@
 //! request, resets the connection before or after the emulator saw the request (the second is
 //! the hard case: the change landed but its answer was lost), answers 500 or 503, or throttles
 //! in the cloud's own words (S3 `SlowDown`, DynamoDB `ThrottlingException`, GCS 429, Azure
-//! `ServerBusy`). [`FaultProxy::partition`] drops every request for a while.
+//! `ServerBusy`). [`FaultProxy::partition`] cuts the network for a while: requests hang until
+//! it ends, then their connections drop.
 //!
 //! Faults are drawn from a seeded generator, so a run can be repeated (the order requests
 //! arrive in still varies).
@@ -67,6 +68,8 @@ pub struct Counts {
     requests: AtomicU64,
     faults: [AtomicU64; 6],
     partitioned: AtomicU64,
+    /// `ResetAfter` on a write of a state version: the version landed, its answer was lost.
+    lost_version_answers: AtomicU64,
 }
 
 impl Counts {
@@ -100,11 +103,12 @@ impl Counts {
             .map(|k| format!("{k:?} {}", self.of(*k)))
             .collect();
         format!(
-            "{} requests, {} faults ({}, partitioned {})",
+            "{} requests, {} faults ({}, partitioned {}; answers to state version writes lost {})",
             self.requests(),
             self.faults(),
             faults.join(", "),
-            self.partitioned()
+            self.partitioned(),
+            self.lost_version_answers.load(Ordering::Relaxed)
         )
     }
 }
@@ -190,7 +194,8 @@ impl FaultProxy {
         &self.shared.counts
     }
 
-    /// Every request for the next `length` is dropped, as if the network were cut.
+    /// The network is cut for the next `length`: a request hangs until then, and its connection
+    /// drops.
     pub fn partition(&self, length: Duration) {
         *self.shared.partition_until.lock().expect("not poisoned") = Some(Instant::now() + length);
     }
@@ -225,13 +230,12 @@ impl Shared {
 
     async fn handle(&self, mut request: Request<Incoming>) -> Result<Response<Body>, Dropped> {
         self.counts.requests.fetch_add(1, Ordering::Relaxed);
-        let partitioned = self
-            .partition_until
-            .lock()
-            .expect("not poisoned")
-            .is_some_and(|until| Instant::now() < until);
-        if partitioned {
+        let partition = *self.partition_until.lock().expect("not poisoned");
+        if let Some(until) = partition.filter(|until| Instant::now() < *until) {
+            // Nothing comes back while the network is cut: the request hangs until the
+            // partition ends (or the client gives up), then its connection drops.
             self.counts.partitioned.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep_until(until.into()).await;
             return Err(Dropped);
         }
         let (fault, pause_ms) = self.draw();
@@ -258,8 +262,15 @@ impl Shared {
             hyper::header::HOST,
             self.authority.parse().expect("a host header"),
         );
+        let version_write =
+            matches!(request.method().as_str(), "PUT" | "POST") && path.contains("versions");
         let answer = self.client.request(request).await.map_err(|_| Dropped)?;
         if fault == Some(Fault::ResetAfter) {
+            if version_write {
+                self.counts
+                    .lost_version_answers
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             // Read the whole answer, so the emulator is done, then lose it.
             let _ = answer.into_body().collect().await;
             return Err(Dropped);

@@ -76,13 +76,14 @@ const KILL_POINTS: [KillPoint; 7] = [
         terraform_running: true,
         may_have_finished: false,
     },
-    // Right after a state version was accepted, before the result.
+    // Right after a state version was accepted, before the result (the last write of the
+    // apply, so a slow kill may come after the result).
     KillPoint {
         name: "after-a-write",
         trigger: Trigger::Line("state version"),
         slow_cluster: false,
         terraform_running: false,
-        may_have_finished: false,
+        may_have_finished: true,
     },
     // Right after the heartbeat renewed the lease, while the new cluster is being created.
     KillPoint {

@@ -524,17 +524,23 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let done = done.clone();
+        // This job's terraform: its environment names this sandbox's test cloud.
+        let ours = format!("TESTCLOUD_ROOT={}", sb.cloud.display());
         std::thread::spawn(move || {
             let (mut samples, mut terraform_seen, mut leaks) = (0, false, Vec::new());
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
                 for entry in std::fs::read_dir("/proc").unwrap().flatten() {
                     let dir = entry.path();
-                    for what in ["cmdline", "environ"] {
-                        let Ok(raw) = std::fs::read(dir.join(what)) else {
-                            continue;
-                        };
-                        let text = String::from_utf8_lossy(&raw).replace('\0', " ");
-                        terraform_seen |= what == "cmdline" && text.contains("terraform apply");
+                    let read = |what: &str| {
+                        std::fs::read(dir.join(what))
+                            .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+                    };
+                    let (Ok(cmdline), Ok(environ)) = (read("cmdline"), read("environ")) else {
+                        continue;
+                    };
+                    terraform_seen |=
+                        cmdline.contains("terraform apply") && environ.contains(&ours);
+                    for (what, text) in [("cmdline", &cmdline), ("environ", &environ)] {
                         if text.contains(token) {
                             leaks.push(format!("{} {what}: {text}", dir.display()));
                         }
@@ -555,7 +561,7 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
     );
     assert!(
         terraform_seen,
-        "no sample of {samples} caught terraform apply running, so the listings proved nothing"
+        "no sample of {samples} caught this job's terraform apply running (its command line and environment read), so the listings proved nothing"
     );
     run.expect_code(0);
     // Terraform printed the secret (plan, apply, outputs); Terrace masked every occurrence.

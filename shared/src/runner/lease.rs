@@ -110,6 +110,10 @@ impl Runner {
                 "template": job.job.template.to_string(),
                 "host": hostname(),
                 "pid": std::process::id(),
+                // This request's own: a store that finds the lease held by a request the
+                // client sent twice (the answer to the first lost) tells it from another
+                // delivery of the same job.
+                "request": &crate::state_server::random_secret()[..16],
             }),
         };
         let give_up = Instant::now() + self.config.lease_wait;

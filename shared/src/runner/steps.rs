@@ -177,15 +177,15 @@ impl Runner {
         let mut errors = Vec::new();
         // Each try with the wait before the next, if there is one.
         let tries = || UNSAVED_WAITS.iter().copied().map(Some).chain([None]);
-        for wait in tries() {
+        for (tried, wait) in tries().enumerate() {
             match self
                 .store
                 .put_artifact(s.ws, s.job_id, ERRORED_STATE, data.clone())
                 .await
             {
                 Ok(()) => break,
-                Err(e) if e.is_retryable() && wait.is_some() => {
-                    tokio::time::sleep(wait.unwrap_or_default()).await;
+                Err(e) if e.is_retryable() && wait.is_some() && more(s, tried) => {
+                    pause(s, wait.unwrap_or_default()).await;
                 }
                 Err(e) => {
                     // The workdir is kept so the file is not lost with it.
@@ -200,7 +200,7 @@ impl Runner {
             }
         }
         let mut pushed = false;
-        for wait in tries() {
+        for (tried, wait) in tries().enumerate() {
             match s.server.push(data.clone()).await {
                 Ok(version) => {
                     unsaved.pushed_as = version;
@@ -215,8 +215,8 @@ impl Runner {
                     break;
                 }
                 Err((why, retryable)) => {
-                    if let Some(wait) = wait.filter(|_| retryable) {
-                        tokio::time::sleep(wait).await;
+                    if let Some(wait) = wait.filter(|_| retryable && more(s, tried)) {
+                        pause(s, wait).await;
                         continue;
                     }
                     errors.push(format!("cannot push it: {why}"));
@@ -536,8 +536,9 @@ pub(super) fn read_own_file(path: &Path, cap: usize) -> Result<Option<Vec<u8>>, 
 }
 
 /// The waits between tries of keeping and of pushing a state terraform could not save, while
-/// the store fails: 31 s in all, enough to ride out a short outage of the store (the push
-/// stops at once when the lease is lost: the heartbeat fences the job before it expires).
+/// the store fails: 31 s in all, enough to ride out a short outage of the store. A stopped job
+/// (its deadline, a shutdown, its lease lost) makes 3 tries in all, without waiting (see
+/// [`more`] and [`pause`]).
 const UNSAVED_WAITS: [Duration; 5] = [
     Duration::from_secs(1),
     Duration::from_secs(2),
@@ -545,6 +546,22 @@ const UNSAVED_WAITS: [Duration; 5] = [
     Duration::from_secs(8),
     Duration::from_secs(16),
 ];
+
+/// Waits `wait` between tries, or less when the job is stopped meanwhile (its deadline, a
+/// shutdown, its lease lost).
+async fn pause(s: &Steps<'_>, wait: Duration) {
+    tokio::select! {
+        () = tokio::time::sleep(wait) => {}
+        () = s.stop.cancelled() => {}
+    }
+}
+
+/// Whether to try again after `tried` + 1 tries: while the job runs, every try of
+/// [`UNSAVED_WAITS`]; once it is stopped, 3 in all, so that a store that does not answer
+/// cannot hold a stopped job much longer.
+fn more(s: &Steps<'_>, tried: usize) -> bool {
+    tried < 2 || !s.stop.is_cancelled()
+}
 
 /// A finished step and its outcome.
 pub(super) struct Ran {
