@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-state-server bench-sealing fuzz clean
+.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-state-server bench-sealing fuzz clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -39,7 +39,7 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 
 ci: test test-images check-deploy lint deny
 
-bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start ## the benchmarks
+bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
@@ -61,6 +61,9 @@ bench-templates: tools ## what reading a job's template from a bucket costs, aga
 
 bench-cold-start: tools ## terrace-aws's start to its first Runtime API poll, against a minimal lambda_runtime function
 	benches/cold-start.sh
+
+bench-sweep: tools ## the backup sweep over 10, 1,000 and 10,000 workspaces, 1 % changed, on S3, GCS and Azure emulators
+	scripts/with-emulators.sh cargo run --quiet -p tests --example sweep
 
 fuzz: ## each fuzz target for FUZZ_SECONDS (30) with cargo-fuzz (nightly), growing fuzz/corpus
 	scripts/fuzz.sh $(or $(FUZZ_SECONDS),30)

@@ -4,26 +4,9 @@
 //! follows the changes, not the number of workspaces. Run hourly by a schedule (EventBridge,
 //! Cloud Scheduler, a timer) or `terrace backup`.
 
+pub use state_backends::retention::{Retention, to_prune};
 use state_backends::{BackupInfo, StateStore, StoreError};
 use time::OffsetDateTime;
-
-/// How many backups a workspace keeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Retention {
-    /// The newest backups, one per hour with a change.
-    pub hourly: usize,
-    /// Beyond those, the newest backup of each of this many most recent days.
-    pub daily: usize,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Self {
-            hourly: 48,
-            daily: 30,
-        }
-    }
-}
 
 /// The label of a backup taken at `now`: its UTC hour, `2026-11-22T03` (sorts by time).
 pub fn hour_label(now: OffsetDateTime) -> String {
@@ -35,32 +18,6 @@ pub fn hour_label(now: OffsetDateTime) -> String {
         now.day(),
         now.hour()
     )
-}
-
-/// The labels retention drops: all but the newest `hourly`, and beyond those the newest of
-/// each of the `daily` most recent days.
-pub fn to_prune(labels: &[String], keep: Retention) -> Vec<String> {
-    let mut sorted: Vec<&String> = labels.iter().collect();
-    sorted.sort_unstable_by(|a, b| b.cmp(a));
-    sorted.dedup();
-    let mut kept: Vec<&String> = sorted.iter().take(keep.hourly).copied().collect();
-    let mut days: Vec<&str> = Vec::new();
-    for label in &sorted {
-        let day = label.get(..10).unwrap_or(label);
-        if days.contains(&day) {
-            continue;
-        }
-        if days.len() == keep.daily {
-            break;
-        }
-        days.push(day);
-        kept.push(label);
-    }
-    sorted
-        .into_iter()
-        .filter(|l| !kept.contains(l))
-        .cloned()
-        .collect()
 }
 
 /// What one sweep did.
@@ -78,8 +35,14 @@ pub struct SweepReport {
     pub failed: Vec<(String, String)>,
 }
 
+/// How many changed workspaces a sweep handles at once: a sweep's time is round trips (six
+/// calls per changed workspace), and one at a time a bucket with thousands of changes would
+/// outlast a function's time limit.
+pub const SWEEP_CONCURRENCY: usize = 16;
+
 /// Backs up every changed workspace as of `now`, applies `keep`, and clears the marks of what
-/// it handled. One workspace's failure does not stop the others.
+/// it handled, [`SWEEP_CONCURRENCY`] workspaces at a time; the report keeps the listing's order.
+/// One workspace's failure does not stop the others.
 ///
 /// # Errors
 /// Only when the changed workspaces cannot be listed.
@@ -88,47 +51,42 @@ pub async fn sweep(
     now: OffsetDateTime,
     keep: Retention,
 ) -> Result<SweepReport, StoreError> {
+    use futures::StreamExt as _;
+
     let label = hour_label(now);
     let changed = store.changed().await?;
     let mut report = SweepReport {
         changed: changed.len(),
         ..SweepReport::default()
     };
-    for mark in changed {
-        let name = mark.ws.to_string();
-        let done = async {
-            match store.snapshot(&mark.ws, &label).await? {
-                Some(backup) => {
-                    let labels: Vec<String> = store
-                        .backups(&mark.ws)
-                        .await?
-                        .into_iter()
-                        .map(|b| b.label)
-                        .collect();
-                    let mut pruned = Vec::new();
-                    for old in to_prune(&labels, keep) {
-                        store.delete_backup(&mark.ws, &old).await?;
-                        pruned.push(old);
-                    }
-                    Ok::<_, StoreError>((Some(backup), pruned))
-                }
-                None => Ok((None, Vec::new())),
-            }
-        }
-        .await;
-        match done {
-            Ok((backup, pruned)) => {
-                // Cleared only now: a write since the listing keeps its mark for next time.
-                if let Err(e) = store.clear_changed(&mark).await {
+    let label = &label;
+    let mut done = futures::stream::iter(changed)
+        .map(|mark| async move {
+            let made = store.snapshot(&mark.ws, label, keep).await;
+            // Cleared only after its backup: a write since the listing keeps its mark for
+            // next time.
+            let cleared = match &made {
+                Ok(_) => store.clear_changed(&mark).await,
+                Err(_) => Ok(()),
+            };
+            (mark.ws.to_string(), made, cleared)
+        })
+        .buffered(SWEEP_CONCURRENCY);
+    while let Some((name, made, cleared)) = done.next().await {
+        match made {
+            Ok(made) => {
+                if let Err(e) = cleared {
                     report.failed.push((name.clone(), e.to_string()));
                 }
-                match backup {
-                    Some(b) => report.backed_up.push((name.clone(), b)),
-                    None => report.unchanged.push(name.clone()),
+                match made {
+                    Some(made) => {
+                        report
+                            .pruned
+                            .extend(made.pruned.into_iter().map(|l| (name.clone(), l)));
+                        report.backed_up.push((name, made.backup));
+                    }
+                    None => report.unchanged.push(name),
                 }
-                report
-                    .pruned
-                    .extend(pruned.into_iter().map(|l| (name.clone(), l)));
             }
             Err(e) => {
                 tracing::warn!(workspace = %name, error = %e, "backup failed; it is retried at the next sweep");
@@ -179,38 +137,10 @@ mod tests {
 
     use super::*;
 
-    fn labels(hours: &[&str]) -> Vec<String> {
-        hours.iter().map(|h| (*h).to_owned()).collect()
-    }
-
     #[test]
     fn labels_are_utc_hours() {
         let t = time::macros::datetime!(2026-11-22 03:59:59 +02:00);
         assert_eq!(hour_label(t), "2026-11-22T01");
-    }
-
-    #[test]
-    fn retention_keeps_the_newest_hours_and_one_per_recent_day() {
-        let all = labels(&[
-            "2026-11-20T01",
-            "2026-11-20T23",
-            "2026-11-21T05",
-            "2026-11-21T06",
-            "2026-11-22T01",
-            "2026-11-22T02",
-        ]);
-        let keep = Retention {
-            hourly: 2,
-            daily: 2,
-        };
-        // Hourly: 22T02, 22T01. Daily (2 newest days): 22T02, 21T06.
-        assert_eq!(
-            to_prune(&all, keep),
-            labels(&["2026-11-21T05", "2026-11-20T23", "2026-11-20T01"])
-        );
-        assert!(to_prune(&all, Retention::default()).is_empty());
-        // A workspace that rarely changes keeps its few backups, however old.
-        assert!(to_prune(&labels(&["2025-01-01T00"]), keep).is_empty());
     }
 
     fn state(serial: u64) -> NewState {

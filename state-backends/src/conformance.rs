@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::retention::Retention;
 use crate::tfstate::empty_state;
 use crate::{LeaseRequest, NewState, PutMode, StateStore, StoreError, WorkspaceId};
 
@@ -457,7 +458,7 @@ pub async fn snapshot_copies_only_changes(store: &dyn StateStore) {
     let ws = fresh_workspace("snapshot");
     assert!(
         store
-            .snapshot(&ws, "2026-11-21T10")
+            .snapshot(&ws, "2026-11-21T10", Retention::default())
             .await
             .unwrap()
             .is_none(),
@@ -468,14 +469,14 @@ pub async fn snapshot_copies_only_changes(store: &dyn StateStore) {
         .await
         .unwrap();
     let first = store
-        .snapshot(&ws, "2026-11-21T11")
+        .snapshot(&ws, "2026-11-21T11", Retention::default())
         .await
         .unwrap()
         .expect("changed");
-    assert_eq!(first.version, 1);
+    assert_eq!(first.backup.version, 1);
     assert!(
         store
-            .snapshot(&ws, "2026-11-21T12")
+            .snapshot(&ws, "2026-11-21T12", Retention::default())
             .await
             .unwrap()
             .is_none(),
@@ -487,11 +488,12 @@ pub async fn snapshot_copies_only_changes(store: &dyn StateStore) {
         .await
         .unwrap();
     let second = store
-        .snapshot(&ws, "2026-11-21T13")
+        .snapshot(&ws, "2026-11-21T13", Retention::default())
         .await
         .unwrap()
         .expect("changed");
-    assert_eq!(second.version, 2);
+    assert_eq!(second.backup.version, 2);
+    assert!(second.pruned.is_empty());
     let labels: Vec<String> = store
         .backups(&ws)
         .await
@@ -500,6 +502,32 @@ pub async fn snapshot_copies_only_changes(store: &dyn StateStore) {
         .map(|b| b.label)
         .collect();
     assert_eq!(labels, vec!["2026-11-21T11", "2026-11-21T13"]);
+
+    // Retention drops the oldest in the same index write as the new backup.
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store
+        .put(&ws, state("s", 3), PutMode::Update(token), None)
+        .await
+        .unwrap();
+    let keep_two = Retention {
+        hourly: 2,
+        daily: 0,
+    };
+    let third = store
+        .snapshot(&ws, "2026-11-21T14", keep_two)
+        .await
+        .unwrap()
+        .expect("changed");
+    assert_eq!(third.backup.version, 3);
+    assert_eq!(third.pruned, ["2026-11-21T11"]);
+    let labels: Vec<String> = store
+        .backups(&ws)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.label)
+        .collect();
+    assert_eq!(labels, vec!["2026-11-21T13", "2026-11-21T14"]);
 }
 
 pub async fn artifacts_round_trip(store: &dyn StateStore) {
@@ -641,7 +669,7 @@ pub async fn changes_are_marked_until_cleared(store: &dyn StateStore) {
         .unwrap();
     let label = "2026-11-21T10";
     store
-        .snapshot(&ws, label)
+        .snapshot(&ws, label, Retention::default())
         .await
         .unwrap()
         .expect("a backup of the new state");

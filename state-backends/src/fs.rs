@@ -25,9 +25,10 @@ use bytes::Bytes;
 use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
+use crate::retention::{Retention, to_prune};
 use crate::{
     BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
-    StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex, tfstate,
+    Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex, tfstate,
 };
 
 /// A [`StateStore`] in a local folder.
@@ -550,7 +551,12 @@ impl StateStore for FsStore {
         self.blocking(ws, |dir| Ok(dir.lease_record()?.held)).await
     }
 
-    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>> {
+    async fn snapshot(
+        &self,
+        ws: &WorkspaceId,
+        label: &str,
+        keep: Retention,
+    ) -> Result<Option<Snapshot>> {
         crate::check_artifact_name("backups", label)?;
         let label = label.to_owned();
         self.blocking(ws, move |dir| {
@@ -582,11 +588,23 @@ impl StateStore for FsStore {
             };
             index.retain(|b| b.label != label);
             index.push(backup.clone());
+            let labels: Vec<String> = index.iter().map(|b| b.label.clone()).collect();
+            let pruned = to_prune(&labels, keep);
+            index.retain(|b| !pruned.contains(&b.label));
             write_atomic(
                 &index_path,
                 &serde_json::to_vec_pretty(&index).expect("backup index serializes"),
             )?;
-            Ok(Some(backup))
+            // Out of the index first: a copy left by a failure here is only space.
+            for old in &pruned {
+                let path = dir.path.join("backups").join(format!("{old}.tfstate"));
+                if let Err(e) = std::fs::remove_file(&path)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    tracing::warn!(path = %path.display(), error = %e, "a dropped backup's copy was not deleted");
+                }
+            }
+            Ok(Some(Snapshot { backup, pruned }))
         })
         .await
     }

@@ -21,6 +21,7 @@ pub mod kms;
 pub mod lease;
 pub mod memory;
 pub mod objects;
+pub mod retention;
 #[cfg(feature = "aws")]
 pub mod s3;
 pub mod sealed;
@@ -192,6 +193,14 @@ pub struct BackupInfo {
     pub sha256: String,
 }
 
+/// A backup [`StateStore::snapshot`] made, and the labels retention dropped with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub backup: BackupInfo,
+    /// Older backups dropped, newest first.
+    pub pruned: Vec<String>,
+}
+
 /// The store of Terraform state for many workspaces, in one bucket or folder.
 ///
 /// Implementations must pass [`conformance::run_all`].
@@ -293,11 +302,18 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>>;
 
     /// Copies the current state to the backup `label` unless the latest backup already holds the
-    /// same version. Returns the new backup, or `None` when nothing changed.
+    /// same version, and drops the backups `keep` no longer keeps, in the same write of the
+    /// backup index (the index first, then their copies: an index entry never names a missing
+    /// copy). Returns the new backup and what was dropped, or `None` when nothing changed.
     ///
     /// # Errors
     /// Backend failures.
-    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>>;
+    async fn snapshot(
+        &self,
+        ws: &WorkspaceId,
+        label: &str,
+        keep: retention::Retention,
+    ) -> Result<Option<Snapshot>>;
 
     /// Lists backups, oldest first.
     ///

@@ -12,9 +12,10 @@ use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
 use crate::objects::{Bucket, Condition, Listed, Object};
+use crate::retention::{Retention, to_prune};
 use crate::{
     BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
-    StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
+    Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
 };
 
 /// A store that forgets everything when dropped.
@@ -205,7 +206,12 @@ impl StateStore for MemoryStore {
         Ok(self.with(ws, |w| w.lease.held.clone()))
     }
 
-    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>> {
+    async fn snapshot(
+        &self,
+        ws: &WorkspaceId,
+        label: &str,
+        keep: Retention,
+    ) -> Result<Option<Snapshot>> {
         self.with(ws, |w| {
             let Some(Some((info, data))) = w.entries.last() else {
                 return Ok(None);
@@ -223,7 +229,10 @@ impl StateStore for MemoryStore {
             };
             w.backups.retain(|(b, _)| b.label != label);
             w.backups.push((backup.clone(), data.clone()));
-            Ok(Some(backup))
+            let labels: Vec<String> = w.backups.iter().map(|(b, _)| b.label.clone()).collect();
+            let pruned = to_prune(&labels, keep);
+            w.backups.retain(|(b, _)| !pruned.contains(&b.label));
+            Ok(Some(Snapshot { backup, pruned }))
         })
     }
 

@@ -38,9 +38,10 @@ use bytes::Bytes;
 use time::OffsetDateTime;
 
 use crate::lease::{LeaseRecord, check_put};
+use crate::retention::{Retention, to_prune};
 use crate::{
     BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
-    StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
+    Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
 };
 
 /// How a write is conditioned.
@@ -246,19 +247,16 @@ impl<B: Bucket> BucketStore<B> {
 
     /// The number of the newest committed version (0: none), and whether it is a deletion.
     async fn head_version(&self, ws: &WorkspaceId) -> Result<(u64, bool)> {
-        let (number, deleted, _) = self.newest(ws, false).await?;
-        Ok((number, deleted))
+        let newest = self.newest(ws, false).await?;
+        Ok((newest.number, newest.deleted))
     }
 
-    /// The newest committed version: its number (0: none), whether it is a deletion, and, when
-    /// `with_data` and the copy is of that version, the copy itself (its content and facts, so
-    /// a reader needs nothing more). Copies are only ever made of states, and the copy is
-    /// removed by a deletion, so an existing copy is never of a marker.
-    async fn newest(
-        &self,
-        ws: &WorkspaceId,
-        with_data: bool,
-    ) -> Result<(u64, bool, Option<Object>)> {
+    /// The newest committed version: its number (0: none), whether it is a deletion, its facts
+    /// (object metadata) when it is a state, and, when `with_data` and the copy is of that
+    /// version, the copy itself (its content and facts, so a reader needs nothing more).
+    /// Copies are only ever made of states, and the copy is removed by a deletion, so an
+    /// existing copy is never of a marker.
+    async fn newest(&self, ws: &WorkspaceId, with_data: bool) -> Result<Newest> {
         let copy_key = self.key(ws, "terraform.tfstate");
         let number_in = |meta: &HashMap<String, String>| {
             meta.get(META_NUMBER)
@@ -269,43 +267,55 @@ impl<B: Bucket> BucketStore<B> {
             self.bucket
                 .get(&copy_key)
                 .await?
-                .map(|o| (number_in(&o.metadata), Some(o)))
+                .map(|o| (number_in(&o.metadata), o.metadata.clone(), Some(o)))
         } else {
             self.bucket
                 .head(&copy_key)
                 .await?
-                .map(|m| (number_in(&m), None))
+                .map(|m| (number_in(&m), m, None))
         };
-        let (mut number, mut marker, mut copy): (u64, bool, Option<Object>) = match copy {
-            Some((n, obj)) => (n, false, obj.filter(|_| n > 0)),
+        let mut newest = match copy {
+            Some((number, facts, obj)) => Newest {
+                number,
+                deleted: number == 0,
+                facts: Some(facts),
+                copy: obj.filter(|_| number > 0),
+            },
             // No copy: a new or deleted workspace. The listing (strongly consistent) says
             // which, and needs no probe after it.
             None => {
-                let n = self.highest_listed(ws).await?;
-                let mut marker = false;
-                if n > 0 {
-                    let key = self.version_key(ws, n);
+                let number = self.highest_listed(ws).await?;
+                let mut newest = Newest {
+                    number,
+                    deleted: true,
+                    facts: None,
+                    copy: None,
+                };
+                if number > 0 {
+                    let key = self.version_key(ws, number);
                     let meta = self
                         .bucket
                         .head(&key)
                         .await?
                         .ok_or_else(|| self.corrupt(&key, "a listed version does not exist"))?;
-                    marker = is_deleted(&meta);
+                    newest.deleted = is_deleted(&meta);
+                    newest.facts = (!newest.deleted).then_some(meta);
                 }
-                return Ok((n, n == 0 || marker, None));
+                return Ok(newest);
             }
         };
         // The copy may lag a writer that died between its commit and its copy.
         while let Some(meta) = self
             .bucket
-            .head(&self.version_key(ws, self.successor(ws, number)?))
+            .head(&self.version_key(ws, self.successor(ws, newest.number)?))
             .await?
         {
-            number += 1;
-            marker = is_deleted(&meta);
-            copy = None;
+            newest.number += 1;
+            newest.deleted = is_deleted(&meta);
+            newest.facts = (!newest.deleted).then_some(meta);
+            newest.copy = None;
         }
-        Ok((number, number == 0 || marker, copy))
+        Ok(newest)
     }
 
     async fn highest_listed(&self, ws: &WorkspaceId) -> Result<u64> {
@@ -464,6 +474,15 @@ impl<B: Bucket> BucketStore<B> {
     }
 }
 
+/// What [`BucketStore::newest`] found.
+struct Newest {
+    number: u64,
+    deleted: bool,
+    /// The version's facts (its metadata, or the copy's), when it is a state.
+    facts: Option<HashMap<String, String>>,
+    copy: Option<Object>,
+}
+
 const META_NUMBER: &str = "terrace-number";
 const META_KIND: &str = "terrace-kind";
 const META_SERIAL: &str = "terrace-serial";
@@ -532,7 +551,12 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     }
 
     async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>> {
-        let (number, deleted, copy) = self.newest(ws, true).await?;
+        let Newest {
+            number,
+            deleted,
+            copy,
+            ..
+        } = self.newest(ws, true).await?;
         if deleted {
             return Ok(None);
         }
@@ -709,50 +733,70 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         Ok(self.lease_record(ws).await?.held)
     }
 
-    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>> {
+    async fn snapshot(
+        &self,
+        ws: &WorkspaceId,
+        label: &str,
+        keep: Retention,
+    ) -> Result<Option<Snapshot>> {
         crate::check_artifact_name("backups", label)?;
-        let (number, deleted) = self.head_version(ws).await?;
-        if deleted {
+        let index_key = self.key(ws, "backups/index.json");
+        // The newest version's facts come with finding it (the copy's or the version's own
+        // metadata), and the index is read beside it: a sweep's calls per changed workspace
+        // are these three reads, the copy, the index write and the mark's clearing.
+        let (newest, index) = tokio::join!(self.newest(ws, false), self.backup_index(&index_key));
+        let newest = newest?;
+        let Some(facts) = newest.facts.filter(|_| !newest.deleted) else {
             return Ok(None);
-        }
-        let info = self.version_info(ws, number).await?.ok_or_else(|| {
-            self.corrupt(
-                &self.version_key(ws, number),
-                "the current version vanished",
-            )
-        })?;
+        };
+        let version_key = self.version_key(ws, newest.number);
+        let info = info_from_metadata(newest.number, &facts)
+            .map_err(|detail| self.corrupt(&version_key, &detail))?;
         let backup = BackupInfo {
             label: label.to_owned(),
-            version: number,
-            sha256: info.sha256.clone(),
+            version: newest.number,
+            sha256: info.sha256,
         };
+        let mut index = Some(index?);
         let mut copied = false;
-        // The index is read, the copy made (once), then the index written if unchanged since:
-        // an index entry never names a backup that is not there.
-        let index_key = self.key(ws, "backups/index.json");
+        // The copy made (once), then the index written if unchanged since it was read: an
+        // index entry never names a backup that is not there.
         for _ in 0..20 {
-            let (mut index, tag) = self.backup_index(&index_key).await?;
+            let (mut entries, tag) = match index.take() {
+                Some(read) => read,
+                None => self.backup_index(&index_key).await?,
+            };
             // Unchanged since the last backup (or another sweep just made this one).
-            if index.last().is_some_and(|b| b.sha256 == backup.sha256) {
+            if entries.last().is_some_and(|b| b.sha256 == backup.sha256) {
                 return Ok(None);
             }
             if !copied {
                 copied = true;
                 self.bucket
                     .copy(
-                        &self.version_key(ws, number),
+                        &version_key,
                         &self.key(ws, &format!("backups/{label}.tfstate")),
                         None,
                     )
                     .await?;
             }
-            index.retain(|b| b.label != label);
-            index.push(backup.clone());
+            entries.retain(|b| b.label != label);
+            entries.push(backup.clone());
+            let labels: Vec<String> = entries.iter().map(|b| b.label.clone()).collect();
+            let pruned = to_prune(&labels, keep);
+            entries.retain(|b| !pruned.contains(&b.label));
             if self
-                .put_backup_index(&index_key, &index, tag.as_deref())
+                .put_backup_index(&index_key, &entries, tag.as_deref())
                 .await?
             {
-                return Ok(Some(backup));
+                for old in &pruned {
+                    // Out of the index already: a copy left by a failure here is only space.
+                    let key = self.key(ws, &format!("backups/{old}.tfstate"));
+                    if let Err(e) = self.bucket.delete(&key).await {
+                        tracing::warn!(workspace = %ws, backup = %old, error = %e, "a dropped backup's copy was not deleted");
+                    }
+                }
+                return Ok(Some(Snapshot { backup, pruned }));
             }
         }
         Err(self.gave_up(&index_key))

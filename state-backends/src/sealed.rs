@@ -37,9 +37,10 @@ use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::retention::Retention;
 use crate::{
     BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
-    StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId,
+    Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId,
 };
 
 /// The first bytes of every sealed object (format 1).
@@ -548,9 +549,14 @@ impl StateStore for SealedStore {
         self.inner.lease(ws).await
     }
 
-    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>> {
+    async fn snapshot(
+        &self,
+        ws: &WorkspaceId,
+        label: &str,
+        keep: Retention,
+    ) -> Result<Option<Snapshot>> {
         // A copy of the stored version: sealed as it was.
-        self.inner.snapshot(ws, label).await
+        self.inner.snapshot(ws, label, keep).await
     }
 
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use state_backends::retention::Retention;
 use state_backends::{
-    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, StateStore,
-    StoreError, VersionInfo, VersionToken, WorkspaceId,
+    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Snapshot,
+    StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId,
 };
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -104,8 +105,13 @@ impl StateStore for FailingPuts {
     async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
         self.inner.lease(ws).await
     }
-    async fn snapshot(&self, ws: &WorkspaceId, label: &str) -> Result<Option<BackupInfo>> {
-        self.inner.snapshot(ws, label).await
+    async fn snapshot(
+        &self,
+        ws: &WorkspaceId,
+        label: &str,
+        keep: Retention,
+    ) -> Result<Option<Snapshot>> {
+        self.inner.snapshot(ws, label, keep).await
     }
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
         self.inner.backups(ws).await

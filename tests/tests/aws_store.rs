@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use state_backends::retention::Retention;
 use state_backends::s3::{LeaseMode, S3Config, S3Store};
 use tests::aws;
 
@@ -67,7 +68,11 @@ async fn every_state_object_is_encrypted_with_the_customers_kms_key() {
         )
         .await
         .unwrap();
-    store.snapshot(&ws, "2026-11-22T03").await.unwrap().unwrap();
+    store
+        .snapshot(&ws, "2026-11-22T03", Retention::default())
+        .await
+        .unwrap()
+        .unwrap();
     let s3 = aws::s3().await;
     for key_name in [
         "kms/acme/secret/versions/0000000001.tfstate",
