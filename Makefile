@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make tools`).
-.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-state-server bench-sealing fuzz clean
+.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing fuzz clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -39,7 +39,7 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 
 ci: test test-images check-deploy lint deny
 
-bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep ## the benchmarks
+bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
@@ -64,6 +64,15 @@ bench-cold-start: tools ## terrace-aws's start to its first Runtime API poll, ag
 
 bench-sweep: tools ## the backup sweep over 10, 1,000 and 10,000 workspaces, 1 % changed, on S3, GCS and Azure emulators
 	scripts/with-emulators.sh cargo run --quiet -p tests --example sweep
+
+bench-gcs: tools ## terraform's gcs backend vs Terrace's GCS store, against fake-gcs-server (azurerm cannot reach Azurite: docs/BENCHMARKS.md)
+	benches/gcs-backends.sh
+
+bench-concurrency: tools ## 1, 8, 64 jobs in one runner (LEVELS="1 8 64 256" for 256) vs as many bare terraform applies at once
+	benches/concurrency.sh
+
+bench-log-latency: tools ## a line's time from terraform to the runner's stderr and to a stored log chunk
+	benches/log-latency.sh
 
 fuzz: ## each fuzz target for FUZZ_SECONDS (30) with cargo-fuzz (nightly), growing fuzz/corpus
 	scripts/fuzz.sh $(or $(FUZZ_SECONDS),30)

@@ -79,13 +79,7 @@ pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> Job
             "the workspace's state store failed while terraform read, locked or wrote its state through the runner (the runner's log has the store's error); running the job again may succeed",
             true,
         )
-    } else if has(&[
-        "already exists",
-        "alreadyexists",
-        "already own",
-        "409 conflict",
-        "error 409",
-    ]) {
+    } else if has(crate::recover::CONFLICT_WORDS) {
         (
             Category::ProviderConflict,
             "the object already exists in the cloud but not in the workspace's state (a create that failed after the cloud made it, or an object made outside terraform): import it into the state, or delete it, then run the job again",

@@ -229,7 +229,14 @@ impl LogSink for StoreSink {
     async fn write(&mut self, line: &LogLine) {
         serde_json::to_writer(&mut self.buf, line).expect("log lines serialize");
         self.buf.push(b'\n');
-        if self.buf.len() >= 256 * 1024 {
+        // A create that starts is stored at once: if the runner dies before terraform saves
+        // the object, this line is the next run's evidence that the object is this
+        // workspace's to import (`recover`), not another's that happens to have its name.
+        let creating = line
+            .event
+            .as_ref()
+            .is_some_and(|e| crate::ui::started_create(e).is_some());
+        if creating || self.buf.len() >= 256 * 1024 {
             self.flush().await;
         }
     }

@@ -29,6 +29,73 @@ pub struct Recovery {
     pub after: String,
 }
 
+/// What a provider's "the object already exists" says, lowercased.
+pub const CONFLICT_WORDS: &[&str] = &[
+    "already exists",
+    "alreadyexists",
+    "already own",
+    "409 conflict",
+    "error 409",
+];
+
+/// Whether an error says the object already exists.
+pub fn says_already_exists(text: &str) -> bool {
+    let text = text.to_lowercase();
+    CONFLICT_WORDS.iter().any(|w| text.contains(w))
+}
+
+/// Whether `address` is the resource `refused` names, or one of its instances (a diagnostic may
+/// name the block, `T.N`, for the instance `T.N["k"]`).
+fn same_resource(address: &str, refused: &str) -> bool {
+    address == refused
+        || address
+            .strip_prefix(refused)
+            .is_some_and(|key| key.starts_with('['))
+}
+
+/// Of the creates one apply started, those the cloud may have carried out: all but those its
+/// error diagnostics refused as already existing (`refused`: their resources). Only these are
+/// evidence that an object of that address is the workspace's own to import.
+pub fn may_have_made(started: &[String], refused: &[String]) -> Vec<String> {
+    started
+        .iter()
+        .filter(|a| !refused.iter().any(|r| same_resource(a, r)))
+        .cloned()
+        .collect()
+}
+
+/// The resources a stored log's applies may have made (see [`may_have_made`]): each apply is
+/// the lines after the runner's `terraform apply`, up to the next step it starts.
+pub fn made_in_log(lines: &[crate::logs::LogLine]) -> BTreeSet<String> {
+    let mut made = BTreeSet::new();
+    let (mut started, mut refused): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+    let mut close = |started: &mut Vec<String>, refused: &mut Vec<String>| {
+        made.extend(may_have_made(started, refused));
+        started.clear();
+        refused.clear();
+    };
+    for line in lines {
+        if line.stream == crate::logs::Stream::Runner && line.text.starts_with("terraform ") {
+            close(&mut started, &mut refused);
+            continue;
+        }
+        let Some(event) = &line.event else { continue };
+        if let Some(address) = crate::ui::started_create(event) {
+            started.push(address.to_owned());
+        } else if event["type"] == "diagnostic"
+            && let Ok(d) =
+                serde_json::from_value::<crate::ui::Diagnostic>(event["diagnostic"].clone())
+            && d.is_error()
+            && says_already_exists(&d.render())
+            && let Some(address) = d.resource_address()
+        {
+            refused.push(address);
+        }
+    }
+    close(&mut started, &mut refused);
+    made
+}
+
 /// The id of the existing object in a conflict message: `(id X)`, `ID "X"` or `id "X"`.
 pub fn existing_id(message: &str) -> Option<String> {
     let quoted = |rest: &str| {
@@ -133,7 +200,59 @@ pub fn import_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::logs::{LogLine, Stream};
     use crate::result::Category;
+
+    /// A stored log: the runner's `terraform apply`, then each UI message of `jsonl`.
+    fn apply_log(jsonl: &str) -> Vec<LogLine> {
+        let line = |stream, text: &str, event| LogLine {
+            seq: 0,
+            ts: time::OffsetDateTime::UNIX_EPOCH,
+            stream,
+            step: "apply".into(),
+            text: text.into(),
+            event,
+        };
+        let mut lines = vec![line(Stream::Runner, "terraform apply", None)];
+        for raw in jsonl.lines().filter(|l| l.starts_with('{')) {
+            lines.push(line(
+                Stream::Stdout,
+                "",
+                Some(serde_json::from_str(raw).unwrap()),
+            ));
+        }
+        lines
+    }
+
+    #[test]
+    fn a_refused_create_is_no_evidence_and_a_false_failure_is() {
+        let refused = apply_log(include_str!(
+            "../tests/fixtures/errors/apply-already-exists.jsonl"
+        ));
+        assert!(
+            made_in_log(&refused).is_empty(),
+            "{:?}",
+            made_in_log(&refused)
+        );
+        let false_failure = apply_log(include_str!(
+            "../tests/fixtures/errors/apply-false-failure.jsonl"
+        ));
+        assert!(made_in_log(&false_failure).contains("testcloud_network.main"));
+        // Each apply on its own: a refusal in a later apply does not undo an earlier one's create.
+        let both: Vec<LogLine> = false_failure.into_iter().chain(refused).collect();
+        assert!(made_in_log(&both).contains("testcloud_network.main"));
+        assert_eq!(
+            may_have_made(
+                &[
+                    "t.n[\"a\"]".to_owned(),
+                    "t.n[\"b\"]".to_owned(),
+                    "t.m".to_owned()
+                ],
+                &["t.n".to_owned()]
+            ),
+            ["t.m"]
+        );
+    }
 
     fn conflict(message: &str, address: Option<&str>) -> JobError {
         JobError {

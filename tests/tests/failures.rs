@@ -320,6 +320,46 @@ async fn a_hanging_create_is_killed_and_the_next_apply_imports_what_it_left() {
     }
 }
 
+/// Two workspaces that name their objects alike: the second meets "already exists" for objects
+/// the first made, which no run of its own was creating, so it fails and imports nothing. Its
+/// destroy would otherwise delete the first workspace's network and cluster.
+#[tokio::test]
+async fn an_object_another_workspace_made_is_not_imported() {
+    let sb = Sandbox::new();
+    let first = sb.job("o1.yaml", &demo_job("o1", "owner", "apply", "shared", 1));
+    sb.run(&["run", "-q", first.to_str().unwrap()])
+        .expect_code(0);
+    let made = sb.cloud_names();
+    assert_eq!(made, ["shared", "shared-net"]);
+
+    let second = sb.job("o2.yaml", &demo_job("o2", "other", "apply", "shared", 1));
+    let run = sb.run(&["run", "-q", second.to_str().unwrap()]);
+    run.expect_code(1);
+    let result = sb.artifact_json("acme/other", "o2", "result.json").await;
+    assert_eq!(result["status"], "failed", "{result}");
+    assert_eq!(result["error"]["category"], "provider-conflict", "{result}");
+    let hint = result["error"]["hint"].as_str().unwrap();
+    assert!(
+        hint.contains("no run of this workspace was creating testcloud_network.main")
+            && hint.contains(&format!(
+                "terraform import testcloud_network.main {}",
+                cloud_id(&sb, "shared-net")
+            )),
+        "{hint}"
+    );
+    assert!(result.get("recovered").is_none(), "{result}");
+    // Nothing adopted: the second workspace's state, if it has one, holds none of the first
+    // one's objects.
+    if !sb.versions("acme/other").await.is_empty() {
+        let state = sb.current_state("acme/other");
+        assert!(
+            state["resources"].as_array().is_none_or(|r| r.is_empty()),
+            "{state}"
+        );
+    }
+    assert_eq!(sb.cloud_names(), made);
+}
+
 fn tiers_job(id: &str, version: &str, cidr: &str, extra: &[&str], on_failure: &str) -> String {
     format!(
         "id: {id}\ntenant: acme\nworkspace: tiers\noperation: apply\ntemplate: {{ name: tiers, version: {version} }}\n\

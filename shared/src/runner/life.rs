@@ -18,6 +18,39 @@ pub(super) struct Life {
     skip: bool,
     /// A job found interrupted when this one took the workspace (for `attention`).
     interrupted_before: Option<String>,
+    /// Runs since the workspace last ended a run `active` or `deleted`, newest first: the
+    /// runs that ended without finishing (failed, timed out, killed), at most
+    /// [`UNFINISHED_KEPT`].
+    unfinished: Vec<String>,
+}
+
+/// How many earlier unfinished runs a job looks back over for creates they started.
+const UNFINISHED_KEPT: usize = 5;
+
+/// The runs a status record shows ending without finishing since its last clean end (`active`
+/// or `deleted`), newest first, and `interrupted` (a run whose expired lease this job took).
+fn unfinished_runs(
+    status: Option<&lifecycle::WorkspaceStatus>,
+    interrupted: Option<&str>,
+) -> Vec<String> {
+    let mut runs: Vec<String> = interrupted.map(str::to_owned).into_iter().collect();
+    if let Some(status) = status {
+        for t in status.history.iter().rev() {
+            if matches!(t.to, Phase::Active | Phase::Deleted) {
+                break;
+            }
+            if !runs.contains(&t.job_id) {
+                runs.push(t.job_id.clone());
+            }
+        }
+        if !matches!(status.status, Phase::Active | Phase::Deleted)
+            && !runs.contains(&status.job_id)
+        {
+            runs.push(status.job_id.clone());
+        }
+    }
+    runs.truncate(UNFINISHED_KEPT);
+    runs
 }
 
 impl Life {
@@ -52,6 +85,7 @@ impl Life {
                 (None, true)
             }
         };
+        let unfinished = unfinished_runs(status.as_ref(), interrupted.as_deref());
         let mut life = Self {
             ws: ws.clone(),
             fence: lease.fence(),
@@ -60,6 +94,7 @@ impl Life {
             status,
             skip,
             interrupted_before: interrupted,
+            unfinished,
         };
         // The workspace is ours now, so a run the record shows under way has stopped without
         // finishing (killed or crashed, even before it wrote its job record).
@@ -96,6 +131,11 @@ impl Life {
                 .await;
         }
         life
+    }
+
+    /// Earlier runs of the workspace that did not finish, newest first (see [`unfinished_runs`]).
+    pub(super) fn unfinished_runs(&self) -> &[String] {
+        &self.unfinished
     }
 
     /// Records the move the run ends with (apply and destroy), and sets the result's
@@ -178,5 +218,50 @@ impl Life {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(status: &str, job: &str, moves: &[(&str, &str)]) -> WorkspaceStatus {
+        let history: Vec<serde_json::Value> = moves
+            .iter()
+            .map(|(to, job)| {
+                serde_json::json!({
+                    "to": to, "at": "2026-11-24T10:00:00Z", "job_id": job, "operation": "apply",
+                })
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "schema": 1, "status": status, "since": "2026-11-24T10:00:00Z", "job_id": job,
+            "exists": true, "consecutive_failures": 1, "history": history,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn unfinished_runs_are_those_since_the_last_clean_end_newest_first() {
+        let status = record(
+            "updating",
+            "d",
+            &[
+                ("provisioning", "a"),
+                ("active", "a"),
+                ("updating", "b"),
+                ("failed", "b"),
+                ("updating", "c"),
+                ("interrupted", "c"),
+                ("updating", "d"),
+            ],
+        );
+        assert_eq!(unfinished_runs(Some(&status), None), ["d", "c", "b"]);
+        // A run whose expired lease this job took comes first, once.
+        assert_eq!(unfinished_runs(Some(&status), Some("c")), ["c", "d", "b"]);
+        // After a clean end there is nothing to look back over.
+        let clean = record("active", "a", &[("provisioning", "a"), ("active", "a")]);
+        assert!(unfinished_runs(Some(&clean), None).is_empty());
+        assert_eq!(unfinished_runs(None, Some("x")), ["x"]);
     }
 }

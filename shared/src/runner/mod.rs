@@ -377,7 +377,10 @@ impl Runner {
             logger: logger.clone(),
         })));
 
-        let mut report = Report::default();
+        let mut report = Report {
+            unfinished_runs: life.unfinished_runs().to_vec(),
+            ..Report::default()
+        };
         let outcome = self
             .execute(
                 job,

@@ -108,6 +108,19 @@ impl Runner {
             .map_err(|e| format!("there is no plan to find the resource in: {}", e.message))?;
         let in_state = self.addresses(s.ws).await?;
         let import = recover::import_for(error, &shown.stdout, &in_state)?;
+        // Only what this workspace was making: an object of the same name may be another
+        // workspace's, or made by hand, and importing it would hand it to this workspace (whose
+        // destroy would delete it).
+        if !report.creating.contains(&import.address)
+            && !self
+                .started_before(s.ws, &report.unfinished_runs, &import.address)
+                .await
+        {
+            return Err(format!(
+                "no run of this workspace was creating {}, so {} may be another workspace's or made by hand and is not imported: if it is this workspace's, import it (`terraform import {} {}`), otherwise rename this one or delete that one, then run the job again",
+                import.address, import.id, import.address, import.id
+            ));
+        }
         s.logger
             .runner(
                 "import",
@@ -137,6 +150,24 @@ impl Runner {
             after: error.message.clone(),
         });
         Ok(())
+    }
+
+    /// Whether one of `runs` (earlier runs of `ws` that did not finish) may have made
+    /// `address`, by their stored logs. A log that cannot be read is no evidence.
+    async fn started_before(&self, ws: &WorkspaceId, runs: &[String], address: &str) -> bool {
+        for run in runs {
+            match logs::read_log(self.store.as_ref(), ws, run).await {
+                Ok(lines) => {
+                    if recover::made_in_log(&lines).contains(address) {
+                        return true;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(job_id = %run, error = %e, "an earlier run's log cannot be read");
+                }
+            }
+        }
+        false
     }
 
     /// Terraform's own copy of a state it could not save (`errored.tfstate`): kept as a run
@@ -480,6 +511,12 @@ pub(super) struct Report {
     /// The terraform client that ran the job.
     pub(super) client: Option<Client>,
     pub(super) recovered: Vec<Recovery>,
+    /// Resources whose create this job's applies started and the cloud did not refuse as
+    /// already existing: objects this job may have made.
+    pub(super) creating: BTreeSet<String>,
+    /// Earlier runs of the workspace that ended without finishing (failed, timed out, killed),
+    /// newest first: their logs say which creates they started.
+    pub(super) unfinished_runs: Vec<String>,
     pub(super) unsaved_state: Option<UnsavedState>,
     /// Something in the workdir could not be saved elsewhere: do not delete it.
     pub(super) keep_workdir: bool,
@@ -645,6 +682,15 @@ impl Steps<'_> {
             duration_ms,
             exit_code: outcome.exit_code,
         });
+        let refused: Vec<String> = outcome
+            .events
+            .errors()
+            .filter(|d| recover::says_already_exists(&d.render()))
+            .filter_map(crate::ui::Diagnostic::resource_address)
+            .collect();
+        report
+            .creating
+            .extend(recover::may_have_made(&outcome.events.creating, &refused));
         let store_failures = self.server.activity().store_failures - failures_before;
         Ok(Ran {
             step,
