@@ -6,7 +6,8 @@
 # the 256 terraform processes, so it is asked for: LEVELS="1 8 64 256"), ROUNDS interleaved
 # rounds (default 1); prints the wall time of each side, the throughput ratio and the runner's
 # own peak memory (VmHWM of the serve process: terraform and its providers are other
-# processes), in all and per job. Targets: <= 0.5 MB per job at 256; throughput within 5 % of
+# processes), in all and per job, and the CPU time per job of each side (terraform and its
+# providers included). Targets: <= 0.5 MB per job at 256; throughput within 5 % of
 # bare parallel terraform. PROFILE=release (default) or debug.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +29,13 @@ export TESTCLOUD_CREATE_DELAY_MS="$DELAY_MS"
 vars='{"cluster_name":"bench","region":"eu-west-1","node_count":3,"instance_type":"small","cidr":"10.0.0.0/16","ha":false,"admin_password":"bench-password-123"}'
 
 now_ms() { date +%s%3N; }
+# CPU seconds (user + system) of this shell's finished children so far: each side's processes,
+# terraform and its providers included, once waited for.
+# (`times` runs in this shell: in a pipe or `$(…)` it would report a subshell's children.)
+cpu_s() {
+    times > "$work/times"
+    tail -1 "$work/times" | python3 -c 'import re,sys; print(sum(float(m)*60+float(s) for m,s in re.findall(r"(\d+)m([\d.]+)s", sys.stdin.read())))'
+}
 
 # N bare applies at once; prints the wall time in ms.
 bare() {
@@ -81,10 +89,13 @@ JOB
         TERRACE_CACHE_DIR="$work/cache" \
         "$terrace" serve --queue "$base/queue" --concurrency "$n" --once --poll-ms 100 \
         >"$base/serve.out" 2>"$base/serve.err" &
-    local pid=$! peak=0 hwm
+    local pid=$! peak=0 hwm own=0 ticks
     while kill -0 "$pid" 2>/dev/null; do
         hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
         [[ -n "$hwm" ]] && ((hwm > peak)) && peak=$hwm
+        # The runner's own CPU (utime + stime, in clock ticks), its children's not included.
+        ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || true)
+        [[ -n "$ticks" ]] && own=$ticks
         sleep 0.05
     done
     wait "$pid" || { echo "serve failed:" >&2; tail -20 "$base/serve.err" >&2; exit 1; }
@@ -96,7 +107,7 @@ JOB
         tail -20 "$base/serve.err" >&2
         exit 1
     fi
-    echo "$((t1 - t0)) $peak"
+    echo "$((t1 - t0)) $peak $((own * 1000 / $(getconf CLK_TCK)))"
 }
 
 : > "$work/rows"
@@ -105,9 +116,16 @@ bare 1 warm >/dev/null
 through_terrace 1 warm >/dev/null
 for n in $LEVELS; do
     for round in $(seq 1 "$ROUNDS"); do
+        cpu_s > "$work/c0"
         b=$(bare "$n" "$round")
-        read -r t kb < <(through_terrace "$n" "$round")
-        echo "$n $round $b $t $kb" | tee -a "$work/rows" >&2
+        cpu_s > "$work/c1"
+        through_terrace "$n" "$round" > "$work/t"
+        cpu_s > "$work/c2"
+        read -r t kb own < "$work/t"
+        c0=$(cat "$work/c0") c1=$(cat "$work/c1") c2=$(cat "$work/c2")
+        bcpu=$(python3 -c "print(round(($c1 - $c0) * 1000))")
+        tcpu=$(python3 -c "print(round(($c2 - $c1) * 1000))")
+        echo "$n $round $b $t $kb $bcpu $tcpu $own" | tee -a "$work/rows" >&2
         rm -rf "$work/bare-$n-$round" "$work/terrace-$n-$round"
     done
 done
@@ -116,13 +134,16 @@ python3 - "$work/rows" "$DELAY_MS" "$PROFILE" <<'PY'
 import statistics, sys
 rows = [tuple(int(x) for x in l.split()) for l in open(sys.argv[1])]
 print(f"concurrency: demo jobs with a {sys.argv[2]} ms create each, terrace built {sys.argv[3]}")
-print("| jobs | bare terraform, all at once | terrace serve --concurrency N | throughput (bare time / terrace time) | runner peak RSS | per job |")
-print("|---|---|---|---|---|---|")
+print("| jobs | bare terraform, all at once | terrace serve --concurrency N | throughput (bare time / terrace time) | CPU per job, bare / terrace (of which the runner's own) | runner peak RSS | per job |")
+print("|---|---|---|---|---|---|---|")
 for n in sorted({r[0] for r in rows}):
     mine = [r for r in rows if r[0] == n]
     b = statistics.median(r[2] for r in mine)
     t = statistics.median(r[3] for r in mine)
     kb = max(r[4] for r in mine)
-    print(f"| {n} | {b / 1000:.1f} s | {t / 1000:.1f} s | {b / t:.3f} | {kb / 1024:.1f} MB | {kb / 1024 / n:.2f} MB |")
+    bc = statistics.median(r[5] for r in mine) / n
+    tc = statistics.median(r[6] for r in mine) / n
+    oc = statistics.median(r[7] for r in mine) / n
+    print(f"| {n} | {b / 1000:.1f} s | {t / 1000:.1f} s | {b / t:.3f} | {bc:.0f} / {tc:.0f} ms ({oc:.0f} ms) | {kb / 1024:.1f} MB | {kb / 1024 / n:.2f} MB |")
 print("targets: throughput within 5 % of bare parallel terraform (ratio >= 0.95); <= 0.5 MB per job at 256")
 PY
