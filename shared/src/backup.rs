@@ -41,7 +41,8 @@ pub struct SweepReport {
 pub const SWEEP_CONCURRENCY: usize = 16;
 
 /// Backs up every changed workspace as of `now`, applies `keep`, and clears the marks of what
-/// it handled, [`SWEEP_CONCURRENCY`] workspaces at a time; the report keeps the listing's order.
+/// it handled, [`SWEEP_CONCURRENCY`] workspaces at a time (a slow one holds up no other); the
+/// report lists workspaces by name.
 /// One workspace's failure does not stop the others.
 ///
 /// # Errors
@@ -71,7 +72,7 @@ pub async fn sweep(
             };
             (mark.ws.to_string(), made, cleared)
         })
-        .buffered(SWEEP_CONCURRENCY);
+        .buffer_unordered(SWEEP_CONCURRENCY);
     while let Some((name, made, cleared)) = done.next().await {
         match made {
             Ok(made) => {
@@ -94,6 +95,10 @@ pub async fn sweep(
             }
         }
     }
+    report.backed_up.sort_by(|a, b| a.0.cmp(&b.0));
+    report.unchanged.sort();
+    report.pruned.sort();
+    report.failed.sort();
     Ok(report)
 }
 

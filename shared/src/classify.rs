@@ -97,18 +97,7 @@ pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> Job
             "the workspace's state is locked by another run; wait for it or break a stale lease with `terrace state unlock`",
             true,
         )
-    } else if has(&[
-        "throttl",
-        "rate exceeded",
-        "requestlimitexceeded",
-        "503",
-        "please retry",
-        "timeout",
-        "timed out",
-        "internalerror",
-        "internal error",
-        "connection reset",
-    ]) {
+    } else if has(TRANSIENT_WORDS) {
         (
             Category::Transient,
             "a temporary failure of the cloud API; running the job again may succeed",
@@ -167,6 +156,21 @@ pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> Job
         retryable,
     }
 }
+
+/// What a temporary failure of a cloud API says, lowercased: the request may or may not have
+/// been carried out.
+pub const TRANSIENT_WORDS: &[&str] = &[
+    "throttl",
+    "rate exceeded",
+    "requestlimitexceeded",
+    "503",
+    "please retry",
+    "timeout",
+    "timed out",
+    "internalerror",
+    "internal error",
+    "connection reset",
+];
 
 /// The resource a diagnostic is about: `with ADDRESS,` (terraform 0.15.4 and later, with the
 /// instance key), else `in resource "TYPE" "NAME"` (the resource block, without a key).

@@ -229,13 +229,13 @@ impl LogSink for StoreSink {
     async fn write(&mut self, line: &LogLine) {
         serde_json::to_writer(&mut self.buf, line).expect("log lines serialize");
         self.buf.push(b'\n');
-        // A create that starts is stored at once: if the runner dies before terraform saves
-        // the object, this line is the next run's evidence that the object is this
-        // workspace's to import (`recover`), not another's that happens to have its name.
-        let creating = line
-            .event
-            .as_ref()
-            .is_some_and(|e| crate::ui::started_create(e).is_some());
+        // A create that starts, or a change that errs, is stored at once: if the runner dies
+        // before terraform saves the object, these lines are the next run's evidence of what
+        // this workspace may have made (`recover`), and of what it did not.
+        let creating = line.event.as_ref().is_some_and(|e| {
+            (e["type"] == "apply_start" && e["hook"]["action"] == "create")
+                || e["type"] == "apply_errored"
+        });
         if creating || self.buf.len() >= 256 * 1024 {
             self.flush().await;
         }

@@ -44,55 +44,125 @@ pub fn says_already_exists(text: &str) -> bool {
     CONFLICT_WORDS.iter().any(|w| text.contains(w))
 }
 
-/// Whether `address` is the resource `refused` names, or one of its instances (a diagnostic may
-/// name the block, `T.N`, for the instance `T.N["k"]`).
-fn same_resource(address: &str, refused: &str) -> bool {
-    address == refused
-        || address
-            .strip_prefix(refused)
-            .is_some_and(|key| key.starts_with('['))
-}
-
-/// Of the creates one apply started, those the cloud may have carried out: all but those its
-/// error diagnostics refused as already existing (`refused`: their resources). Only these are
-/// evidence that an object of that address is the workspace's own to import.
-pub fn may_have_made(started: &[String], refused: &[String]) -> Vec<String> {
-    started
+/// Whether an error leaves it unknown if the cloud carried the request out: a timeout, a 5xx,
+/// throttling, `InternalError` (what a *false failure* says), and not "already exists".
+fn outcome_unknown(text: &str) -> bool {
+    let text = text.to_lowercase();
+    crate::classify::TRANSIENT_WORDS
         .iter()
-        .filter(|a| !refused.iter().any(|r| same_resource(a, r)))
-        .cloned()
-        .collect()
+        .any(|w| text.contains(w))
+        && !says_already_exists(&text)
 }
 
-/// The resources a stored log's applies may have made (see [`may_have_made`]): each apply is
-/// the lines after the runner's `terraform apply`, up to the next step it starts.
-pub fn made_in_log(lines: &[crate::logs::LogLine]) -> BTreeSet<String> {
-    let mut made = BTreeSet::new();
-    let (mut started, mut refused): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
-    let mut close = |started: &mut Vec<String>, refused: &mut Vec<String>| {
-        made.extend(may_have_made(started, refused));
-        started.clear();
-        refused.clear();
-    };
-    for line in lines {
-        if line.stream == crate::logs::Stream::Runner && line.text.starts_with("terraform ") {
-            close(&mut started, &mut refused);
-            continue;
-        }
-        let Some(event) = &line.event else { continue };
-        if let Some(address) = crate::ui::started_create(event) {
-            started.push(address.to_owned());
-        } else if event["type"] == "diagnostic"
-            && let Ok(d) =
-                serde_json::from_value::<crate::ui::Diagnostic>(event["diagnostic"].clone())
-            && d.is_error()
-            && says_already_exists(&d.render())
-            && let Some(address) = d.resource_address()
-        {
-            refused.push(address);
+/// Whether a diagnostic naming `named` (an instance, or a resource block without its key, or
+/// without its module path) is about the instance `address`.
+fn names(address: &str, named: &str) -> bool {
+    let keyless = |a: &str| a.split('[').next().unwrap_or(a).to_owned();
+    if named.contains('[') {
+        return address == named || address.ends_with(&format!(".{named}"));
+    }
+    let block = keyless(address);
+    block == named || block.ends_with(&format!(".{named}"))
+}
+
+/// How an apply's create of one resource ended, as its UI messages say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateEnd {
+    /// Started, no end seen: the apply was killed or the log cut short in the middle of it.
+    Open,
+    Completed,
+    Errored,
+}
+
+/// What one apply's UI messages say about its creates: each create it started and how it
+/// ended, and its error diagnostics (the resource they name, their text).
+#[derive(Clone, Debug, Default)]
+pub struct ApplyCreates {
+    pub creates: Vec<(String, CreateEnd)>,
+    pub errors: Vec<(Option<String>, String)>,
+}
+
+impl ApplyCreates {
+    /// Takes one UI message (`apply_start`, `apply_complete`, `apply_errored` of a create, or
+    /// an error `diagnostic`); others are ignored.
+    pub fn absorb(&mut self, event: &Value) {
+        let kind = event["type"].as_str().unwrap_or_default();
+        let hook = &event["hook"];
+        let address = hook["resource"]["addr"].as_str();
+        match (kind, address) {
+            ("apply_start", Some(address)) if hook["action"] == "create" => {
+                self.creates.push((address.to_owned(), CreateEnd::Open));
+            }
+            ("apply_complete" | "apply_errored", Some(address)) => {
+                let end = if kind == "apply_complete" {
+                    CreateEnd::Completed
+                } else {
+                    CreateEnd::Errored
+                };
+                if let Some(create) = self
+                    .creates
+                    .iter_mut()
+                    .rev()
+                    .find(|(a, e)| a == address && *e == CreateEnd::Open)
+                {
+                    create.1 = end;
+                }
+            }
+            ("diagnostic", _) => {
+                if let Ok(d) =
+                    serde_json::from_value::<crate::ui::Diagnostic>(event["diagnostic"].clone())
+                    && d.is_error()
+                {
+                    self.errors.push((d.resource_address(), d.render()));
+                }
+            }
+            _ => {}
         }
     }
-    close(&mut started, &mut refused);
+
+    /// The resources this apply may have made in the cloud: a create it saw complete, one
+    /// whose end it never saw (killed in the middle of it), and one that failed with an error
+    /// leaving the outcome unknown (a timeout, a 5xx, `InternalError`: a false failure) and
+    /// with no other error about it. A create that failed for a definite reason (already
+    /// exists, quota, permissions, an invalid argument), or whose error is not known, is not.
+    pub fn may_have_made(&self) -> Vec<String> {
+        self.creates
+            .iter()
+            .filter(|(address, end)| match end {
+                CreateEnd::Open | CreateEnd::Completed => true,
+                CreateEnd::Errored => {
+                    let about: Vec<&String> = self
+                        .errors
+                        .iter()
+                        .filter(|(named, _)| named.as_deref().is_some_and(|n| names(address, n)))
+                        .map(|(_, text)| text)
+                        .collect();
+                    !about.is_empty() && about.iter().all(|text| outcome_unknown(text))
+                }
+            })
+            .map(|(address, _)| address.clone())
+            .collect()
+    }
+}
+
+/// The resources a stored log's applies may have made (see [`ApplyCreates::may_have_made`]):
+/// each apply is the lines after the runner's `terraform apply`, up to the next step it
+/// starts.
+pub fn made_in_log(lines: &[crate::logs::LogLine]) -> BTreeSet<String> {
+    let mut made = BTreeSet::new();
+    let mut apply = ApplyCreates::default();
+    for line in lines {
+        if line.stream == crate::logs::Stream::Runner
+            && line.text.strip_prefix("terraform ") == Some(line.step.as_str())
+        {
+            made.extend(std::mem::take(&mut apply).may_have_made());
+            continue;
+        }
+        if let Some(event) = &line.event {
+            apply.absorb(event);
+        }
+    }
+    made.extend(apply.may_have_made());
     made
 }
 
@@ -225,7 +295,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_create_is_no_evidence_and_a_false_failure_is() {
+    fn only_a_create_that_may_have_happened_is_evidence() {
         let refused = apply_log(include_str!(
             "../tests/fixtures/errors/apply-already-exists.jsonl"
         ));
@@ -234,6 +304,13 @@ mod tests {
             "{:?}",
             made_in_log(&refused)
         );
+        let quota = apply_log(include_str!("../tests/fixtures/errors/apply-quota.jsonl"));
+        // The cluster's create started and failed on a quota: the cloud made nothing.
+        assert!(
+            !made_in_log(&quota).contains("testcloud_cluster.main"),
+            "{:?}",
+            made_in_log(&quota)
+        );
         let false_failure = apply_log(include_str!(
             "../tests/fixtures/errors/apply-false-failure.jsonl"
         ));
@@ -241,17 +318,38 @@ mod tests {
         // Each apply on its own: a refusal in a later apply does not undo an earlier one's create.
         let both: Vec<LogLine> = false_failure.into_iter().chain(refused).collect();
         assert!(made_in_log(&both).contains("testcloud_network.main"));
-        assert_eq!(
-            may_have_made(
-                &[
-                    "t.n[\"a\"]".to_owned(),
-                    "t.n[\"b\"]".to_owned(),
-                    "t.m".to_owned()
-                ],
-                &["t.n".to_owned()]
-            ),
-            ["t.m"]
-        );
+    }
+
+    #[test]
+    fn a_create_killed_midway_is_evidence_and_a_refused_sibling_is_not() {
+        let start = |a: &str| serde_json::json!({"type": "apply_start", "hook": {"action": "create", "resource": {"addr": a}}});
+        let errored = |a: &str| serde_json::json!({"type": "apply_errored", "hook": {"action": "create", "resource": {"addr": a}}});
+        let diagnostic = |a: &str, summary: &str| serde_json::json!({"type": "diagnostic", "diagnostic": {"severity": "error", "summary": summary, "detail": "", "address": a}});
+        let mut apply = ApplyCreates::default();
+        for event in [
+            start("t.n[\"a\"]"),
+            start("t.n[\"b\"]"),
+            start("module.m.t.k"),
+            errored("t.n[\"a\"]"),
+            errored("t.n[\"b\"]"),
+            diagnostic("t.n[\"a\"]", "creating: InternalError"),
+            diagnostic("t.n[\"b\"]", "resource already exists (id n-1)"),
+        ] {
+            apply.absorb(&event);
+        }
+        // a: a false failure; b: refused; module.m.t.k: never ended (killed).
+        assert_eq!(apply.may_have_made(), ["t.n[\"a\"]", "module.m.t.k"]);
+        // An error without its diagnostic (cut short before terraform printed it) is no evidence.
+        let mut cut = ApplyCreates::default();
+        cut.absorb(&start("t.x"));
+        cut.absorb(&errored("t.x"));
+        assert!(cut.may_have_made().is_empty());
+        // A diagnostic naming the block without its module path still refuses.
+        let mut module = ApplyCreates::default();
+        module.absorb(&start("module.m.t.k"));
+        module.absorb(&errored("module.m.t.k"));
+        module.absorb(&diagnostic("t.k", "already exists"));
+        assert!(module.may_have_made().is_empty());
     }
 
     fn conflict(message: &str, address: Option<&str>) -> JobError {

@@ -47,8 +47,6 @@ struct ChangeEvent {
 struct Hook {
     #[serde(default)]
     action: Option<String>,
-    #[serde(default)]
-    resource: Option<Resource>,
 }
 
 /// `change_summary`: terraform's own count of a plan's or an apply's changes.
@@ -157,9 +155,9 @@ pub struct Events {
     pub summary: Option<ChangeSummary>,
     /// `outputs` of an apply, sensitive values masked.
     pub outputs: Option<BTreeMap<String, Output>>,
-    /// Resources whose create this apply started (`apply_start` with action `create`): what
-    /// may exist in the cloud when the apply fails or is killed before its state is saved.
-    pub creating: Vec<String>,
+    /// The creates this apply started and how each ended: what may exist in the cloud when
+    /// the apply fails or is killed before its state is saved.
+    pub creates: crate::recover::ApplyCreates,
     /// Resource operations an apply will carry out (from its planned changes), and done so far.
     expected: u32,
     done: u32,
@@ -174,6 +172,7 @@ impl Events {
         }
         let value: serde_json::Value = serde_json::from_str(line).ok()?;
         let message = Message::deserialize(&value).ok()?;
+        self.creates.absorb(&value);
         let text = self.absorb(message);
         Some((text, value))
     }
@@ -244,16 +243,7 @@ impl Events {
                 }
                 self.counted(m.message)
             }
-            "apply_start" => {
-                if let Some(hook) = &m.hook
-                    && hook.action.as_deref() == Some("create")
-                    && let Some(resource) = &hook.resource
-                {
-                    self.creating.push(resource.addr.clone());
-                }
-                self.counted(m.message)
-            }
-            "apply_progress" => self.counted(m.message),
+            "apply_progress" | "apply_start" => self.counted(m.message),
             _ => m.message,
         }
     }
@@ -281,14 +271,6 @@ impl Events {
     pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
         self.diagnostics.iter().filter(|d| d.is_error())
     }
-}
-
-/// The resource whose create a UI message says terraform started (`apply_start`, action
-/// `create`), as kept in a stored log line's event.
-pub fn started_create(event: &serde_json::Value) -> Option<&str> {
-    (event["type"] == "apply_start" && event["hook"]["action"] == "create")
-        .then(|| event["hook"]["resource"]["addr"].as_str())
-        .flatten()
 }
 
 /// A planned change's actions as in terraform's plan JSON (`replace` is a delete and a create);
@@ -381,21 +363,11 @@ mod tests {
         );
         assert_eq!(outputs["admin_url"].value, crate::redact::MASK);
         assert!(outputs["admin_url"].sensitive);
-        // The creates it started, in order: evidence for an import after a failure.
+        // Both creates completed: both objects are this apply's.
         assert_eq!(
-            events.creating,
+            events.creates.may_have_made(),
             ["testcloud_network.main", "testcloud_cluster.main"]
         );
-    }
-
-    #[test]
-    fn only_a_starting_create_is_a_started_create() {
-        let start = |action: &str| serde_json::json!({"type": "apply_start", "hook": {"action": action, "resource": {"addr": "x.y"}}});
-        assert_eq!(started_create(&start("create")), Some("x.y"));
-        assert_eq!(started_create(&start("delete")), None);
-        let mut progress = start("create");
-        progress["type"] = "apply_progress".into();
-        assert_eq!(started_create(&progress), None);
     }
 
     #[test]

@@ -448,6 +448,15 @@ impl<B: Bucket> BucketStore<B> {
         Err(self.gave_up(&key))
     }
 
+    /// Deletes the copy of a backup already out of the index: a copy a failure leaves behind
+    /// is only space, named by no index entry.
+    async fn delete_dropped(&self, ws: &WorkspaceId, label: &str) {
+        let key = self.key(ws, &format!("backups/{label}.tfstate"));
+        if let Err(e) = self.bucket.delete(&key).await {
+            tracing::warn!(workspace = %ws, backup = %label, error = %e, "a dropped backup's copy was not deleted");
+        }
+    }
+
     async fn backup_index(&self, key: &str) -> Result<(Vec<BackupInfo>, Option<String>)> {
         match self.bucket.get(key).await? {
             Some(obj) => Ok((
@@ -759,6 +768,8 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         };
         let mut index = Some(index?);
         let mut copied = false;
+        // What the last attempt's index write dropped, when its answer may have been lost.
+        let mut dropped: Vec<String> = Vec::new();
         // The copy made (once), then the index written if unchanged since it was read: an
         // index entry never names a backup that is not there.
         for _ in 0..20 {
@@ -766,9 +777,21 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
                 Some(read) => read,
                 None => self.backup_index(&index_key).await?,
             };
-            // Unchanged since the last backup (or another sweep just made this one).
+            // Unchanged since the last backup, or another sweep just made this one, or this
+            // one's index write landed and its answer was lost: then what it dropped is out of
+            // the index, and its copies go.
             if entries.last().is_some_and(|b| b.sha256 == backup.sha256) {
-                return Ok(None);
+                if !copied || entries.last() != Some(&backup) {
+                    return Ok(None);
+                }
+                let pruned: Vec<String> = dropped
+                    .into_iter()
+                    .filter(|l| !entries.iter().any(|b| &b.label == l))
+                    .collect();
+                for old in &pruned {
+                    self.delete_dropped(ws, old).await;
+                }
+                return Ok(Some(Snapshot { backup, pruned }));
             }
             if !copied {
                 copied = true;
@@ -790,14 +813,11 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
                 .await?
             {
                 for old in &pruned {
-                    // Out of the index already: a copy left by a failure here is only space.
-                    let key = self.key(ws, &format!("backups/{old}.tfstate"));
-                    if let Err(e) = self.bucket.delete(&key).await {
-                        tracing::warn!(workspace = %ws, backup = %old, error = %e, "a dropped backup's copy was not deleted");
-                    }
+                    self.delete_dropped(ws, old).await;
                 }
                 return Ok(Some(Snapshot { backup, pruned }));
             }
+            dropped = pruned;
         }
         Err(self.gave_up(&index_key))
     }
@@ -957,7 +977,10 @@ mod tests {
             metadata: HashMap<String, String>,
             condition: Condition<'_>,
         ) -> Result<bool> {
-            if key.contains("/versions/") || key.ends_with("/lease.json") {
+            if key.contains("/versions/")
+                || key.ends_with("/lease.json")
+                || key.ends_with("/backups/index.json")
+            {
                 let first = self
                     .0
                     .put(key, data.clone(), metadata.clone(), condition)
@@ -986,6 +1009,61 @@ mod tests {
         async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
             self.0.folders(prefix).await
         }
+    }
+
+    #[tokio::test]
+    async fn a_backup_whose_index_write_is_sent_twice_is_made_once_and_prunes() {
+        let store = BucketStore::over(SentTwice::default(), "p", None);
+        let ws = WorkspaceId::new("acme", "twice").unwrap();
+        let keep = Retention {
+            hourly: 1,
+            daily: 0,
+        };
+        let state = |serial: u64| {
+            crate::NewState::parse(crate::tfstate::empty_state("l-1", serial)).unwrap()
+        };
+        store
+            .put(&ws, state(1), PutMode::Create, None)
+            .await
+            .unwrap();
+        let first = store.snapshot(&ws, "2026-11-24T01", keep).await.unwrap();
+        assert_eq!(first.expect("made").backup.version, 1);
+        let token = store.current(&ws).await.unwrap().unwrap().token;
+        store
+            .put(&ws, state(2), PutMode::Update(token), None)
+            .await
+            .unwrap();
+        let second = store
+            .snapshot(&ws, "2026-11-24T02", keep)
+            .await
+            .unwrap()
+            .expect("made, though its index write's answer was lost");
+        assert_eq!(second.pruned, ["2026-11-24T01"]);
+        let labels: Vec<String> = store
+            .backups(&ws)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|b| b.label)
+            .collect();
+        assert_eq!(labels, ["2026-11-24T02"]);
+        assert!(
+            store
+                .bucket
+                .get("p/acme/twice/backups/2026-11-24T01.tfstate")
+                .await
+                .unwrap()
+                .is_none(),
+            "the dropped backup's copy is gone"
+        );
+        assert!(
+            store
+                .snapshot(&ws, "2026-11-24T03", keep)
+                .await
+                .unwrap()
+                .is_none(),
+            "unchanged"
+        );
     }
 
     #[tokio::test]

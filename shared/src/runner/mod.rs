@@ -378,7 +378,11 @@ impl Runner {
         })));
 
         let mut report = Report {
-            unfinished_runs: life.unfinished_runs().to_vec(),
+            earlier: Earlier {
+                runs: life.unfinished_runs().to_vec(),
+                fence: lease.fence,
+                made: None,
+            },
             ..Report::default()
         };
         let outcome = self

@@ -111,10 +111,13 @@ impl Runner {
         // Only what this workspace was making: an object of the same name may be another
         // workspace's, or made by hand, and importing it would hand it to this workspace (whose
         // destroy would delete it).
+        if report.earlier.made.is_none() {
+            let made = self.made_before(s.ws, &report.earlier).await;
+            report.earlier.made = Some(made);
+        }
+        let earlier = report.earlier.made.as_ref();
         if !report.creating.contains(&import.address)
-            && !self
-                .started_before(s.ws, &report.unfinished_runs, &import.address)
-                .await
+            && !earlier.is_some_and(|made| made.contains(&import.address))
         {
             return Err(format!(
                 "no run of this workspace was creating {}, so {} may be another workspace's or made by hand and is not imported: if it is this workspace's, import it (`terraform import {} {}`), otherwise rename this one or delete that one, then run the job again",
@@ -152,22 +155,32 @@ impl Runner {
         Ok(())
     }
 
-    /// Whether one of `runs` (earlier runs of `ws` that did not finish) may have made
-    /// `address`, by their stored logs. A log that cannot be read is no evidence.
-    async fn started_before(&self, ws: &WorkspaceId, runs: &[String], address: &str) -> bool {
-        for run in runs {
-            match logs::read_log(self.store.as_ref(), ws, run).await {
-                Ok(lines) => {
-                    if recover::made_in_log(&lines).contains(address) {
-                        return true;
+    /// What earlier runs of `ws` that did not finish may have made, by their stored logs
+    /// (this attempt's own chunks left out). A log that cannot be read is no evidence.
+    async fn made_before(&self, ws: &WorkspaceId, earlier: &Earlier) -> BTreeSet<String> {
+        let own = format!("log/{:010}-", earlier.fence);
+        let mut made = BTreeSet::new();
+        for run in &earlier.runs {
+            let read = async {
+                let mut lines = Vec::new();
+                for name in self.store.artifacts(ws, run).await? {
+                    if !logs::is_chunk(&name) || name.starts_with(&own) {
+                        continue;
+                    }
+                    if let Some(chunk) = self.store.artifact(ws, run, &name).await? {
+                        lines.extend(logs::parse_chunk(&name, &chunk)?);
                     }
                 }
+                Ok::<_, logs::ReadLogError>(lines)
+            };
+            match read.await {
+                Ok(lines) => made.extend(recover::made_in_log(&lines)),
                 Err(e) => {
                     tracing::warn!(job_id = %run, error = %e, "an earlier run's log cannot be read");
                 }
             }
         }
-        false
+        made
     }
 
     /// Terraform's own copy of a state it could not save (`errored.tfstate`): kept as a run
@@ -511,15 +524,25 @@ pub(super) struct Report {
     /// The terraform client that ran the job.
     pub(super) client: Option<Client>,
     pub(super) recovered: Vec<Recovery>,
-    /// Resources whose create this job's applies started and the cloud did not refuse as
-    /// already existing: objects this job may have made.
+    /// Objects this job's applies may have made (`recover::ApplyCreates::may_have_made`).
     pub(super) creating: BTreeSet<String>,
-    /// Earlier runs of the workspace that ended without finishing (failed, timed out, killed),
-    /// newest first: their logs say which creates they started.
-    pub(super) unfinished_runs: Vec<String>,
+    /// What earlier runs of the workspace may have made.
+    pub(super) earlier: Earlier,
     pub(super) unsaved_state: Option<UnsavedState>,
     /// Something in the workdir could not be saved elsewhere: do not delete it.
     pub(super) keep_workdir: bool,
+}
+
+/// Earlier runs of the workspace that ended without finishing (failed, timed out, killed),
+/// newest first, and what their stored logs say they may have made, read once when an import
+/// first needs it.
+#[derive(Debug, Default)]
+pub(super) struct Earlier {
+    pub(super) runs: Vec<String>,
+    /// This attempt's lease fence: its own log chunks (a job delivered again runs under its
+    /// old id) are not an earlier run's.
+    pub(super) fence: u64,
+    pub(super) made: Option<BTreeSet<String>>,
 }
 
 #[derive(Clone, Copy)]
@@ -682,15 +705,9 @@ impl Steps<'_> {
             duration_ms,
             exit_code: outcome.exit_code,
         });
-        let refused: Vec<String> = outcome
-            .events
-            .errors()
-            .filter(|d| recover::says_already_exists(&d.render()))
-            .filter_map(crate::ui::Diagnostic::resource_address)
-            .collect();
         report
             .creating
-            .extend(recover::may_have_made(&outcome.events.creating, &refused));
+            .extend(outcome.events.creates.may_have_made());
         let store_failures = self.server.activity().store_failures - failures_before;
         Ok(Ran {
             step,
