@@ -411,6 +411,16 @@ fn lease_from_item(item: &HashMap<String, AttributeValue>) -> Option<Lease> {
     })
 }
 
+/// The expired lease an item's last acquisition took over, as it recorded it.
+fn taken_over(item: &HashMap<String, AttributeValue>) -> Option<TakenOver> {
+    let fence = num(item, "prev_fence").filter(|f| *f > 0)?;
+    Some(TakenOver {
+        owner: string(item, "prev_owner").filter(|o| !o.is_empty())?,
+        fence,
+        expired_at: from_millis(num(item, "prev_expires")?),
+    })
+}
+
 fn record_from_item(item: Option<&HashMap<String, AttributeValue>>) -> LeaseRecord {
     match item {
         None => LeaseRecord::default(),
@@ -463,10 +473,15 @@ impl LeaseKeeper for DynamoLeases {
         let info = serde_json::to_string(&request.info).expect("JSON serializes");
         let out = self
             .item(key)
+            // The lease it replaces (if any, expired) goes into the item as well, so a retry of
+            // this very request, whose first answer was lost, still knows it.
             .update_expression(
                 "SET last_fence = if_not_exists(last_fence, :zero) + :one, \
                  fence = if_not_exists(last_fence, :zero) + :one, \
-                 #owner = :owner, acquired_at = :now, expires_at = :exp, info = :info",
+                 #owner = :owner, acquired_at = :now, expires_at = :exp, info = :info, \
+                 prev_owner = if_not_exists(#owner, :nobody), \
+                 prev_fence = if_not_exists(fence, :zero), \
+                 prev_expires = if_not_exists(expires_at, :zero)",
             )
             .condition_expression("attribute_not_exists(#owner) OR expires_at <= :now")
             .expression_attribute_names("#owner", "owner")
@@ -476,6 +491,7 @@ impl LeaseKeeper for DynamoLeases {
             .expression_attribute_values(":now", n(millis(now)))
             .expression_attribute_values(":exp", n(millis(expires)))
             .expression_attribute_values(":info", AttributeValue::S(info))
+            .expression_attribute_values(":nobody", AttributeValue::S(String::new()))
             .return_values(ReturnValue::AllOld)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
@@ -506,13 +522,16 @@ impl LeaseKeeper for DynamoLeases {
                     })?;
                 // The SDK sent this request again after its answer was lost, and the first
                 // try had taken the lease: the holder is this request (its owner, its info,
-                // its time to the millisecond). Whose expired lease it took over is gone
-                // with the lost answer.
+                // its time to the millisecond), and the item says whose expired lease it took.
                 if holder.owner == request.owner
                     && holder.info == request.info
                     && holder.acquired_at == from_millis(millis(now))
                 {
-                    return Ok(holder);
+                    let took_over = condition_failure_item(&e).and_then(taken_over);
+                    return Ok(Lease {
+                        took_over,
+                        ..holder
+                    });
                 }
                 Err(StoreError::LeaseHeld {
                     workspace: ws.clone(),

@@ -169,3 +169,105 @@ async fn a_lagging_or_missing_copy_never_hides_the_newest_version() {
         .unwrap();
     assert_eq!(store.current(&ws).await.unwrap().unwrap().token.0, "2");
 }
+
+/// Loses the answer to the first UpdateItem that succeeds: the item has changed, the client sees
+/// a 500 and sends the same request again, as after a connection dropped on the way back.
+#[derive(Clone, Debug, Default)]
+struct LoseFirstUpdate {
+    /// The request being sent is an UpdateItem.
+    update: Arc<std::sync::atomic::AtomicBool>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for LoseFirstUpdate {
+    fn name(&self) -> &'static str {
+        "LoseFirstUpdate"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let target = context.request().headers().get("x-amz-target");
+        self.update.store(
+            target.is_some_and(|t| t.ends_with(".UpdateItem")),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
+        _components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let response = context.response_mut();
+        if self.update.load(SeqCst)
+            && response.status().is_success()
+            && !self.lost.swap(true, SeqCst)
+        {
+            *response.status_mut() = 500u16.try_into()?;
+        }
+        Ok(())
+    }
+}
+
+/// A lease taken over an expired one by a request whose answer was lost, and which the SDK sent
+/// again, is recognised as this request's, and still knows whose lease it took over (so that
+/// job is recorded as interrupted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamodb_lease_taken_by_a_request_whose_answer_was_lost_knows_whom_it_took_over() {
+    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    let config = S3Config {
+        bucket: aws::bucket().await,
+        prefix: "states".into(),
+        lease: LeaseMode::DynamoDb {
+            table: aws::lease_table().await,
+        },
+        kms_key_id: None,
+    };
+    let plain = S3Store::new(aws::s3().await, Some(aws::dynamodb().await), config.clone()).unwrap();
+    let lose = LoseFirstUpdate::default();
+    let dynamodb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&aws::sdk_config().await)
+            .interceptor(lose.clone())
+            .build(),
+    );
+    let flaky = S3Store::new(aws::s3().await, Some(dynamodb), config).unwrap();
+    let ws = WorkspaceId::new("acme", "lost-answer").unwrap();
+    let dead = plain
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "dead-job".into(),
+                ttl: std::time::Duration::from_millis(1),
+                info: serde_json::Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let lease = flaky
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "next-job".into(),
+                ttl: std::time::Duration::from_secs(60),
+                info: serde_json::json!({ "request": "r-1" }),
+            },
+        )
+        .await
+        .expect("its own lease, not held by another");
+    assert!(
+        lose.lost.load(std::sync::atomic::Ordering::SeqCst),
+        "the first answer was lost"
+    );
+    assert_eq!(lease.owner, "next-job");
+    assert_eq!(lease.fence, dead.fence + 1);
+    let took = lease.took_over.expect("it knows whose lease it took over");
+    assert_eq!((took.owner.as_str(), took.fence), ("dead-job", dead.fence));
+}
