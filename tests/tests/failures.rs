@@ -347,6 +347,10 @@ async fn an_object_another_workspace_made_is_not_imported() {
             )),
         "{hint}"
     );
+    assert!(
+        !hint.contains("import it into the state, or delete it"),
+        "the hint says why it was not imported, not also the general advice: {hint}"
+    );
     assert!(result.get("recovered").is_none(), "{result}");
     // Nothing adopted: the second workspace's state, if it has one, holds none of the first
     // one's objects.

@@ -49,7 +49,10 @@ impl Runner {
                         attempt += 1;
                         continue;
                     }
-                    Err(why) => error.hint = format!("{} ({why})", error.hint),
+                    Err(NotImported::Why(why)) => {
+                        error.hint = format!("{} ({why})", error.hint);
+                    }
+                    Err(NotImported::NotOurs(hint)) => error.hint = hint,
                 }
             }
             let retryable = error.category == Category::Transient && error.retryable;
@@ -99,15 +102,21 @@ impl Runner {
         error: &JobError,
         s: &Steps<'_>,
         report: &mut Report,
-    ) -> Result<(), String> {
+    ) -> Result<(), NotImported> {
         // The saved plan of the attempt that failed is still in the workdir.
         let shown = s
             .run(&Command::ShowPlan, report)
             .await
             .and_then(Ran::ok)
-            .map_err(|e| format!("there is no plan to find the resource in: {}", e.message))?;
-        let in_state = self.addresses(s.ws).await?;
-        let import = recover::import_for(error, &shown.stdout, &in_state)?;
+            .map_err(|e| {
+                NotImported::Why(format!(
+                    "there is no plan to find the resource in: {}",
+                    e.message
+                ))
+            })?;
+        let in_state = self.addresses(s.ws).await.map_err(NotImported::Why)?;
+        let import =
+            recover::import_for(error, &shown.stdout, &in_state).map_err(NotImported::Why)?;
         // Only what this workspace was making: an object of the same name may be another
         // workspace's, or made by hand, and importing it would hand it to this workspace (whose
         // destroy would delete it).
@@ -119,10 +128,11 @@ impl Runner {
         if !report.creating.contains(&import.address)
             && !earlier.is_some_and(|made| made.contains(&import.address))
         {
-            return Err(format!(
-                "no run of this workspace was creating {}, so {} may be another workspace's or made by hand and is not imported: if it is this workspace's, import it (`terraform import {} {}`), otherwise rename this one or delete that one, then run the job again",
-                import.address, import.id, import.address, import.id
-            ));
+            return Err(NotImported::NotOurs(format!(
+                "no run of this workspace was creating {address}, so {id} may be another workspace's object or one made by hand, and it was not imported: if it is this workspace's, import it (`terraform import {address} {id}`); if not, give this workspace's object another name or delete that one; then run the job again",
+                address = import.address,
+                id = import.id,
+            )));
         }
         s.logger
             .runner(
@@ -141,10 +151,10 @@ impl Runner {
             .await
             .and_then(Ran::ok)
             .map_err(|e| {
-                format!(
+                NotImported::Why(format!(
                     "importing {} {} failed: {}",
                     import.address, import.id, e.message
-                )
+                ))
             })?;
         report.recovered.push(Recovery {
             action: "imported".into(),
@@ -531,6 +541,14 @@ pub(super) struct Report {
     pub(super) unsaved_state: Option<UnsavedState>,
     /// Something in the workdir could not be saved elsewhere: do not delete it.
     pub(super) keep_workdir: bool,
+}
+
+/// Why an object that already exists was not imported.
+pub(super) enum NotImported {
+    /// Added to the error's hint: why it could not be told what to import.
+    Why(String),
+    /// The error's hint: the object may not be this workspace's.
+    NotOurs(String),
 }
 
 /// Earlier runs of the workspace that ended without finishing (failed, timed out, killed),
