@@ -221,7 +221,12 @@ impl StoreSink {
 /// The artifact name of log chunk `n` of the attempt with lease `fence`: attempts sort in the
 /// order they held the workspace, chunks in the order they were written.
 pub fn chunk_name(fence: u64, n: u64) -> String {
-    format!("log/{fence:010}-{n:06}.ndjson")
+    format!("{}{n:06}.ndjson", chunk_prefix(fence))
+}
+
+/// What the names of every log chunk of the attempt with lease `fence` start with.
+pub fn chunk_prefix(fence: u64) -> String {
+    format!("log/{fence:010}-")
 }
 
 #[async_trait::async_trait]
@@ -285,9 +290,22 @@ pub async fn read_log(
     ws: &WorkspaceId,
     job_id: &str,
 ) -> Result<Vec<LogLine>, ReadLogError> {
+    read_chunks(store, ws, job_id, |_| true).await
+}
+
+/// Reads the chunks of a run's log whose names `wanted` accepts, in order.
+///
+/// # Errors
+/// Store failures, or a chunk that is not NDJSON.
+pub async fn read_chunks(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+    wanted: impl Fn(&str) -> bool + Send,
+) -> Result<Vec<LogLine>, ReadLogError> {
     let mut lines = Vec::new();
     for name in store.artifacts(ws, job_id).await? {
-        if !is_chunk(&name) {
+        if !is_chunk(&name) || !wanted(&name) {
             continue;
         }
         let Some(chunk) = store.artifact(ws, job_id, &name).await? else {

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
-use crate::retention::{Retention, to_prune};
+use crate::retention::Retention;
 use crate::{
     BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
     Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex, tfstate,
@@ -586,11 +586,7 @@ impl StateStore for FsStore {
                 version: number,
                 sha256: info.sha256,
             };
-            index.retain(|b| b.label != label);
-            index.push(backup.clone());
-            let labels: Vec<String> = index.iter().map(|b| b.label.clone()).collect();
-            let pruned = to_prune(&labels, keep);
-            index.retain(|b| !pruned.contains(&b.label));
+            let pruned = crate::retention::record(&mut index, backup.clone(), keep);
             write_atomic(
                 &index_path,
                 &serde_json::to_vec_pretty(&index).expect("backup index serializes"),

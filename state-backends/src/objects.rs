@@ -38,7 +38,7 @@ use bytes::Bytes;
 use time::OffsetDateTime;
 
 use crate::lease::{LeaseRecord, check_put};
-use crate::retention::{Retention, to_prune};
+use crate::retention::Retention;
 use crate::{
     BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
     Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
@@ -803,11 +803,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
                     )
                     .await?;
             }
-            entries.retain(|b| b.label != label);
-            entries.push(backup.clone());
-            let labels: Vec<String> = entries.iter().map(|b| b.label.clone()).collect();
-            let pruned = to_prune(&labels, keep);
-            entries.retain(|b| !pruned.contains(&b.label));
+            let pruned = crate::retention::record(&mut entries, backup.clone(), keep);
             if self
                 .put_backup_index(&index_key, &entries, tag.as_deref())
                 .await?

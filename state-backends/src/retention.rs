@@ -47,6 +47,21 @@ pub fn to_prune(labels: &[String], keep: Retention) -> Vec<String> {
         .collect()
 }
 
+/// Records `backup` in a workspace's backup index (oldest first), replacing one of the same
+/// label, and drops from it what `keep` no longer keeps; returns the dropped labels.
+pub fn record(
+    index: &mut Vec<crate::BackupInfo>,
+    backup: crate::BackupInfo,
+    keep: Retention,
+) -> Vec<String> {
+    index.retain(|b| b.label != backup.label);
+    index.push(backup);
+    let labels: Vec<String> = index.iter().map(|b| b.label.clone()).collect();
+    let pruned = to_prune(&labels, keep);
+    index.retain(|b| !pruned.contains(&b.label));
+    pruned
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -168,21 +168,11 @@ impl Runner {
     /// What earlier runs of `ws` that did not finish may have made, by their stored logs
     /// (this attempt's own chunks left out). A log that cannot be read is no evidence.
     async fn made_before(&self, ws: &WorkspaceId, earlier: &Earlier) -> BTreeSet<String> {
-        let own = format!("log/{:010}-", earlier.fence);
+        let own = logs::chunk_prefix(earlier.fence);
         let mut made = BTreeSet::new();
         for run in &earlier.runs {
-            let read = async {
-                let mut lines = Vec::new();
-                for name in self.store.artifacts(ws, run).await? {
-                    if !logs::is_chunk(&name) || name.starts_with(&own) {
-                        continue;
-                    }
-                    if let Some(chunk) = self.store.artifact(ws, run, &name).await? {
-                        lines.extend(logs::parse_chunk(&name, &chunk)?);
-                    }
-                }
-                Ok::<_, logs::ReadLogError>(lines)
-            };
+            let read =
+                logs::read_chunks(self.store.as_ref(), ws, run, |name| !name.starts_with(&own));
             match read.await {
                 Ok(lines) => made.extend(recover::made_in_log(&lines)),
                 Err(e) => {
