@@ -579,6 +579,65 @@ pub fn canary_message(id: &str, canary: &str, timeout: &str) -> serde_json::Valu
     })
 }
 
+/// Secrets canary on process listings: reads every process's command line and environment (what
+/// `ps` and `ps e` show) every 5 ms from [`ProcessListings::start`] until
+/// [`ProcessListings::check`].
+pub struct ProcessListings {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<(usize, bool, Vec<String>)>,
+}
+
+impl ProcessListings {
+    /// Starts sampling for `secret`. `cloud` is the test cloud folder of the job's sandbox: a
+    /// `terraform apply` whose environment names it is this job's terraform.
+    pub fn start(secret: &str, cloud: &Path) -> Self {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ours = format!("TESTCLOUD_ROOT={}", cloud.display());
+        let (secret, stop) = (secret.to_owned(), done.clone());
+        let sampler = std::thread::spawn(move || {
+            let (mut samples, mut terraform_seen, mut leaks) = (0, false, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let dir = entry.path();
+                    let read = |what: &str| {
+                        std::fs::read(dir.join(what))
+                            .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+                    };
+                    let (Ok(cmdline), Ok(environ)) = (read("cmdline"), read("environ")) else {
+                        continue;
+                    };
+                    terraform_seen |=
+                        cmdline.contains("terraform apply") && environ.contains(&ours);
+                    for (what, text) in [("cmdline", &cmdline), ("environ", &environ)] {
+                        if text.contains(&secret) {
+                            leaks.push(format!("{} {what}: {text}", dir.display()));
+                        }
+                    }
+                }
+                samples += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            (samples, terraform_seen, leaks)
+        });
+        ProcessListings { done, sampler }
+    }
+
+    /// Stops sampling. Fails if the secret was in a listing, or if no sample caught the job's
+    /// `terraform apply` running (then the listings proved nothing).
+    pub fn check(self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (samples, terraform_seen, leaks) = self.sampler.join().unwrap();
+        assert!(
+            leaks.is_empty(),
+            "the secret is in a process listing: {leaks:?}"
+        );
+        assert!(
+            terraform_seen,
+            "no sample of {samples} caught this job's terraform apply running (its command line and environment read), so the listings proved nothing"
+        );
+    }
+}
+
 /// Secrets canary: fails when an object under `prefix` other than a state holds `canary`
 /// (terraform's states hold the values they manage, by design; nothing else may). How many
 /// states hold it: more than none shows the canary reached terraform. Also fails when no

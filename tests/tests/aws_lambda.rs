@@ -397,8 +397,8 @@ async fn templates_published_to_the_runners_bucket_run_without_a_new_image() {
 
 /// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan
 /// (the `leaky` template). The secret is in none of the function's log, the result sent to
-/// the results queue, or the objects in the customer's bucket other than the states
-/// themselves.
+/// the results queue, the objects in the customer's bucket other than the states themselves,
+/// or any process's command line or environment while the job runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
     let w = World::new().await;
@@ -414,7 +414,9 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
     let canary = "canary-7c1e-lambda-5ecret";
     let body = tests::canary_message("canary-1", canary, "3m").to_string();
     let (event, _) = w.batch(&[body]).await;
+    let listings = tests::ProcessListings::start(canary, &w.sb.cloud);
     let response = api.invoke(event, Duration::from_secs(300)).await.unwrap();
+    listings.check();
     assert!(failures(&response).is_empty(), "{response}");
     let results = w.results().await;
     assert_eq!(results.len(), 1, "{results:?}");

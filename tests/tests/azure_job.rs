@@ -269,14 +269,17 @@ async fn templates_published_to_the_runners_container_run_without_a_new_image() 
 
 /// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan
 /// (the `leaky` template). The secret is in none of the job's log, the result on the results
-/// queue, or the blobs in the customer's container other than the states themselves.
+/// queue, the blobs in the customer's container other than the states themselves, or any
+/// process's command line or environment while the job runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
     let w = World::new().await;
     let canary = "canary-9e2f-containerapps-5ecret";
     let message = tests::canary_message("canary-1", canary, "5m");
     w.jobs.send(&message.to_string()).await;
+    let listings = tests::ProcessListings::start(canary, &w.sb.cloud);
     let out = w.command(&[]).stderr(Stdio::piped()).output().unwrap();
+    listings.check();
     assert!(out.status.success(), "{out:?}");
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("canary-1"), "the job logged the job");

@@ -213,8 +213,9 @@ async fn templates_published_to_the_runners_bucket_run_without_a_new_image() {
 }
 
 /// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan
-/// (the `leaky` template). The secret is in none of the service's log, its answer, or the
-/// objects in the customer's bucket other than the states themselves.
+/// (the `leaky` template). The secret is in none of the service's log, its answer, the
+/// objects in the customer's bucket other than the states themselves, or any process's command
+/// line or environment while the job runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
     let w = World::new().await;
@@ -231,7 +232,9 @@ async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
     tests::gcp::wait_for_port(port, Duration::from_secs(10), "terrace-gcp").await;
     let canary = "canary-3b9d-cloudrun-5ecret";
     let message = tests::canary_message("canary-1", canary, "5m");
+    let listings = tests::ProcessListings::start(canary, &w.sb.cloud);
     let answer = w.push(&service, &push_envelope("m-c1", &message)).await;
+    listings.check();
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
     assert!(!answer.body.contains(canary), "{}", answer.body);

@@ -519,50 +519,11 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
              template: {{ name: leaky, version: 1.0.0 }}\nvariables: {{ name: leaky, token: {token} }}\n"
         ),
     );
-    // While the job runs, every process's command line and environment (what `ps` and
-    // `ps e` show) is read every few milliseconds: the secret must be in none of them.
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let done = done.clone();
-        // This job's terraform: its environment names this sandbox's test cloud.
-        let ours = format!("TESTCLOUD_ROOT={}", sb.cloud.display());
-        std::thread::spawn(move || {
-            let (mut samples, mut terraform_seen, mut leaks) = (0, false, Vec::new());
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-                    let dir = entry.path();
-                    let read = |what: &str| {
-                        std::fs::read(dir.join(what))
-                            .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
-                    };
-                    let (Ok(cmdline), Ok(environ)) = (read("cmdline"), read("environ")) else {
-                        continue;
-                    };
-                    terraform_seen |=
-                        cmdline.contains("terraform apply") && environ.contains(&ours);
-                    for (what, text) in [("cmdline", &cmdline), ("environ", &environ)] {
-                        if text.contains(token) {
-                            leaks.push(format!("{} {what}: {text}", dir.display()));
-                        }
-                    }
-                }
-                samples += 1;
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            (samples, terraform_seen, leaks)
-        })
-    };
+    // While the job runs, every process's command line and environment is read every few
+    // milliseconds: the secret must be in none of them (terraform gets variables in a file).
+    let listings = tests::ProcessListings::start(token, &sb.cloud);
     let run = sb.run(&["run", job.to_str().unwrap()]);
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (samples, terraform_seen, leaks) = sampler.join().unwrap();
-    assert!(
-        leaks.is_empty(),
-        "the secret is in a process listing: {leaks:?}"
-    );
-    assert!(
-        terraform_seen,
-        "no sample of {samples} caught this job's terraform apply running (its command line and environment read), so the listings proved nothing"
-    );
+    listings.check();
     run.expect_code(0);
     // Terraform printed the secret (plan, apply, outputs); Terrace masked every occurrence.
     assert!(
