@@ -8,6 +8,9 @@
 //!
 //! Faults are drawn from a seeded generator, so a run can be repeated (the order requests
 //! arrive in still varies).
+//!
+//! [`FaultProxy::hold`] keeps one chosen request in flight for good, before or after the
+//! emulator saw it, so a test can kill the runner during that store call.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -113,6 +116,16 @@ impl Counts {
     }
 }
 
+/// What [`FaultProxy::hold`] looks for.
+pub type Matches = Box<dyn Fn(&hyper::Method, &str, &hyper::HeaderMap) -> bool + Send + Sync>;
+
+/// A request to hold: the first one `matches` accepts.
+struct Hold {
+    matches: Matches,
+    landed: bool,
+    tell: tokio::sync::oneshot::Sender<String>,
+}
+
 struct Shared {
     upstream: String,
     authority: String,
@@ -120,6 +133,7 @@ struct Shared {
     rate: f64,
     rng: Mutex<StdRng>,
     partition_until: Mutex<Option<Instant>>,
+    hold: Mutex<Option<Hold>>,
     counts: Counts,
     client: Client<HttpConnector, Incoming>,
 }
@@ -160,6 +174,7 @@ impl FaultProxy {
             rate,
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             partition_until: Mutex::new(None),
+            hold: Mutex::new(None),
             counts: Counts::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
@@ -199,6 +214,38 @@ impl FaultProxy {
     pub fn partition(&self, length: Duration) {
         *self.shared.partition_until.lock().expect("not poisoned") = Some(Instant::now() + length);
     }
+
+    /// The next request `matches` accepts (given its method, path and query, and headers) is
+    /// held for good: never forwarded, or, when `landed`, forwarded and answered by the
+    /// emulator but the answer never passed on. Its client waits until it gives up or dies.
+    /// The receiver gets the request's method and path once it is held.
+    pub fn hold(&self, matches: Matches, landed: bool) -> tokio::sync::oneshot::Receiver<String> {
+        let (tell, told) = tokio::sync::oneshot::channel();
+        *self.shared.hold.lock().expect("not poisoned") = Some(Hold {
+            matches,
+            landed,
+            tell,
+        });
+        told
+    }
+}
+
+/// A request, told briefly: its method and path, and from its query only the object's name
+/// (GCS puts it there); DynamoDB's operation. Never a signature.
+fn describe(request: &Request<Incoming>, path: &str) -> String {
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let mut what = format!("{} {path}", request.method());
+    if let Some(name) = query.split('&').find(|pair| pair.starts_with("name=")) {
+        what = format!("{what}?{name}");
+    }
+    if let Some(target) = request
+        .headers()
+        .get("x-amz-target")
+        .and_then(|t| t.to_str().ok())
+    {
+        what = format!("{what} ({})", target.rsplit('.').next().unwrap_or(target));
+    }
+    what
 }
 
 /// Why a connection was dropped (never seen by the client: it sees the connection close).
@@ -238,7 +285,22 @@ impl Shared {
             tokio::time::sleep_until(until.into()).await;
             return Err(Dropped);
         }
-        let (fault, pause_ms) = self.draw();
+        let path = request
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let held = {
+            let mut hold = self.hold.lock().expect("not poisoned");
+            match &*hold {
+                Some(h) if (h.matches)(request.method(), &path, request.headers()) => hold.take(),
+                _ => None,
+            }
+        };
+        let (fault, pause_ms) = match held {
+            Some(_) => (None, 0),
+            None => self.draw(),
+        };
         if let Some(fault) = fault {
             self.count(fault);
         }
@@ -250,11 +312,14 @@ impl Shared {
             Some(Fault::Delay) => tokio::time::sleep(Duration::from_millis(pause_ms)).await,
             Some(Fault::ResetAfter) | None => {}
         }
-        let path = request
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
+        let what = describe(&request, &path);
+        let held = match held {
+            Some(hold) if !hold.landed => {
+                let _ = hold.tell.send(what);
+                return std::future::pending().await;
+            }
+            held => held,
+        };
         *request.uri_mut() = format!("{}{path}", self.upstream)
             .parse()
             .expect("an upstream URI");
@@ -265,6 +330,12 @@ impl Shared {
         let version_write =
             matches!(request.method().as_str(), "PUT" | "POST") && path.contains("versions");
         let answer = self.client.request(request).await.map_err(|_| Dropped)?;
+        if let Some(hold) = held {
+            // The emulator has done what was asked; its answer never reaches the client.
+            let _ = answer.into_body().collect().await;
+            let _ = hold.tell.send(what);
+            return std::future::pending().await;
+        }
         if fault == Some(Fault::ResetAfter) {
             if version_write {
                 self.counts
