@@ -205,6 +205,20 @@ impl From<&str> for ConfigError {
     }
 }
 
+/// `TERRACE_CALL_TIMEOUT` ([`state_backends::CALL_TIMEOUT`], at least 1 s): how long one
+/// attempt of a call to the store (and, in the AWS function, to any AWS service) may take before
+/// its client gives it up and tries again.
+///
+/// # Errors
+/// A value that is not a number of seconds, named.
+pub fn call_timeout() -> Result<Duration, ConfigError> {
+    Ok(seconds(
+        "TERRACE_CALL_TIMEOUT",
+        state_backends::CALL_TIMEOUT.as_secs(),
+    )?
+    .max(Duration::from_secs(1)))
+}
+
 /// A number of seconds, `default` when unset.
 ///
 /// # Errors
@@ -241,6 +255,8 @@ pub struct Runtime {
     pub terraform: TerraformConfig,
     /// `TERRACE_LEASE_TTL` (60 s).
     pub lease_ttl: Duration,
+    /// [`call_timeout`]: one attempt of a store call.
+    pub call_timeout: Duration,
     /// `TERRACE_TASK_LEASE_WAIT` (240 s): how long a handed-off task waits for a busy
     /// workspace before its job goes back on the queue.
     pub task_lease_wait: Duration,
@@ -305,6 +321,7 @@ impl Runtime {
                 job_user: None,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
+            call_timeout: call_timeout()?,
             task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
             client_cache: var("TERRACE_CACHE_DIR").map(Into::into),
             console: false,
@@ -509,6 +526,7 @@ mod tests {
                 ..TerraformConfig::default()
             },
             lease_ttl: Duration::from_secs(60),
+            call_timeout: state_backends::CALL_TIMEOUT,
             task_lease_wait: Duration::from_secs(1),
             client_cache: None,
             console: false,

@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
-use azure_core::http::{Etag, NoFormat, RequestContent, Url};
+use azure_core::http::{ClientOptions, Etag, NoFormat, RequestContent, Transport, Url};
 use azure_storage_blob::models::{
     BlobClientAcquireLeaseOptions, BlobClientBreakLeaseOptions, BlobClientDeleteOptions,
     BlobClientGetPropertiesResultHeaders, BlobClientStartCopyFromUrlOptions,
     BlobClientStartCopyFromUrlResultHeaders, BlobContainerClientListBlobsOptions,
     BlockBlobClientUploadOptions, CopyStatus,
 };
-use azure_storage_blob::{BlobClient, BlobContainerClient};
+use azure_storage_blob::{BlobClient, BlobContainerClient, BlobContainerClientOptions};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
@@ -50,6 +50,9 @@ pub struct AzureConfig {
     pub container_url: String,
     /// Prepended to every blob name (`prefix/tenant/workspace/…`); empty for none.
     pub prefix: String,
+    /// How long one attempt of a call may take ([`crate::CALL_TIMEOUT`]) before it is given
+    /// up and tried again.
+    pub call_timeout: Duration,
 }
 
 /// The Azure store.
@@ -61,7 +64,7 @@ impl BucketStore<AzureBucket> {
     /// # Errors
     /// A malformed URL, or a credential over plain http.
     pub fn new(config: &AzureConfig, credential: Option<Arc<dyn TokenCredential>>) -> Result<Self> {
-        let bucket = AzureBucket::new(&config.container_url, credential)?;
+        let bucket = AzureBucket::new(&config.container_url, credential, config.call_timeout)?;
         let leases = BlobLeases {
             bucket: bucket.clone(),
         };
@@ -165,7 +168,11 @@ impl std::fmt::Debug for AzureBucket {
 }
 
 impl AzureBucket {
-    fn new(url: &str, credential: Option<Arc<dyn TokenCredential>>) -> Result<Self> {
+    fn new(
+        url: &str,
+        credential: Option<Arc<dyn TokenCredential>>,
+        call_timeout: Duration,
+    ) -> Result<Self> {
         let url = Url::parse(url).map_err(|e| {
             backend_error(
                 format!("container URL {:?} is not a URL: {e}", scrub(url)),
@@ -178,19 +185,31 @@ impl AzureBucket {
                 false,
             ));
         }
-        let container = BlobContainerClient::new(url, credential.clone(), None).map_err(|e| {
-            backend_error(
-                format!("container client: {}", scrub(&e.to_string())),
-                false,
-            )
-        })?;
+        // One HTTP client for the SDK's calls and the raw one: an attempt that outlasts the
+        // call timeout (a stalled connection) is given up, and the SDK's retry policy tries
+        // again.
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(call_timeout)
+            .build()
+            .map_err(|e| backend_error(format!("HTTP client: {e}"), false))?;
+        let options = BlobContainerClientOptions {
+            client_options: ClientOptions {
+                transport: Some(Transport::new(Arc::new(http.clone()))),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let container =
+            BlobContainerClient::new(url, credential.clone(), Some(options)).map_err(|e| {
+                backend_error(
+                    format!("container client: {}", scrub(&e.to_string())),
+                    false,
+                )
+            })?;
         Ok(Self {
             container: Arc::new(container),
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap_or_default(),
+            http,
             credential,
         })
     }

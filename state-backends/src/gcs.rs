@@ -37,6 +37,9 @@ pub struct GcsConfig {
     pub kms_key: Option<String>,
     /// The JSON API's base URL: `https://storage.googleapis.com`, or an emulator's.
     pub endpoint: String,
+    /// How long one attempt of a call may take ([`crate::CALL_TIMEOUT`]) before it is given
+    /// up and tried again.
+    pub call_timeout: std::time::Duration,
 }
 
 impl GcsConfig {
@@ -66,10 +69,11 @@ impl BucketStore<GcsBucket> {
         let bucket = GcsBucket {
             storage,
             json: JsonApi {
-                // Every JSON API call is small; 60 s is a stuck connection, retried as one.
+                // Every JSON API call is small: one that outlasts the call timeout is a stuck
+                // connection, retried as one.
                 http: reqwest::Client::builder()
                     .connect_timeout(std::time::Duration::from_secs(10))
-                    .timeout(std::time::Duration::from_secs(60))
+                    .timeout(config.call_timeout)
                     .build()
                     .unwrap_or_default(),
                 base: config.endpoint.trim_end_matches('/').to_owned(),
@@ -78,6 +82,7 @@ impl BucketStore<GcsBucket> {
             resource: format!("projects/_/buckets/{}", config.bucket),
             name: config.bucket,
             kms_key: config.kms_key,
+            call_timeout: config.call_timeout,
         };
         Self::over(bucket, &config.prefix, None)
     }
@@ -92,7 +97,13 @@ pub struct GcsBucket {
     resource: String,
     name: String,
     kms_key: Option<String>,
+    /// The client sets no time limit on an upload or a read: each attempt is given this.
+    call_timeout: std::time::Duration,
 }
+
+/// How many times a read or write through the client is tried when an attempt gets no answer
+/// in time.
+const TIMED_OUT_TRIES: u32 = 3;
 
 fn backend_error(message: String, retryable: bool) -> StoreError {
     StoreError::Backend {
@@ -123,13 +134,37 @@ fn generation(tag: &str) -> Result<i64> {
         .map_err(|_| backend_error(format!("{tag:?} is not a GCS generation"), false))
 }
 
-#[async_trait]
-impl Bucket for GcsBucket {
-    fn backend(&self) -> &'static str {
-        BACKEND
+impl GcsBucket {
+    /// `call` (a read or write through the client, its own retries included), tried again when
+    /// it gets no answer within the call timeout: the client sets no time limit of its own, so
+    /// a request sent and never answered would wait for good.
+    async fn in_time<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        for attempt in 1..=TIMED_OUT_TRIES {
+            match tokio::time::timeout(self.call_timeout, call()).await {
+                Ok(done) => return done,
+                Err(_) => tracing::debug!(
+                    what,
+                    attempt,
+                    "no answer within {:?}; trying again",
+                    self.call_timeout
+                ),
+            }
+        }
+        Err(backend_error(
+            format!(
+                "{what}: no answer within {:?}, {TIMED_OUT_TRIES} times",
+                self.call_timeout
+            ),
+            true,
+        ))
     }
 
-    async fn get(&self, key: &str) -> Result<Option<Object>> {
+    /// One read, with the client's own retries.
+    async fn get_once(&self, key: &str) -> Result<Option<Object>> {
         let mut response = match self.storage.read_object(&self.resource, key).send().await {
             Ok(r) => r,
             Err(e) if e.http_status_code() == Some(404) => return Ok(None),
@@ -147,15 +182,8 @@ impl Bucket for GcsBucket {
         }))
     }
 
-    async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
-        Ok(self
-            .json
-            .object(&self.name, key)
-            .await?
-            .map(|o| o.metadata.unwrap_or_default()))
-    }
-
-    async fn put(
+    /// One write, with the client's own retries.
+    async fn put_once(
         &self,
         key: &str,
         data: Bytes,
@@ -187,6 +215,42 @@ impl Bucket for GcsBucket {
             Err(e) if e.http_status_code() == Some(412) => Ok(false),
             Err(e) => Err(client_error(&format!("PUT {key}"), &e)),
         }
+    }
+}
+
+#[async_trait]
+impl Bucket for GcsBucket {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Object>> {
+        self.in_time(&format!("GET {key}"), || self.get_once(key))
+            .await
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
+        Ok(self
+            .json
+            .object(&self.name, key)
+            .await?
+            .map(|o| o.metadata.unwrap_or_default()))
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<bool> {
+        // A try that got no answer may have landed: a create-only or generation-matched write
+        // sent again then finds it taken, by itself, which its caller tells from the content
+        // (a version's write mark, a lease's record), as after a lost answer.
+        self.in_time(&format!("PUT {key}"), || {
+            self.put_once(key, data.clone(), metadata.clone(), condition)
+        })
+        .await
     }
 
     async fn copy(

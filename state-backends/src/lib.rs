@@ -45,6 +45,11 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 pub use error::{Result, StoreError};
+
+/// How long one attempt of a store call may take by default (`TERRACE_CALL_TIMEOUT`) before
+/// its client gives it up and tries again: a request sent and never answered (a stalled
+/// connection) must not hold a job, its result or its lease for good.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 pub use workspace::{InvalidName, NAME_RULE, WorkspaceId, check_name};
 
 /// An opaque token naming one version of a workspace's current state, for compare-and-swap.

@@ -92,6 +92,7 @@ pub fn store(url: &str, prefix: &str) -> state_backends::azure::AzureStore {
         &state_backends::azure::AzureConfig {
             container_url: url.to_owned(),
             prefix: prefix.to_owned(),
+            call_timeout: state_backends::CALL_TIMEOUT,
         },
         None,
     )

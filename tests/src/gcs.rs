@@ -45,6 +45,7 @@ pub async fn store(bucket: &str, prefix: &str) -> state_backends::gcs::GcsStore 
             prefix: prefix.to_owned(),
             kms_key: None,
             endpoint: endpoint(),
+            call_timeout: state_backends::CALL_TIMEOUT,
         },
     )
 }

@@ -241,3 +241,90 @@ async fn jobs_on_azure_blob_survive_a_faulty_network() {
     let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
     batch(Kind::AzureBlob, Cloud::Azure, origin).await;
 }
+
+/// A store call whose request is sent and never answered (a stalled connection, not a
+/// partition's dropped one): the runner's client gives the attempt up after its call timeout
+/// (`TERRACE_CALL_TIMEOUT`, here 2 s) and tries again, and the job finishes. The result's
+/// write is held: without a timeout, the runner would wait for it for good, its job never
+/// reported and its lease never let go.
+async fn a_stalled_call(kind: Kind, cloud: Cloud, upstream: &str) {
+    let proxy = FaultProxy::start(upstream, cloud, 0.0, 1).await;
+    let mut sb = Sandbox::new();
+    let under = Under::new(kind, &sb.store, "stall", Some(&proxy.url())).await;
+    under.use_in(&mut sb);
+    sb.env.push(("TERRACE_CALL_TIMEOUT".into(), "2".into()));
+    let ws = WorkspaceId::new("acme", "stall").unwrap();
+    let job = sb.job(
+        "stall.yaml",
+        &demo_job("stall-1", "stall", "apply", "stall", 1),
+    );
+    let mut held = proxy.hold(
+        Box::new(|m, path, _| {
+            (*m == hyper::Method::PUT || *m == hyper::Method::POST) && path.contains("result.json")
+        }),
+        false,
+    );
+    let started = Instant::now();
+    let mut child = sb
+        .terrace()
+        .args(["run", "-q", job.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let give_up = started + Duration::from_secs(150);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > give_up {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{}: the run still waits for its stalled call after {:?} (held: {:?})",
+                kind.name(),
+                started.elapsed(),
+                held.try_recv().ok()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = started.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{}: {status}: {stderr}", kind.name());
+    let held = held
+        .try_recv()
+        .expect("the proxy held the result's first write, or this proved nothing");
+    let result = result(&*under.store, &ws, "stall-1")
+        .await
+        .expect("the result landed on a later attempt");
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert!(
+        under.store.lease(&ws).await.unwrap().is_none(),
+        "{}: a lease was left",
+        kind.name()
+    );
+    println!(
+        "stalled call {}: the job finished in {:.1} s; never answered: {held}",
+        kind.name(),
+        took.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_call_to_s3_is_given_up_and_tried_again() {
+    a_stalled_call(Kind::S3DynamoDb, Cloud::Aws, &tests::aws::moto()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_call_to_gcs_is_given_up_and_tried_again() {
+    a_stalled_call(Kind::Gcs, Cloud::Gcs, &tests::gcs::endpoint()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_call_to_azure_blob_is_given_up_and_tried_again() {
+    let blob = tests::azure::blob_endpoint();
+    let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
+    a_stalled_call(Kind::AzureBlob, Cloud::Azure, origin).await;
+}

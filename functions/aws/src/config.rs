@@ -83,7 +83,7 @@ impl Config {
             keep_invisible_every: seconds("TERRACE_KEEP_INVISIBLE_EVERY", 30)?
                 .max(Duration::from_secs(1)),
             refresh_credentials_before: seconds("TERRACE_REFRESH_CREDENTIALS_BEFORE", 600)?,
-            call_timeout: seconds("TERRACE_CALL_TIMEOUT", 60)?.max(Duration::from_secs(1)),
+            call_timeout: shared::settings::call_timeout()?,
         })
     }
 }

@@ -100,6 +100,7 @@ pub fn templates_bucket(
     let config = AzureConfig {
         container_url: config.storage_url(container_url),
         prefix: String::new(),
+        call_timeout: config.runtime.call_timeout,
     };
     let store = AzureStore::new(&config, own).map_err(|e| e.to_string())?;
     Ok(Arc::new(store.into_bucket()))
@@ -127,6 +128,7 @@ impl App {
         let config = AzureConfig {
             container_url: self.config.storage_url(target.container_url.trim()),
             prefix: target.prefix.clone(),
+            call_timeout: self.config.runtime.call_timeout,
         };
         Ok(self.config.runtime.seal(Arc::new(
             AzureStore::new(&config, credential).map_err(|e| e.to_string())?,

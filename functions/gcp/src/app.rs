@@ -108,6 +108,7 @@ pub async fn templates_bucket(
     location: Location,
     anonymous: bool,
     endpoint: String,
+    call_timeout: Duration,
 ) -> Result<Arc<dyn Bucket>, String> {
     let Location::Gcs { bucket, .. } = location else {
         return Err(format!(
@@ -136,6 +137,7 @@ pub async fn templates_bucket(
             prefix: String::new(),
             kms_key: None,
             endpoint,
+            call_timeout,
         },
     );
     Ok(Arc::new(store.into_bucket()))
@@ -149,6 +151,7 @@ impl App {
     pub async fn store_for(&self, target: &Target) -> Result<Arc<dyn StateStore>, String> {
         let credentials =
             access::customer(target, Duration::from_secs(3600), self.config.anonymous)?;
+        let call_timeout = self.config.runtime.call_timeout;
         let storage = google_cloud_storage::client::Storage::builder()
             .with_retry_policy(state_backends::gcs::retry_policy())
             .with_endpoint(&self.config.gcs_endpoint)
@@ -164,6 +167,7 @@ impl App {
                 prefix: target.prefix.clone(),
                 kms_key: target.kms_key.clone(),
                 endpoint: self.config.gcs_endpoint.clone(),
+                call_timeout,
             },
         ))))
     }

@@ -23,9 +23,12 @@ async fn main() -> ExitCode {
         }
     };
     let (anonymous, endpoint) = (config.anonymous, config.gcs_endpoint.clone());
+    let call_timeout = config.runtime.call_timeout;
     let opened = config
         .runtime
-        .templates_from(|location| gcp::app::templates_bucket(location, anonymous, endpoint))
+        .templates_from(|location| {
+            gcp::app::templates_bucket(location, anonymous, endpoint, call_timeout)
+        })
         .await;
     if let Err(e) = opened {
         tracing::error!("terrace-gcp: {e}");

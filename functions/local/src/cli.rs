@@ -589,6 +589,8 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
             job_user: None,
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
+        // The CLI's stores read `TERRACE_CALL_TIMEOUT` as they are opened (store.rs).
+        call_timeout: state_backends::CALL_TIMEOUT,
         task_lease_wait: Duration::ZERO,
         client_cache: g.cache_dir.clone().or_else(default_cache_dir),
         console: !g.quiet,

@@ -344,7 +344,13 @@ async fn s3_store(
 ) -> anyhow::Result<(state_backends::s3::S3Store, aws_config::SdkConfig)> {
     use aws_config::{BehaviorVersion, Region};
     use state_backends::s3::{LeaseMode, S3Config, S3Store};
-    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    // Every call gives up in time: a request never answered must not hold a job, its result
+    // or its lease for good.
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .operation_attempt_timeout(shared::settings::call_timeout()?)
+        .build();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
     if let Some(region) = &s3.region {
         loader = loader.region(Region::new(region.clone()));
     }
@@ -412,6 +418,7 @@ async fn gcs_store(gcs: &GcsUrl) -> anyhow::Result<state_backends::gcs::GcsStore
             None => own,
         }
     };
+    let call_timeout = shared::settings::call_timeout()?;
     let storage = google_cloud_storage::client::Storage::builder()
         .with_retry_policy(state_backends::gcs::retry_policy())
         .with_endpoint(&endpoint)
@@ -427,6 +434,7 @@ async fn gcs_store(gcs: &GcsUrl) -> anyhow::Result<state_backends::gcs::GcsStore
             prefix: gcs.prefix.clone(),
             kms_key: gcs.kms_key.clone(),
             endpoint,
+            call_timeout,
         },
     ))
 }
@@ -470,6 +478,7 @@ fn azure_store(azure: &AzureUrl) -> anyhow::Result<state_backends::azure::AzureS
         &AzureConfig {
             container_url,
             prefix: azure.prefix.clone(),
+            call_timeout: shared::settings::call_timeout()?,
         },
         credential,
     )
