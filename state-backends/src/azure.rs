@@ -185,12 +185,14 @@ impl AzureBucket {
                 false,
             ));
         }
-        // One HTTP client for the SDK's calls and the raw one: an attempt that outlasts the
-        // call timeout (a stalled connection) is given up, and the SDK's retry policy tries
-        // again.
+        // One HTTP client for the SDK's calls and the raw one, set as the SDK sets its own
+        // (no redirects), but for how long a read may wait: an attempt that gets nothing for
+        // the call timeout (a stalled connection) is given up, and the SDK's retry policy tries
+        // again. A large state that keeps arriving is never cut.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .timeout(call_timeout)
+            .read_timeout(call_timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| backend_error(format!("HTTP client: {e}"), false))?;
         let options = BlobContainerClientOptions {

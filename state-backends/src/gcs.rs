@@ -14,6 +14,7 @@
 //! does not check; empty marks are skipped by the listing.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
@@ -39,7 +40,7 @@ pub struct GcsConfig {
     pub endpoint: String,
     /// How long one attempt of a call may take ([`crate::CALL_TIMEOUT`]) before it is given
     /// up and tried again.
-    pub call_timeout: std::time::Duration,
+    pub call_timeout: Duration,
 }
 
 impl GcsConfig {
@@ -98,7 +99,7 @@ pub struct GcsBucket {
     name: String,
     kms_key: Option<String>,
     /// The client sets no time limit on an upload or a read: each attempt is given this.
-    call_timeout: std::time::Duration,
+    call_timeout: Duration,
 }
 
 /// How many times a read or write through the client is tried when an attempt gets no answer
@@ -136,44 +137,60 @@ fn generation(tag: &str) -> Result<i64> {
 
 impl GcsBucket {
     /// `call` (a read or write through the client, its own retries included), tried again when
-    /// it gets no answer within the call timeout: the client sets no time limit of its own, so
-    /// a request sent and never answered would wait for good.
-    async fn in_time<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
+    /// it is not done within `limit`: the client sets no time limit of its own, so a request
+    /// sent and never answered would wait for good.
+    async fn in_time<T, F, Fut>(&self, what: &str, limit: Duration, call: F) -> Result<T>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         for attempt in 1..=TIMED_OUT_TRIES {
-            match tokio::time::timeout(self.call_timeout, call()).await {
+            match tokio::time::timeout(limit, call()).await {
                 Ok(done) => return done,
-                Err(_) => tracing::debug!(
-                    what,
-                    attempt,
-                    "no answer within {:?}; trying again",
-                    self.call_timeout
-                ),
+                Err(_) => {
+                    tracing::debug!(what, attempt, "no answer within {limit:?}; trying again");
+                }
             }
         }
         Err(backend_error(
-            format!(
-                "{what}: no answer within {:?}, {TIMED_OUT_TRIES} times",
-                self.call_timeout
-            ),
+            format!("{what}: no answer within {limit:?}, {TIMED_OUT_TRIES} times"),
             true,
         ))
     }
 
-    /// One read, with the client's own retries.
-    async fn get_once(&self, key: &str) -> Result<Option<Object>> {
-        let mut response = match self.storage.read_object(&self.resource, key).send().await {
-            Ok(r) => r,
-            Err(e) if e.http_status_code() == Some(404) => return Ok(None),
-            Err(e) => return Err(client_error(&format!("GET {key}"), &e)),
+    /// How long one upload of `bytes` may take: the call timeout, and a second per MiB on top,
+    /// so a large state on a slow link is not cut (the client streams it in one request).
+    fn upload_limit(&self, bytes: usize) -> Duration {
+        self.call_timeout + Duration::from_secs((bytes / (1 << 20)) as u64)
+    }
+
+    /// A read: its answer within the call timeout (tried again when not), then each part of
+    /// the object within the call timeout of the last, so a large state that keeps arriving
+    /// is never cut, and one that stops is given up.
+    async fn read(&self, key: &str) -> Result<Option<Object>> {
+        let what = format!("GET {key}");
+        let opened = self
+            .in_time(&what, self.call_timeout, || async {
+                match self.storage.read_object(&self.resource, key).send().await {
+                    Ok(r) => Ok(Some(r)),
+                    Err(e) if e.http_status_code() == Some(404) => Ok(None),
+                    Err(e) => Err(client_error(&what, &e)),
+                }
+            })
+            .await?;
+        let Some(mut response) = opened else {
+            return Ok(None);
         };
         let facts = response.object();
         let mut data = BytesMut::new();
-        while let Some(chunk) = response.next().await {
-            data.extend_from_slice(&chunk.map_err(|e| client_error(&format!("GET {key}"), &e))?);
+        loop {
+            let chunk = tokio::time::timeout(self.call_timeout, response.next())
+                .await
+                .map_err(|_| {
+                    backend_error(format!("{what}: no data for {:?}", self.call_timeout), true)
+                })?;
+            let Some(chunk) = chunk else { break };
+            data.extend_from_slice(&chunk.map_err(|e| client_error(&what, &e))?);
         }
         Ok(Some(Object {
             data: data.freeze(),
@@ -225,8 +242,7 @@ impl Bucket for GcsBucket {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Object>> {
-        self.in_time(&format!("GET {key}"), || self.get_once(key))
-            .await
+        self.read(key).await
     }
 
     async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
@@ -247,7 +263,7 @@ impl Bucket for GcsBucket {
         // A try that got no answer may have landed: a create-only or generation-matched write
         // sent again then finds it taken, by itself, which its caller tells from the content
         // (a version's write mark, a lease's record), as after a lost answer.
-        self.in_time(&format!("PUT {key}"), || {
+        self.in_time(&format!("PUT {key}"), self.upload_limit(data.len()), || {
             self.put_once(key, data.clone(), metadata.clone(), condition)
         })
         .await

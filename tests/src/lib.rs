@@ -581,10 +581,10 @@ pub fn canary_message(id: &str, canary: &str, timeout: &str) -> serde_json::Valu
 
 /// Secrets canary on process listings: reads every process's command line and environment (what
 /// `ps` and `ps e` show) every 5 ms from [`ProcessListings::start`] until
-/// [`ProcessListings::check`].
+/// [`ProcessListings::check`] (or until dropped).
 pub struct ProcessListings {
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    sampler: std::thread::JoinHandle<(usize, bool, Vec<String>)>,
+    sampler: Option<std::thread::JoinHandle<(usize, bool, BTreeMap<String, String>)>>,
 }
 
 impl ProcessListings {
@@ -592,25 +592,34 @@ impl ProcessListings {
     /// `terraform apply` whose environment names it is this job's terraform.
     pub fn start(secret: &str, cloud: &Path) -> Self {
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ours = format!("TESTCLOUD_ROOT={}", cloud.display());
+        // Each variable ends with a NUL, read as a space: the whole value, not a prefix of a
+        // longer path.
+        let ours = format!("TESTCLOUD_ROOT={} ", cloud.display());
         let (secret, stop) = (secret.to_owned(), done.clone());
         let sampler = std::thread::spawn(move || {
-            let (mut samples, mut terraform_seen, mut leaks) = (0, false, Vec::new());
+            let (mut samples, mut terraform_seen) = (0, false);
+            // One entry per process and file: where the secret was found.
+            let mut leaks = BTreeMap::new();
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 for entry in std::fs::read_dir("/proc").unwrap().flatten() {
                     let dir = entry.path();
                     let read = |what: &str| {
                         std::fs::read(dir.join(what))
                             .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+                            .ok()
                     };
-                    let (Ok(cmdline), Ok(environ)) = (read("cmdline"), read("environ")) else {
-                        continue;
-                    };
-                    terraform_seen |=
-                        cmdline.contains("terraform apply") && environ.contains(&ours);
-                    for (what, text) in [("cmdline", &cmdline), ("environ", &environ)] {
-                        if text.contains(&secret) {
-                            leaks.push(format!("{} {what}: {text}", dir.display()));
+                    // Each on its own: a process whose environment is not readable (another
+                    // user's) still has its command line checked.
+                    let (cmdline, environ) = (read("cmdline"), read("environ"));
+                    terraform_seen |= cmdline
+                        .as_deref()
+                        .is_some_and(|c| c.contains("terraform apply"))
+                        && environ.as_deref().is_some_and(|e| e.contains(&ours));
+                    for (what, text) in [("cmdline", cmdline), ("environ", environ)] {
+                        if let Some(text) = text.filter(|t| t.contains(&secret)) {
+                            leaks
+                                .entry(format!("{} {what}", dir.display()))
+                                .or_insert(text);
                         }
                     }
                 }
@@ -619,14 +628,18 @@ impl ProcessListings {
             }
             (samples, terraform_seen, leaks)
         });
-        ProcessListings { done, sampler }
+        ProcessListings {
+            done,
+            sampler: Some(sampler),
+        }
     }
 
     /// Stops sampling. Fails if the secret was in a listing, or if no sample caught the job's
     /// `terraform apply` running (then the listings proved nothing).
-    pub fn check(self) {
+    pub fn check(mut self) {
         self.done.store(true, std::sync::atomic::Ordering::SeqCst);
-        let (samples, terraform_seen, leaks) = self.sampler.join().unwrap();
+        let sampler = self.sampler.take().expect("checked once");
+        let (samples, terraform_seen, leaks) = sampler.join().unwrap();
         assert!(
             leaks.is_empty(),
             "the secret is in a process listing: {leaks:?}"
@@ -635,6 +648,13 @@ impl ProcessListings {
             terraform_seen,
             "no sample of {samples} caught this job's terraform apply running (its command line and environment read), so the listings proved nothing"
         );
+    }
+}
+
+impl Drop for ProcessListings {
+    /// A test that fails before [`ProcessListings::check`] stops the sampler too.
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -416,8 +416,8 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
     let (event, _) = w.batch(&[body]).await;
     let listings = tests::ProcessListings::start(canary, &w.sb.cloud);
     let response = api.invoke(event, Duration::from_secs(300)).await.unwrap();
-    listings.check();
     assert!(failures(&response).is_empty(), "{response}");
+    listings.check();
     let results = w.results().await;
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0]["status"], "succeeded", "{}", results[0]);

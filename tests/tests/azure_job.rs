@@ -279,8 +279,8 @@ async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
     w.jobs.send(&message.to_string()).await;
     let listings = tests::ProcessListings::start(canary, &w.sb.cloud);
     let out = w.command(&[]).stderr(Stdio::piped()).output().unwrap();
-    listings.check();
     assert!(out.status.success(), "{out:?}");
+    listings.check();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("canary-1"), "the job logged the job");
     assert!(!log.contains(canary), "the job's log holds the secret");

@@ -76,7 +76,10 @@ impl Call {
                     && headers.contains_key("x-ms-lease-id")
             }),
             Call::Lease => Box::new(move |m, path, _| write(m) && path.contains("lease.json")),
-            Call::Version => Box::new(move |m, path, _| write(m) && path.contains("versions")),
+            // Not GCS's `rewriteTo` (a copy), whose path names a version too.
+            Call::Version => Box::new(move |m, path, _| {
+                write(m) && path.contains("versions") && !path.contains("rewrite")
+            }),
             Call::Result => Box::new(move |m, path, _| write(m) && path.contains("result.json")),
         }
     }

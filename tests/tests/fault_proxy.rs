@@ -290,6 +290,12 @@ async fn a_stalled_call(kind: Kind, cloud: Cloud, upstream: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let took = started.elapsed();
+    // Well under the clients' defaults (60 s): the setting reached them.
+    assert!(
+        took < Duration::from_secs(30),
+        "{}: {took:?}: TERRACE_CALL_TIMEOUT=2 did not reach the client",
+        kind.name()
+    );
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "{}: {status}: {stderr}", kind.name());

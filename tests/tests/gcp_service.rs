@@ -234,8 +234,8 @@ async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
     let message = tests::canary_message("canary-1", canary, "5m");
     let listings = tests::ProcessListings::start(canary, &w.sb.cloud);
     let answer = w.push(&service, &push_envelope("m-c1", &message)).await;
-    listings.check();
     assert_eq!(answer.status, 200, "{}", answer.body);
+    listings.check();
     assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
     assert!(!answer.body.contains(canary), "{}", answer.body);
     let raw = gcs::store(&w.bucket, "").await.into_bucket();

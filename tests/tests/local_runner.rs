@@ -523,8 +523,8 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
     // milliseconds: the secret must be in none of them (terraform gets variables in a file).
     let listings = tests::ProcessListings::start(token, &sb.cloud);
     let run = sb.run(&["run", job.to_str().unwrap()]);
-    listings.check();
     run.expect_code(0);
+    listings.check();
     // Terraform printed the secret (plan, apply, outputs); Terrace masked every occurrence.
     assert!(
         !run.stdout().contains(token) && !run.stderr().contains(token),

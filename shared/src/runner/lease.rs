@@ -278,7 +278,12 @@ pub(super) async fn watch(w: Watch) {
             _ = renew.tick() => {
                 let asked = tokio::time::Instant::now();
                 let give_up = confirmed_until.checked_sub(margin).unwrap_or(asked);
-                match tokio::time::timeout_at(give_up, store.renew_lease(&ws, &lease, ttl)).await {
+                // An attempt gets half a period: one that stalls (a request never answered) is
+                // abandoned and tried again soon, while the lease still holds, rather than
+                // waited for until the runner must fence itself. One that landed unseen is
+                // renewed again by the next.
+                let attempt_until = give_up.min(asked + every / 2);
+                match tokio::time::timeout_at(attempt_until, store.renew_lease(&ws, &lease, ttl)).await {
                     Ok(Ok(renewed)) => {
                         lease = renewed;
                         confirmed_until = asked + ttl;
@@ -293,6 +298,10 @@ pub(super) async fn watch(w: Watch) {
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "could not renew the lease; will retry");
+                        renew.reset_after(soon);
+                    }
+                    Err(_) if attempt_until < give_up => {
+                        tracing::warn!("renewing the lease did not answer in {:?}; will retry", every / 2);
                         renew.reset_after(soon);
                     }
                     Err(_) => {
@@ -548,13 +557,33 @@ mod tests {
         let lease = hold(&store, "j1", ttl).await;
         store.set_renewals(Renewals::Hang);
         let dog = start(store, lease, ttl, Duration::from_millis(12_500));
-        // The first renewal (at 10 s) hangs; the deadline (12.5 s) fires all the same, long
-        // before the renewal would be given up on (25 s).
+        // The first renewal (at 10 s) hangs; the deadline (12.5 s) fires all the same, before
+        // the renewal is abandoned (15 s) or the lease given up on (25 s).
         tokio::time::timeout(Duration::from_secs(20), dog.stop.cancelled())
             .await
             .expect("stopped at the deadline");
         assert_eq!(dog.reason.get(), Some(&StopReason::Timeout));
         assert!(!dog.lost.is_cancelled());
+        dog.task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_renewal_that_stalls_is_abandoned_and_tried_again_and_the_job_goes_on() {
+        let store = Arc::new(MemoryStore::new());
+        let ttl = Duration::from_secs(6);
+        let lease = hold(&store, "j1", ttl).await;
+        store.set_renewals(Renewals::Hang);
+        let dog = start(store.clone(), lease.clone(), ttl, Duration::from_secs(60));
+        // The renewal at 2 s never answers; waited for, it would hold the runner until the
+        // give-up time (5 s) and fence it. Abandoned after half a period (3 s), the next try
+        // (3.5 s) answers.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        store.set_renewals(Renewals::Answer);
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        assert!(!dog.lost.is_cancelled(), "{:?}", dog.reason);
+        assert!(!dog.stop.is_cancelled());
+        let now = store.lease(&ws()).await.unwrap().unwrap();
+        assert!(now.expires_at > lease.expires_at, "renewed");
         dog.task.abort();
     }
 
