@@ -584,8 +584,12 @@ pub fn canary_message(id: &str, canary: &str, timeout: &str) -> serde_json::Valu
 /// [`ProcessListings::check`] (or until dropped).
 pub struct ProcessListings {
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    sampler: Option<std::thread::JoinHandle<(usize, bool, BTreeMap<String, String>)>>,
+    sampler: Option<std::thread::JoinHandle<Sampled>>,
 }
+
+/// What the sampler saw: how many samples, whether this job's `terraform apply` was among
+/// them, and where the secret was found (process and file, with the text).
+type Sampled = (usize, bool, BTreeMap<String, String>);
 
 impl ProcessListings {
     /// Starts sampling for `secret`. `cloud` is the test cloud folder of the job's sandbox: a
