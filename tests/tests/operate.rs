@@ -361,6 +361,17 @@ async fn a_store_without_credentials_or_region_says_what_to_set() {
         "{}",
         run.stderr()
     );
+    // A malformed setting is named, and trying again cannot pass: a usage error.
+    let mut sb = sb;
+    sb.env.push(("TERRACE_CALL_TIMEOUT".into(), "soon".into()));
+    let run = sb.run(&["runs", "acme/ops"]);
+    run.expect_code(64);
+    assert!(
+        run.stderr()
+            .contains("TERRACE_CALL_TIMEOUT=\"soon\" is not a number of seconds"),
+        "{}",
+        run.stderr()
+    );
 }
 
 /// `logs --follow` prints a running job's lines before it ends, ends with the job, and the

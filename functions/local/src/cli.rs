@@ -28,7 +28,7 @@ pub mod exit {
     pub const FAILED: u8 = 1;
     /// A drift check found drift.
     pub const DRIFT: u8 = 2;
-    /// The command line is wrong (EX_USAGE).
+    /// The command line or a setting is wrong (EX_USAGE).
     pub const USAGE: u8 = 64;
     /// The job file is invalid (EX_DATAERR).
     pub const INVALID: u8 = 65;
@@ -44,8 +44,8 @@ const EXIT_CODES: &str = "Exit codes:
   0   done (a run succeeded, a check found no drift)
   1   the job ran and failed; a command could not do what was asked
   2   a drift check found drift
-  64  the command line is wrong (an unknown command or flag, a bad --store, a job id
-      that is not one or is in several workspaces)
+  64  the command line is wrong (an unknown command or flag, a bad --store or setting, a
+      job id that is not one or is in several workspaces)
   65  the job file is invalid; nothing was run
   66  no such job (result, logs) or workspace (status)
   70  the runner itself failed (a store it cannot reach, a bug)
@@ -292,7 +292,13 @@ pub fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(exit::INTERNAL)
+            // A malformed setting (`TERRACE_CALL_TIMEOUT=abc`) is the caller's to fix, as a
+            // malformed flag is: trying again cannot pass.
+            if e.downcast_ref::<shared::settings::ConfigError>().is_some() {
+                ExitCode::from(exit::USAGE)
+            } else {
+                ExitCode::from(exit::INTERNAL)
+            }
         }
     }
 }
