@@ -23,6 +23,8 @@ use crate::{
 pub struct MemoryStore {
     inner: Mutex<HashMap<WorkspaceId, Workspace>>,
     renewals: Mutex<Renewals>,
+    /// How many releases of a lease fail (the store unreachable) before one is done.
+    failing_releases: Mutex<u32>,
 }
 
 /// How [`MemoryStore`] answers lease renewals, for tests of what a runner does when its store
@@ -70,6 +72,14 @@ impl MemoryStore {
     /// From now on, renewals are answered as `mode` says.
     pub fn set_renewals(&self, mode: Renewals) {
         *self.renewals.lock().unwrap_or_else(|e| e.into_inner()) = mode;
+    }
+
+    /// The next `n` releases of a lease fail with an error that may pass.
+    pub fn fail_releases(&self, n: u32) {
+        *self
+            .failing_releases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = n;
     }
 
     fn with<T>(&self, ws: &WorkspaceId, f: impl FnOnce(&mut Workspace) -> T) -> T {
@@ -194,6 +204,21 @@ impl StateStore for MemoryStore {
     }
 
     async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()> {
+        {
+            let mut failing = self
+                .failing_releases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if *failing > 0 {
+                *failing -= 1;
+                return Err(StoreError::Backend {
+                    backend: "memory",
+                    message: "the store cannot be reached".into(),
+                    retryable: true,
+                    source: None,
+                });
+            }
+        }
         self.with(ws, |w| w.lease.release(lease));
         Ok(())
     }

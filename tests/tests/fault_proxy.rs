@@ -185,10 +185,8 @@ async fn batch(kind: Kind, cloud: Cloud, upstream: &str) {
             format!("https://bravo{w}.eu-west-1.testcloud.local"),
             "{what}"
         );
-        assert!(
-            under.store.lease(&ws).await.unwrap().is_none(),
-            "{what}: a lease was left"
-        );
+        let left = under.store.lease(&ws).await.unwrap();
+        assert!(left.is_none(), "{what}: a lease was left: {left:?}");
     }
     // Each workspace's cluster and network exist once: nothing made twice, nothing left over.
     let mut expected: Vec<String> = (0..workspaces)

@@ -317,6 +317,40 @@ pub(super) async fn watch(w: Watch) {
     drop(deadline);
 }
 
+/// The waits between tries of releasing a lease while the store fails in a way that may pass:
+/// 7.75 s in all, enough to ride out a short outage. A lease left behind holds the workspace
+/// until it expires (its TTL), so the next job waits that long.
+const RELEASE_WAITS: [Duration; 5] = [
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+];
+
+/// Releases `lease`, trying again after each of [`RELEASE_WAITS`] while the store fails in a
+/// way that may pass. A try whose answer was lost and that did release leaves nothing for the
+/// next to do (the record no longer holds this lease).
+pub(super) async fn release(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    lease: &Lease,
+) -> Result<(), StoreError> {
+    let mut waits = RELEASE_WAITS.iter();
+    loop {
+        match store.release_lease(ws, lease).await {
+            Err(e) if e.is_retryable() => match waits.next() {
+                Some(wait) => {
+                    tracing::debug!(workspace = %ws, error = %e, "could not release the lease; trying again");
+                    tokio::time::sleep(*wait).await;
+                }
+                None => return Err(e),
+            },
+            done => return done,
+        }
+    }
+}
+
 pub(super) fn hostname() -> String {
     nix::unistd::gethostname()
         .ok()
@@ -585,6 +619,31 @@ mod tests {
         let now = store.lease(&ws()).await.unwrap().unwrap();
         assert!(now.expires_at > lease.expires_at, "renewed");
         dog.task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_release_the_store_fails_is_tried_again_and_the_lease_let_go() {
+        let store = MemoryStore::new();
+        let ttl = Duration::from_secs(60);
+        let lease = hold(&store, "j1", ttl).await;
+        store.fail_releases(3);
+        release(&store, &ws(), &lease).await.unwrap();
+        assert!(store.lease(&ws()).await.unwrap().is_none(), "let go");
+    }
+
+    #[tokio::test]
+    async fn a_release_that_keeps_failing_gives_up_after_its_waits() {
+        let store = MemoryStore::new();
+        let lease = hold(&store, "j1", Duration::from_secs(60)).await;
+        store.fail_releases(u32::MAX);
+        let started = tokio::time::Instant::now();
+        let e = release(&store, &ws(), &lease).await.unwrap_err();
+        assert!(e.is_retryable(), "{e}");
+        assert!(started.elapsed() >= RELEASE_WAITS.iter().sum::<Duration>());
+        assert!(
+            store.lease(&ws()).await.unwrap().is_some(),
+            "it expires by itself"
+        );
     }
 
     #[tokio::test]

@@ -297,7 +297,7 @@ impl Runner {
             .instrument(tracing::Span::current())
         })
         .await;
-        let released = self.store.release_lease(&ws, &lease).await;
+        let released = lease::release(&*self.store, &ws, &lease).await;
         let outcome = match leased {
             Ok(outcome) => outcome?,
             Err(e) => return Err(RunError::Task(e.to_string())),
