@@ -328,27 +328,45 @@ const RELEASE_WAITS: [Duration; 5] = [
     Duration::from_secs(4),
 ];
 
+/// How long releasing may take in all, tries and waits: a store that does not answer (each
+/// try then lasts as long as the client's own attempts) must not hold the job much longer.
+const RELEASE_BUDGET: Duration = Duration::from_secs(10);
+
 /// Releases `lease`, trying again after each of [`RELEASE_WAITS`] while the store fails in a
-/// way that may pass. A try whose answer was lost and that did release leaves nothing for the
-/// next to do (the record no longer holds this lease).
+/// way that may pass, within [`RELEASE_BUDGET`]. A try whose answer was lost and that did
+/// release leaves nothing for the next to do (the record no longer holds this lease).
 pub(super) async fn release(
     store: &dyn StateStore,
     ws: &WorkspaceId,
     lease: &Lease,
 ) -> Result<(), StoreError> {
-    let mut waits = RELEASE_WAITS.iter();
-    loop {
-        match store.release_lease(ws, lease).await {
-            Err(e) if e.is_retryable() => match waits.next() {
-                Some(wait) => {
-                    tracing::debug!(workspace = %ws, error = %e, "could not release the lease; trying again");
-                    tokio::time::sleep(*wait).await;
-                }
-                None => return Err(e),
-            },
-            done => return done,
+    let tries = async {
+        let mut waits = RELEASE_WAITS.iter();
+        loop {
+            match store.release_lease(ws, lease).await {
+                Err(e) if e.is_retryable() => match waits.next() {
+                    Some(wait) => {
+                        tracing::debug!(workspace = %ws, error = %e, "could not release the lease; trying again");
+                        tokio::time::sleep(*wait).await;
+                    }
+                    None => return Err(e),
+                },
+                done => return done,
+            }
         }
-    }
+    };
+    tokio::time::timeout(RELEASE_BUDGET, tries)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Backend {
+                backend: "lease",
+                message: format!(
+                    "releasing the lease of {ws} did not succeed within {RELEASE_BUDGET:?}; it frees itself at expiry"
+                ),
+                retryable: true,
+                source: None,
+            })
+        })
 }
 
 pub(super) fn hostname() -> String {
