@@ -18,6 +18,17 @@ use crate::{
     Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
 };
 
+/// What a failing renewal or release answers: the store cannot be reached (an error that may
+/// pass).
+fn unreachable() -> StoreError {
+    StoreError::Backend {
+        backend: "memory",
+        message: "the store cannot be reached".into(),
+        retryable: true,
+        source: None,
+    }
+}
+
 /// A store that forgets everything when dropped.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -182,12 +193,7 @@ impl StateStore for MemoryStore {
         match mode {
             Renewals::Answer => {}
             Renewals::Fail => {
-                return Err(StoreError::Backend {
-                    backend: "memory",
-                    message: "the store cannot be reached".into(),
-                    retryable: true,
-                    source: None,
-                });
+                return Err(unreachable());
             }
             Renewals::Hang => std::future::pending::<()>().await,
         }
@@ -211,12 +217,7 @@ impl StateStore for MemoryStore {
                 .unwrap_or_else(|e| e.into_inner());
             if *failing > 0 {
                 *failing -= 1;
-                return Err(StoreError::Backend {
-                    backend: "memory",
-                    message: "the store cannot be reached".into(),
-                    retryable: true,
-                    source: None,
-                });
+                return Err(unreachable());
             }
         }
         self.with(ws, |w| w.lease.release(lease));

@@ -332,6 +332,16 @@ fn status<E>(e: &SdkError<E>) -> Option<u16> {
 
 /// An SDK error in one line: the service's code and message, or what failed on the way (the
 /// SDK's own rendering of a service error carries the whole raw response).
+/// The AWS SDK's timeouts for every caller (the CLI and the function): connect within 10 s, and
+/// give one attempt of a call up after `call` ([`crate::CALL_TIMEOUT`] by default), so a request
+/// never answered cannot hold a job, its result or its lease for good.
+pub fn timeouts(call: Duration) -> aws_config::timeout::TimeoutConfig {
+    aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .operation_attempt_timeout(call)
+        .build()
+}
+
 pub fn brief<E, R>(e: &aws_sdk_s3::error::SdkError<E, R>) -> String
 where
     E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,

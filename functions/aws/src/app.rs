@@ -48,12 +48,8 @@ impl App {
         // Every AWS call gives up in time: a store that stops answering must not hold a job
         // (its result, its lease's release, its message's return) forever. The runner fences
         // itself long before, whatever the calls do.
-        let timeouts = aws_config::timeout::TimeoutConfig::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .operation_attempt_timeout(config.call_timeout)
-            .build();
         let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .timeout_config(timeouts)
+            .timeout_config(state_backends::s3::timeouts(config.call_timeout))
             .load()
             .await;
         let path_style = config.s3_path_style;

@@ -344,12 +344,7 @@ async fn s3_store(
 ) -> anyhow::Result<(state_backends::s3::S3Store, aws_config::SdkConfig)> {
     use aws_config::{BehaviorVersion, Region};
     use state_backends::s3::{LeaseMode, S3Config, S3Store};
-    // Every call gives up in time: a request never answered must not hold a job, its result
-    // or its lease for good.
-    let timeouts = aws_config::timeout::TimeoutConfig::builder()
-        .connect_timeout(std::time::Duration::from_secs(10))
-        .operation_attempt_timeout(shared::settings::call_timeout()?)
-        .build();
+    let timeouts = state_backends::s3::timeouts(shared::settings::call_timeout()?);
     let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
     if let Some(region) = &s3.region {
         loader = loader.region(Region::new(region.clone()));
