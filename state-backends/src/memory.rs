@@ -36,6 +36,9 @@ pub struct MemoryStore {
     renewals: Mutex<Renewals>,
     /// How many releases of a lease fail (the store unreachable) before one is done.
     failing_releases: Mutex<u32>,
+    /// How many acquisitions fail before one is answered, and whether the first of them takes
+    /// the lease all the same (its answer lost).
+    failing_acquires: Mutex<(u32, bool)>,
 }
 
 /// How [`MemoryStore`] answers lease renewals, for tests of what a runner does when its store
@@ -91,6 +94,15 @@ impl MemoryStore {
             .failing_releases
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = n;
+    }
+
+    /// The next `n` acquisitions of a lease fail with an error that may pass; when
+    /// `first_lands`, the first of them takes the lease all the same (its answer lost).
+    pub fn fail_acquires(&self, n: u32, first_lands: bool) {
+        *self
+            .failing_acquires
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = (n, first_lands);
     }
 
     fn with<T>(&self, ws: &WorkspaceId, f: impl FnOnce(&mut Workspace) -> T) -> T {
@@ -178,6 +190,25 @@ impl StateStore for MemoryStore {
     }
 
     async fn acquire_lease(&self, ws: &WorkspaceId, request: &LeaseRequest) -> Result<Lease> {
+        let lands = {
+            let mut failing = self
+                .failing_acquires
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match *failing {
+                (0, _) => None,
+                (n, first_lands) => {
+                    *failing = (n - 1, false);
+                    Some(first_lands)
+                }
+            }
+        };
+        if let Some(lands) = lands {
+            if lands {
+                let _ = self.with(ws, |w| w.lease.acquire(request, OffsetDateTime::now_utc()));
+            }
+            return Err(unreachable());
+        }
         self.with(ws, |w| {
             w.lease
                 .acquire(request, OffsetDateTime::now_utc())

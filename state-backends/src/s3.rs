@@ -407,7 +407,8 @@ fn string(item: &HashMap<String, AttributeValue>, key: &str) -> Option<String> {
     item.get(key)?.as_s().ok().cloned()
 }
 
-/// The lease a DynamoDB item records as held, if any.
+/// The lease a DynamoDB item records as held, if any, with whose expired lease it took over
+/// (written by the same update).
 fn lease_from_item(item: &HashMap<String, AttributeValue>) -> Option<Lease> {
     Some(Lease {
         owner: string(item, "owner")?,
@@ -417,7 +418,7 @@ fn lease_from_item(item: &HashMap<String, AttributeValue>) -> Option<Lease> {
         info: string(item, "info")
             .and_then(|s| serde_json::from_str(&s).ok())
             .unwrap_or(serde_json::Value::Null),
-        took_over: None,
+        took_over: taken_over(item),
     })
 }
 
@@ -537,11 +538,7 @@ impl LeaseKeeper for DynamoLeases {
                     && holder.info == request.info
                     && holder.acquired_at == from_millis(millis(now))
                 {
-                    let took_over = condition_failure_item(&e).and_then(taken_over);
-                    return Ok(Lease {
-                        took_over,
-                        ..holder
-                    });
+                    return Ok(holder);
                 }
                 Err(StoreError::LeaseHeld {
                     workspace: ws.clone(),

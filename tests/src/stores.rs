@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use state_backends::{StateStore, WorkspaceId};
 
+use crate::fault_proxy::Matches;
+
 /// The kinds of store, in the order the tests report them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -27,6 +29,46 @@ impl Kind {
             Kind::S3LockObject => "s3 lock object",
             Kind::Gcs => "gcs",
             Kind::AzureBlob => "azure",
+        }
+    }
+}
+
+/// A store call the proxy can hold.
+#[derive(Clone, Copy)]
+pub enum Call {
+    /// A write of the lease: taking it or renewing it (DynamoDB `UpdateItem`; else a write of
+    /// `lease.json`, on Azure the record's write under the blob lease).
+    Lease,
+    /// A write of a state version.
+    Version,
+    /// The write of the job's result.
+    Result,
+}
+
+impl Call {
+    /// Picks the call out of the requests a [`crate::fault_proxy::FaultProxy`] sees.
+    pub fn matches(self, kind: Kind) -> Matches {
+        let write = |m: &hyper::Method| *m == hyper::Method::PUT || *m == hyper::Method::POST;
+        match self {
+            Call::Lease if kind == Kind::S3DynamoDb => Box::new(|_, _, headers| {
+                headers
+                    .get("x-amz-target")
+                    .and_then(|t| t.to_str().ok())
+                    .is_some_and(|t| t.ends_with("UpdateItem"))
+            }),
+            // Azure: the record's write under the blob lease (not the blob's creation).
+            Call::Lease if kind == Kind::AzureBlob => Box::new(move |m, path, headers| {
+                write(m)
+                    && path.contains("lease.json")
+                    && !path.contains("comp=lease")
+                    && headers.contains_key("x-ms-lease-id")
+            }),
+            Call::Lease => Box::new(move |m, path, _| write(m) && path.contains("lease.json")),
+            // Not GCS's `rewriteTo` (a copy), whose path names a version too.
+            Call::Version => Box::new(move |m, path, _| {
+                write(m) && path.contains("versions") && !path.contains("rewrite")
+            }),
+            Call::Result => Box::new(move |m, path, _| write(m) && path.contains("result.json")),
         }
     }
 }

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use state_backends::{StateStore, WorkspaceId};
-use tests::fault_proxy::{Cloud, FaultProxy, Matches};
-use tests::stores::{Kind, Under, assert_unbroken, history};
+use tests::fault_proxy::{Cloud, FaultProxy};
+use tests::stores::{Call, Kind, Under, assert_unbroken, history};
 use tests::{Sandbox, children_of, demo_job};
 
 /// What makes the test kill the runner.
@@ -44,45 +44,6 @@ enum Trigger {
         call: Call,
         landed: bool,
     },
-}
-
-/// A store call the proxy can hold.
-#[derive(Clone, Copy)]
-enum Call {
-    /// A write of the lease: taking it or renewing it (DynamoDB `UpdateItem`; else a write of
-    /// `lease.json`, on Azure the record's write under the blob lease).
-    Lease,
-    /// A write of a state version.
-    Version,
-    /// The write of the job's result.
-    Result,
-}
-
-impl Call {
-    fn matches(self, kind: Kind) -> Matches {
-        let write = |m: &hyper::Method| *m == hyper::Method::PUT || *m == hyper::Method::POST;
-        match self {
-            Call::Lease if kind == Kind::S3DynamoDb => Box::new(|_, _, headers| {
-                headers
-                    .get("x-amz-target")
-                    .and_then(|t| t.to_str().ok())
-                    .is_some_and(|t| t.ends_with("UpdateItem"))
-            }),
-            // Azure: the record's write under the blob lease (not the blob's creation).
-            Call::Lease if kind == Kind::AzureBlob => Box::new(move |m, path, headers| {
-                write(m)
-                    && path.contains("lease.json")
-                    && !path.contains("comp=lease")
-                    && headers.contains_key("x-ms-lease-id")
-            }),
-            Call::Lease => Box::new(move |m, path, _| write(m) && path.contains("lease.json")),
-            // Not GCS's `rewriteTo` (a copy), whose path names a version too.
-            Call::Version => Box::new(move |m, path, _| {
-                write(m) && path.contains("versions") && !path.contains("rewrite")
-            }),
-            Call::Result => Box::new(move |m, path, _| write(m) && path.contains("result.json")),
-        }
-    }
 }
 
 /// Where the runner dies.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use state_backends::{StateStore, WorkspaceId};
 use tests::fault_proxy::{Cloud, FaultProxy};
-use tests::stores::{Kind, Under, assert_unbroken, history};
+use tests::stores::{Call, Kind, Under, assert_unbroken, history};
 use tests::{Sandbox, demo_job};
 
 fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -331,4 +331,103 @@ async fn a_stalled_call_to_azure_blob_is_given_up_and_tried_again() {
     let blob = tests::azure::blob_endpoint();
     let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
     a_stalled_call(Kind::AzureBlob, Cloud::Azure, origin).await;
+}
+
+/// The lease's acquisition lands in the store but its answer is lost, and the network is then
+/// cut for longer than the client's own attempts: the runner tries again, finds the lease held
+/// by this very request, and the job runs (it used to fail, and delivered again, wait for its
+/// own lease to expire).
+async fn a_lost_lease_answer(kind: Kind, cloud: Cloud, upstream: &str) {
+    let proxy = FaultProxy::start(upstream, cloud, 0.0, 1).await;
+    let mut sb = Sandbox::new();
+    let under = Under::new(kind, &sb.store, "unseen", Some(&proxy.url())).await;
+    under.use_in(&mut sb);
+    sb.env.push(("TERRACE_CALL_TIMEOUT".into(), "2".into()));
+    // The runner says at `info` that it found the lease held by its own lost try.
+    sb.env.push(("TERRACE_LOG".into(), "info".into()));
+    let ws = WorkspaceId::new("acme", "unseen").unwrap();
+    let job = sb.job(
+        "unseen.yaml",
+        &demo_job("unseen-1", "unseen", "apply", "unseen", 1),
+    );
+    let held = proxy.hold(Call::Lease.matches(kind), true);
+    let started = Instant::now();
+    let child = sb
+        .terrace()
+        .args(["run", job.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let what = tokio::time::timeout(Duration::from_secs(60), held)
+        .await
+        .expect("the proxy held the lease's write")
+        .unwrap();
+    // Longer than the client's own tries of that call (a 2 s timeout each; Azure's client
+    // tries four times).
+    proxy.partition(Duration::from_secs(14));
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{}: {}: {stderr}",
+        kind.name(),
+        out.status
+    );
+    // Azure's client keeps trying the write past the cut, and the store itself then finds its
+    // record in the blob; the others give up, and the runner's next try finds the lease held
+    // by this request.
+    let by_runner = stderr.contains("taken by an earlier try whose answer was lost");
+    assert!(
+        by_runner || kind == Kind::AzureBlob,
+        "{}: the lease was not found held by the lost try: {stderr}",
+        kind.name()
+    );
+    // Well under the lease's TTL (60 s): the job never waited for its own lease to expire.
+    assert!(took < Duration::from_secs(40), "{}: {took:?}", kind.name());
+    let result = result(&*under.store, &ws, "unseen-1")
+        .await
+        .expect("a result");
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(history(&*under.store, &ws).await.len(), 1, "one version");
+    assert!(
+        under.store.lease(&ws).await.unwrap().is_none(),
+        "{}: a lease was left",
+        kind.name()
+    );
+    println!(
+        "lost lease answer {}: the job finished in {:.1} s; answer lost: {what}; found by {}",
+        kind.name(),
+        took.as_secs_f64(),
+        if by_runner {
+            "the runner's next try"
+        } else {
+            "the store's own retry"
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_s3_with_a_dynamodb_lease() {
+    a_lost_lease_answer(Kind::S3DynamoDb, Cloud::Aws, &tests::aws::moto()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_s3_with_a_lock_object() {
+    a_lost_lease_answer(Kind::S3LockObject, Cloud::Aws, &tests::aws::moto()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_gcs() {
+    a_lost_lease_answer(Kind::Gcs, Cloud::Gcs, &tests::gcs::endpoint()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_azure_blob() {
+    let blob = tests::azure::blob_endpoint();
+    let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
+    a_lost_lease_answer(Kind::AzureBlob, Cloud::Azure, origin).await;
 }

@@ -118,6 +118,10 @@ impl Runner {
         };
         let give_up = Instant::now() + self.config.lease_wait;
         let mut announced = false;
+        // Tries that failed in a way that may pass: their waits, and when the first was asked
+        // (any of them may have taken the lease though its answer was lost).
+        let mut waits = ACQUIRE_WAITS.iter();
+        let mut unseen_since: Option<tokio::time::Instant> = None;
         // Polled quickly at first, then less often (a task may wait minutes on a cloud store,
         // where every look is a billed call), never past the wait's end.
         let mut pause = Duration::from_millis(250);
@@ -127,6 +131,30 @@ impl Runner {
             let asked = tokio::time::Instant::now();
             match self.store.acquire_lease(ws, &request).await {
                 Ok(lease) => return Ok(Acquired::Lease(lease, asked)),
+                // A try whose answer was lost took it: the holder is this very request (its
+                // random id is in the info). Held since no later than that try was asked.
+                Err(StoreError::LeaseHeld { holder, .. }) if is_ours(&holder, &request) => {
+                    tracing::info!(
+                        workspace = %ws, fence = holder.fence,
+                        "the lease was taken by an earlier try whose answer was lost"
+                    );
+                    return Ok(Acquired::Lease(*holder, unseen_since.unwrap_or(asked)));
+                }
+                Err(e) if e.is_retryable() && !matches!(e, StoreError::LeaseHeld { .. }) => {
+                    let since = *unseen_since.get_or_insert(asked);
+                    let wait = waits.next().filter(|w| {
+                        since.elapsed() + **w < ACQUIRE_BUDGET && !cancel.is_cancelled()
+                    });
+                    let Some(wait) = wait else {
+                        self.let_go_unseen(ws, &request).await;
+                        return Err(e.into());
+                    };
+                    tracing::warn!(workspace = %ws, error = %e, "could not take the lease; trying again in {wait:?}");
+                    tokio::select! {
+                        () = tokio::time::sleep(*wait) => {}
+                        () = cancel.cancelled() => {}
+                    }
+                }
                 Err(StoreError::LeaseHeld { holder, .. }) => {
                     if !announced {
                         // Its result, rather than a wait, for a finished job delivered again.
@@ -156,6 +184,49 @@ impl Runner {
         }
     }
 }
+
+impl Runner {
+    /// After giving up on taking the lease: a try whose answer was lost may have taken it, and
+    /// a lease no run knows it holds would keep this job, delivered again, waiting for its
+    /// expiry. Let go of it if the store now says so (best effort: the store was failing).
+    async fn let_go_unseen(&self, ws: &WorkspaceId, request: &LeaseRequest) {
+        match self.store.lease(ws).await {
+            Ok(Some(held)) if is_ours(&held, request) => {
+                match release(self.store.as_ref(), ws, &held).await {
+                    Ok(()) => {
+                        tracing::info!(workspace = %ws, fence = held.fence, "let go of the lease an unanswered try had taken")
+                    }
+                    Err(e) => {
+                        tracing::warn!(workspace = %ws, fence = held.fence, error = %e, "a try whose answer was lost took the lease, and it could not be let go; it frees itself at expiry")
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(workspace = %ws, error = %e, "could not read the lease after giving up on it");
+            }
+        }
+    }
+}
+
+/// Whether `held` was taken by `request` itself: its owner and its info, which carries the
+/// request's own random id.
+fn is_ours(held: &Lease, request: &LeaseRequest) -> bool {
+    held.owner == request.owner && held.info == request.info
+}
+
+/// The waits before taking the lease is tried again after a failure that may pass.
+const ACQUIRE_WAITS: [Duration; 5] = [
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
+
+/// No try starts later than this after the first failed one: against a store that does not
+/// answer, each try lasts as long as the client's own attempts.
+const ACQUIRE_BUDGET: Duration = Duration::from_secs(30);
 
 /// What [`Runner::acquire`] came to.
 pub(super) enum Acquired {
@@ -662,6 +733,63 @@ mod tests {
             store.lease(&ws()).await.unwrap().is_some(),
             "it expires by itself"
         );
+    }
+
+    #[tokio::test]
+    async fn a_lease_taken_by_a_try_whose_answer_was_lost_is_the_jobs() {
+        let store = Arc::new(MemoryStore::new());
+        store.fail_acquires(3, true);
+        let r = runner(store.clone(), Duration::ZERO);
+        let cancel = CancellationToken::new();
+        let Acquired::Lease(lease, _) = r.acquire(&ws(), &job("j1"), &cancel).await.unwrap() else {
+            panic!("the job should hold the lease its first try took");
+        };
+        assert_eq!((lease.owner.as_str(), lease.fence), ("j1", 1));
+        let held = store.lease(&ws()).await.unwrap().unwrap();
+        assert_eq!(held, lease, "one acquisition, not a second one");
+        // Another delivery of the same job is another request: it must wait, not share it.
+        let again = runner(store.clone(), Duration::ZERO);
+        assert!(matches!(
+            again.acquire(&ws(), &job("j1"), &cancel).await.unwrap(),
+            Acquired::Busy(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn failed_tries_to_take_the_lease_are_tried_again() {
+        let store = Arc::new(MemoryStore::new());
+        store.fail_acquires(2, false);
+        let r = runner(store.clone(), Duration::ZERO);
+        let got = r
+            .acquire(&ws(), &job("j1"), &CancellationToken::new())
+            .await;
+        assert!(matches!(got, Ok(Acquired::Lease(ref l, _)) if l.fence == 1));
+    }
+
+    #[tokio::test]
+    async fn giving_up_on_the_lease_lets_go_of_one_an_unanswered_try_took() {
+        let store = Arc::new(MemoryStore::new());
+        store.fail_acquires(u32::MAX, true);
+        let r = runner(store.clone(), Duration::ZERO);
+        let started = tokio::time::Instant::now();
+        let Err(e) = r
+            .acquire(&ws(), &job("j1"), &CancellationToken::new())
+            .await
+        else {
+            panic!("the store never answers: the job must give up");
+        };
+        assert!(e.to_string().contains("cannot be reached"), "{e}");
+        assert!(started.elapsed() < ACQUIRE_BUDGET + Duration::from_secs(1));
+        assert!(
+            store.lease(&ws()).await.unwrap().is_none(),
+            "the lease the first try took was let go"
+        );
+        // So the job, delivered again, takes it at once.
+        store.fail_acquires(0, false);
+        let got = r
+            .acquire(&ws(), &job("j1"), &CancellationToken::new())
+            .await;
+        assert!(matches!(got, Ok(Acquired::Lease(ref l, _)) if l.fence == 2));
     }
 
     #[tokio::test]
