@@ -127,6 +127,8 @@ struct Hold {
 }
 
 struct Shared {
+    /// `http://127.0.0.1:PORT`: the proxy itself.
+    own: String,
     upstream: String,
     authority: String,
     cloud: Cloud,
@@ -168,6 +170,7 @@ impl FaultProxy {
             .unwrap_or_default()
             .to_owned();
         let shared = Arc::new(Shared {
+            own: format!("http://{addr}"),
             upstream,
             authority,
             cloud,
@@ -327,6 +330,20 @@ impl Shared {
             hyper::header::HOST,
             self.authority.parse().expect("a host header"),
         );
+        // An Azure copy names its source by URL, which the client made from the proxy's
+        // address: the emulator must find the source in itself, as a cloud does.
+        if let Some(source) = request
+            .headers()
+            .get("x-ms-copy-source")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix(&self.own))
+        {
+            let source = format!("{}{source}", self.upstream);
+            request.headers_mut().insert(
+                "x-ms-copy-source",
+                source.parse().expect("a copy source header"),
+            );
+        }
         let version_write =
             matches!(request.method().as_str(), "PUT" | "POST") && path.contains("versions");
         let answer = self.client.request(request).await.map_err(|_| Dropped)?;
