@@ -118,6 +118,21 @@ fn status(e: &azure_core::Error) -> Option<u16> {
     e.http_status().map(u16::from)
 }
 
+/// One HTTP client for the SDK's calls and raw ones, set as the SDK sets its own (no
+/// redirects), but for how long a read may wait: an attempt that gets nothing for
+/// `call_timeout` (a stalled connection) is given up, and the SDK's retry policy tries again.
+/// A large body that keeps arriving is never cut.
+///
+/// # Errors
+/// The client cannot be built (its TLS roots).
+pub fn http_client(call_timeout: Duration) -> std::result::Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(call_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+}
+
 /// `text` with the value of every SAS signature (`sig=…`) masked: an error that quotes a URL
 /// must not carry the SAS it was sent with.
 #[must_use]
@@ -185,15 +200,7 @@ impl AzureBucket {
                 false,
             ));
         }
-        // One HTTP client for the SDK's calls and the raw one, set as the SDK sets its own
-        // (no redirects), but for how long a read may wait: an attempt that gets nothing for
-        // the call timeout (a stalled connection) is given up, and the SDK's retry policy tries
-        // again. A large state that keeps arriving is never cut.
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(call_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
+        let http = http_client(call_timeout)
             .map_err(|e| backend_error(format!("HTTP client: {e}"), false))?;
         let options = BlobContainerClientOptions {
             client_options: ClientOptions {

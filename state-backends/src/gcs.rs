@@ -334,6 +334,9 @@ impl Bucket for GcsBucket {
 
 // ----- the JSON API, for what the client does over gRPC only -----
 
+/// The waits before a JSON API call that failed in a way that may pass is tried again.
+const JSON_WAITS: [Duration; 2] = [Duration::from_millis(250), Duration::from_secs(1)];
+
 /// GCS's JSON API with the client's credentials.
 #[derive(Clone, Debug)]
 struct JsonApi {
@@ -394,8 +397,33 @@ impl JsonApi {
         Ok(url)
     }
 
-    /// Sends with the credentials' headers; `Ok(None)` for a 404.
+    /// Sends with the credentials' headers, trying again after each of [`JSON_WAITS`] while
+    /// the failure may pass (every call here may be repeated: reads, deletes of a name, a copy
+    /// onto a name); `Ok(None)` for a 404.
     async fn send(
+        &self,
+        what: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Option<reqwest::Response>> {
+        let mut waits = JSON_WAITS.iter();
+        loop {
+            let attempt = request.try_clone().ok_or_else(|| {
+                backend_error(format!("{what}: the request cannot be repeated"), false)
+            })?;
+            match self.send_once(what, attempt).await {
+                Err(e) if e.is_retryable() => match waits.next() {
+                    Some(wait) => {
+                        tracing::debug!(error = %e, "trying again in {wait:?}");
+                        tokio::time::sleep(*wait).await;
+                    }
+                    None => return Err(e),
+                },
+                done => return done,
+            }
+        }
+    }
+
+    async fn send_once(
         &self,
         what: &str,
         request: reqwest::RequestBuilder,

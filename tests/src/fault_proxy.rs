@@ -136,6 +136,8 @@ struct Shared {
     rng: Mutex<StdRng>,
     partition_until: Mutex<Option<Instant>>,
     hold: Mutex<Option<Hold>>,
+    /// Requests to fault on purpose: which, how many more, and how.
+    failing: Mutex<Option<(Matches, u32, Fault)>>,
     counts: Counts,
     client: Client<HttpConnector, Incoming>,
 }
@@ -178,6 +180,7 @@ impl FaultProxy {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             partition_until: Mutex::new(None),
             hold: Mutex::new(None),
+            failing: Mutex::new(None),
             counts: Counts::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
@@ -216,6 +219,11 @@ impl FaultProxy {
     /// drops.
     pub fn partition(&self, length: Duration) {
         *self.shared.partition_until.lock().expect("not poisoned") = Some(Instant::now() + length);
+    }
+
+    /// The next `n` requests `matches` accepts get `fault`, whatever the rate draws.
+    pub fn fail(&self, matches: Matches, n: u32, fault: Fault) {
+        *self.shared.failing.lock().expect("not poisoned") = Some((matches, n, fault));
     }
 
     /// The next request `matches` accepts (given its method, path and query, and headers) is
@@ -300,9 +308,22 @@ impl Shared {
                 _ => None,
             }
         };
-        let (fault, pause_ms) = match held {
-            Some(_) => (None, 0),
-            None => self.draw(),
+        let chosen = {
+            let mut failing = self.failing.lock().expect("not poisoned");
+            match &mut *failing {
+                Some((matches, left, fault))
+                    if *left > 0 && matches(request.method(), &path, request.headers()) =>
+                {
+                    *left -= 1;
+                    Some(*fault)
+                }
+                _ => None,
+            }
+        };
+        let (fault, pause_ms) = match (&held, chosen) {
+            (Some(_), _) => (None, 0),
+            (None, Some(fault)) => (Some(fault), 50),
+            (None, None) => self.draw(),
         };
         if let Some(fault) = fault {
             self.count(fault);

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use state_backends::{StateStore, WorkspaceId};
-use tests::fault_proxy::{Cloud, FaultProxy};
+use tests::fault_proxy::{Cloud, Fault, FaultProxy};
 use tests::stores::{Call, Kind, Under, assert_unbroken, history};
 use tests::{Sandbox, demo_job};
 
@@ -430,4 +430,30 @@ async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_azure_blob() {
     let blob = tests::azure::blob_endpoint();
     let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
     a_lost_lease_answer(Kind::AzureBlob, Cloud::Azure, origin).await;
+}
+
+/// GCS's JSON API (listings, metadata, copies, deletes) answers 503 twice, then works: the
+/// bucket tries again itself, and `terrace workspaces` lists the workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcs_listing_that_fails_for_a_moment_is_tried_again() {
+    let proxy = FaultProxy::start(&tests::gcs::endpoint(), Cloud::Gcs, 0.0, 1).await;
+    let mut sb = Sandbox::new();
+    let under = Under::new(Kind::Gcs, &sb.store, "listing", Some(&proxy.url())).await;
+    under.use_in(&mut sb);
+    let job = sb.job("list.yaml", &demo_job("list-1", "list", "apply", "list", 1));
+    sb.run(&["run", "-q", job.to_str().unwrap()]).expect_code(0);
+    proxy.fail(
+        Box::new(|m, path, _| *m == hyper::Method::GET && path.contains("/o?")),
+        2,
+        Fault::Unavailable,
+    );
+    let listed = sb.run(&["workspaces", "--json"]);
+    listed.expect_code(0);
+    let listed: Value = serde_json::from_slice(&listed.0.stdout).unwrap();
+    assert_eq!(listed["workspaces"], serde_json::json!(["acme/list"]));
+    assert_eq!(
+        proxy.counts().of(Fault::Unavailable),
+        2,
+        "both failures were met, or this proved nothing"
+    );
 }

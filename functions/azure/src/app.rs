@@ -112,7 +112,11 @@ impl App {
     /// # Errors
     /// Why not, as a sentence.
     pub fn queue(&self, url: &str) -> Result<Queue, String> {
-        Queue::new(&self.config.storage_url(url), self.own.clone())
+        Queue::new(
+            &self.config.storage_url(url),
+            self.own.clone(),
+            self.config.runtime.call_timeout,
+        )
     }
 
     /// The customer's store: as their app registration, or with the SAS against an emulator.

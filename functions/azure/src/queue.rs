@@ -45,7 +45,11 @@ fn seconds(d: std::time::Duration) -> i32 {
 impl Queue {
     /// # Errors
     /// A malformed URL, or a credential over plain http.
-    pub fn new(url: &str, credential: Option<Arc<dyn TokenCredential>>) -> Result<Self, String> {
+    pub fn new(
+        url: &str,
+        credential: Option<Arc<dyn TokenCredential>>,
+        call_timeout: std::time::Duration,
+    ) -> Result<Self, String> {
         let parsed = Url::parse(url).map_err(|e| {
             format!(
                 "queue URL {:?} is not a URL: {e}",
@@ -60,9 +64,13 @@ impl Queue {
             max_total_elapsed: azure_core::time::Duration::seconds(10),
             ..Default::default()
         };
+        // A call that gets no answer is given up after the call timeout, as the store's.
+        let http = state_backends::azure::http_client(call_timeout)
+            .map_err(|e| format!("queue {name}: HTTP client: {e}"))?;
         let options = QueueClientOptions {
             client_options: azure_core::http::ClientOptions {
                 retry: azure_core::http::RetryOptions::exponential(retry),
+                transport: Some(azure_core::http::Transport::new(Arc::new(http))),
                 ..Default::default()
             },
             ..Default::default()
