@@ -328,7 +328,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(read(&store, &ws).await.unwrap(), Some(written.clone()));
-        store.break_lease(&ws).await.unwrap();
+        store.break_lease(&ws, None).await.unwrap();
         let second = store.acquire_lease(&ws, &request("b")).await.unwrap();
         let refused = record(
             &store,

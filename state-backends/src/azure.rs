@@ -812,10 +812,21 @@ impl LeaseKeeper for BlobLeases {
         Err(Self::contended(&key))
     }
 
-    async fn break_lease(&self, _ws: &WorkspaceId, base: &str) -> Result<Option<Lease>> {
+    async fn break_lease(
+        &self,
+        _ws: &WorkspaceId,
+        base: &str,
+        only: Option<u64>,
+    ) -> Result<Option<Lease>> {
         let key = Self::key(base);
         self.ensure(&key).await?;
         for attempt in 0..ATTEMPTS {
+            // Not the lease to break: its holder's blob lease is left alone.
+            if let Some(fence) = only
+                && self.read(&key).await?.0.record.held.map(|h| h.fence) != Some(fence)
+            {
+                return Ok(None);
+            }
             self.break_now(&key).await?;
             let id = new_lease_id();
             if !self.take(&key, &id).await? {
@@ -823,7 +834,13 @@ impl LeaseKeeper for BlobLeases {
                 continue;
             }
             let (mut current, tag) = self.read(&key).await?;
-            let broken = current.record.break_lease();
+            let broken = current.record.break_lease(only);
+            if only.is_some() && broken.is_none() {
+                // Taken by another since it was read: left to its holder, who takes its blob
+                // lease back at its next renewal.
+                self.give_back(&key, &id).await;
+                return Ok(None);
+            }
             current.blob_lease = None;
             let written = self.write(&key, &current, &id, tag.as_deref()).await?;
             self.give_back(&key, &id).await;

@@ -371,8 +371,25 @@ pub async fn broken_lease_fences_its_holder(store: &dyn StateStore) {
         .acquire_lease(&ws, &lease_request("stuck", Duration::from_secs(300)))
         .await
         .unwrap();
+    // A break meant for another lease (one read before this was taken) breaks nothing.
+    assert!(
+        store
+            .break_lease(&ws, Some(lease.fence + 1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        store.lease(&ws).await.unwrap().map(|l| l.fence),
+        Some(lease.fence),
+        "the lease held stays"
+    );
+    store
+        .renew_lease(&ws, &lease, Duration::from_secs(300))
+        .await
+        .expect("its holder still renews it");
     let broken = store
-        .break_lease(&ws)
+        .break_lease(&ws, Some(lease.fence))
         .await
         .unwrap()
         .expect("a lease was held");
@@ -389,7 +406,7 @@ pub async fn broken_lease_fences_its_holder(store: &dyn StateStore) {
         store.current(&ws).await.unwrap().is_none(),
         "nothing was written"
     );
-    assert!(store.break_lease(&ws).await.unwrap().is_none());
+    assert!(store.break_lease(&ws, None).await.unwrap().is_none());
 }
 
 pub async fn delete_keeps_history(store: &dyn StateStore) {

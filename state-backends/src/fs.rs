@@ -534,11 +534,11 @@ impl StateStore for FsStore {
         .await
     }
 
-    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
-        self.blocking(ws, |dir| {
+    async fn break_lease(&self, ws: &WorkspaceId, only: Option<u64>) -> Result<Option<Lease>> {
+        self.blocking(ws, move |dir| {
             let _lock = dir.lock()?;
             let mut record = dir.lease_record()?;
-            let broken = record.break_lease();
+            let broken = record.break_lease(only);
             if broken.is_some() {
                 dir.save_lease_record(&record)?;
             }

@@ -102,9 +102,13 @@ impl LeaseRecord {
         }
     }
 
-    /// Removes whatever lease is held.
-    pub fn break_lease(&mut self) -> Option<Lease> {
-        self.held.take()
+    /// Removes the lease held, or only the one with fence `only` when given; returns what
+    /// was removed.
+    pub fn break_lease(&mut self, only: Option<u64>) -> Option<Lease> {
+        match (&self.held, only) {
+            (Some(held), Some(fence)) if held.fence != fence => None,
+            _ => self.held.take(),
+        }
     }
 }
 

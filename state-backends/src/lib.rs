@@ -293,12 +293,13 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// Backend failures.
     async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()>;
 
-    /// Breaks whatever lease is held, live or not, and returns it. For operators only: the
-    /// broken holder's writes are refused from then on.
+    /// Breaks the lease held, live or not, and returns it; with `only`, only if its fence is
+    /// that one (a lease taken since it was read stays). For operators only: the broken
+    /// holder's writes are refused from then on.
     ///
     /// # Errors
     /// Backend failures.
-    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>>;
+    async fn break_lease(&self, ws: &WorkspaceId, only: Option<u64>) -> Result<Option<Lease>>;
 
     /// The lease as recorded (live, expired, or none).
     ///

@@ -255,8 +255,8 @@ impl StateStore for MemoryStore {
         Ok(())
     }
 
-    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
-        Ok(self.with(ws, |w| w.lease.break_lease()))
+    async fn break_lease(&self, ws: &WorkspaceId, only: Option<u64>) -> Result<Option<Lease>> {
+        Ok(self.with(ws, |w| w.lease.break_lease(only)))
     }
 
     async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {

@@ -121,7 +121,13 @@ pub trait LeaseKeeper: Send + Sync + Debug {
         ttl: Duration,
     ) -> Result<Lease>;
     async fn release(&self, ws: &WorkspaceId, key: &str, lease: &Lease) -> Result<()>;
-    async fn break_lease(&self, ws: &WorkspaceId, key: &str) -> Result<Option<Lease>>;
+    /// Breaks the lease held, or only the one with fence `only` when given.
+    async fn break_lease(
+        &self,
+        ws: &WorkspaceId,
+        key: &str,
+        only: Option<u64>,
+    ) -> Result<Option<Lease>>;
 }
 
 /// The store over a [`Bucket`]; the lease in a lock object unless a [`LeaseKeeper`] is given.
@@ -726,12 +732,12 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
             .await
     }
 
-    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
+    async fn break_lease(&self, ws: &WorkspaceId, only: Option<u64>) -> Result<Option<Lease>> {
         if let Some(keeper) = &self.leases {
-            return keeper.break_lease(ws, &self.base(ws)).await;
+            return keeper.break_lease(ws, &self.base(ws), only).await;
         }
         self.with_lock_object(ws, |record| {
-            let broken = record.break_lease();
+            let broken = record.break_lease(only);
             let write = broken.is_some();
             Ok((broken, write))
         })

@@ -610,15 +610,24 @@ impl LeaseKeeper for DynamoLeases {
         }
     }
 
-    async fn break_lease(&self, _ws: &WorkspaceId, key: &str) -> Result<Option<Lease>> {
-        let out = self
+    async fn break_lease(
+        &self,
+        _ws: &WorkspaceId,
+        key: &str,
+        only: Option<u64>,
+    ) -> Result<Option<Lease>> {
+        let mut update = self
             .item(key)
             .update_expression(FREE)
-            .condition_expression("attribute_exists(pk)")
             .expression_attribute_names("#owner", "owner")
-            .return_values(ReturnValue::AllOld)
-            .send()
-            .await;
+            .return_values(ReturnValue::AllOld);
+        update = match only {
+            None => update.condition_expression("attribute_exists(pk)"),
+            Some(fence) => update
+                .condition_expression("attribute_exists(pk) AND fence = :fence")
+                .expression_attribute_values(":fence", n(fence)),
+        };
+        let out = update.send().await;
         match out {
             Ok(out) => Ok(out.attributes().and_then(lease_from_item)),
             Err(e) if is_condition_failure(&e) => Ok(None),

@@ -541,8 +541,8 @@ impl StateStore for SealedStore {
         self.inner.release_lease(ws, lease).await
     }
 
-    async fn break_lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
-        self.inner.break_lease(ws).await
+    async fn break_lease(&self, ws: &WorkspaceId, only: Option<u64>) -> Result<Option<Lease>> {
+        self.inner.break_lease(ws, only).await
     }
 
     async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {

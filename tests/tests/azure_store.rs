@@ -140,7 +140,7 @@ async fn a_dead_holders_blob_lease_is_broken_once_its_recorded_lease_expires() {
         Err(StoreError::LeaseLost { .. })
     ));
     // An operator's break frees it whatever the record says.
-    let broken = store.break_lease(&ws).await.unwrap().unwrap();
+    let broken = store.break_lease(&ws, None).await.unwrap().unwrap();
     assert_eq!(broken.owner, "runner-b");
     assert_eq!(
         blob_lease_state(&url, "acme/crashed/lease.json").await,

@@ -143,7 +143,7 @@ async fn writes_with_an_older_serial_or_another_lineage_are_refused_and_history_
     }
 
     // Once the lease is broken, even a valid successor is refused (fencing).
-    store.break_lease(&ws).await.unwrap();
+    store.break_lease(&ws, None).await.unwrap();
     let fenced = push("next.tfstate", state(lineage, 6, "six"));
     assert!(
         !fenced.status.success(),

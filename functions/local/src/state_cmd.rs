@@ -274,7 +274,23 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 );
                 return Ok(exit::BUSY);
             }
-            store.break_lease(&workspace).await?;
+            // Only the lease shown: one taken since by another run stays.
+            if store
+                .break_lease(&workspace, Some(lease.fence))
+                .await?
+                .is_none()
+            {
+                let now = store.lease(&workspace).await?;
+                eprintln!(
+                    "{workspace}: the lease changed since it was read ({}); nothing was broken, \
+                     look again with `terrace state unlock {workspace}`",
+                    now.map_or_else(
+                        || "it was released".to_owned(),
+                        |l| format!("now job {} with fence {}", l.owner, l.fence)
+                    )
+                );
+                return Ok(exit::BUSY);
+            }
             outln!(
                 "{workspace}: broke the {} lease of job {} (fence {})",
                 if live { "live" } else { "expired" },

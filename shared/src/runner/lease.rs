@@ -618,7 +618,7 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let ttl = Duration::from_millis(300);
         let lease = hold(&store, "j1", ttl).await;
-        store.break_lease(&ws()).await.unwrap();
+        store.break_lease(&ws(), None).await.unwrap();
         let dog = start(store, lease, ttl, Duration::from_secs(60));
         tokio::time::timeout(Duration::from_secs(5), dog.lost.cancelled())
             .await

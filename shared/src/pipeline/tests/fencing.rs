@@ -22,7 +22,7 @@ async fn a_runner_whose_lease_was_taken_over_never_replaces_the_later_runs_resul
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    fake.store.break_lease(&ws()).await.unwrap();
+    fake.store.break_lease(&ws(), None).await.unwrap();
     let later = fake
         .store
         .acquire_lease(
