@@ -39,6 +39,9 @@ pub struct MemoryStore {
     /// How many acquisitions fail before one is answered, and whether the first of them takes
     /// the lease all the same (its answer lost).
     failing_acquires: Mutex<(u32, bool)>,
+    /// How long each failing acquisition takes to fail (a client's attempts at a store that
+    /// does not answer).
+    failing_acquire_time: Mutex<Duration>,
 }
 
 /// How [`MemoryStore`] answers lease renewals, for tests of what a runner does when its store
@@ -103,6 +106,14 @@ impl MemoryStore {
             .failing_acquires
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = (n, first_lands);
+    }
+
+    /// Each failing acquisition fails only after `time`.
+    pub fn fail_acquires_after(&self, time: Duration) {
+        *self
+            .failing_acquire_time
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = time;
     }
 
     fn with<T>(&self, ws: &WorkspaceId, f: impl FnOnce(&mut Workspace) -> T) -> T {
@@ -204,6 +215,11 @@ impl StateStore for MemoryStore {
             }
         };
         if let Some(lands) = lands {
+            let time = *self
+                .failing_acquire_time
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            tokio::time::sleep(time).await;
             if lands {
                 let _ = self.with(ws, |w| w.lease.acquire(request, OffsetDateTime::now_utc()));
             }

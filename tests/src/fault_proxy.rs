@@ -312,7 +312,9 @@ impl Shared {
             let mut failing = self.failing.lock().expect("not poisoned");
             match &mut *failing {
                 Some((matches, left, fault))
-                    if *left > 0 && matches(request.method(), &path, request.headers()) =>
+                    if held.is_none()
+                        && *left > 0
+                        && matches(request.method(), &path, request.headers()) =>
                 {
                     *left -= 1;
                     Some(*fault)

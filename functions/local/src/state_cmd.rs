@@ -280,14 +280,17 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 .await?
                 .is_none()
             {
-                let now = store.lease(&workspace).await?;
+                let Some(now) = store.lease(&workspace).await? else {
+                    outln!(
+                        "{workspace}: the lease of job {} was released meanwhile",
+                        lease.owner
+                    );
+                    return Ok(exit::OK);
+                };
                 eprintln!(
-                    "{workspace}: the lease changed since it was read ({}); nothing was broken, \
-                     look again with `terrace state unlock {workspace}`",
-                    now.map_or_else(
-                        || "it was released".to_owned(),
-                        |l| format!("now job {} with fence {}", l.owner, l.fence)
-                    )
+                    "{workspace}: the lease changed since it was read (now job {} with fence {}); \
+                     nothing was broken, look again with `terrace state unlock {workspace}`",
+                    now.owner, now.fence
                 );
                 return Ok(exit::BUSY);
             }

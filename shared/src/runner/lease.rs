@@ -116,12 +116,33 @@ impl Runner {
                 "request": &crate::state_server::random_secret()[..16],
             }),
         };
+        // When the first try that failed in a way that may pass was asked: any such try may
+        // have taken the lease though its answer was lost.
+        let mut unseen_since: Option<tokio::time::Instant> = None;
+        let taken = self
+            .take(ws, job, cancel, &request, &mut unseen_since)
+            .await;
+        if taken.is_err() && unseen_since.is_some() {
+            self.let_go_unseen(ws, &request).await;
+        }
+        taken
+    }
+
+    /// [`Runner::acquire`]'s tries.
+    async fn take(
+        &self,
+        ws: &WorkspaceId,
+        job: &ValidatedJob,
+        cancel: &CancellationToken,
+        request: &LeaseRequest,
+        unseen_since: &mut Option<tokio::time::Instant>,
+    ) -> Result<Acquired, RunError> {
         let give_up = Instant::now() + self.config.lease_wait;
         let mut announced = false;
-        // Tries that failed in a way that may pass: their waits, and when the first was asked
-        // (any of them may have taken the lease though its answer was lost).
+        // The waits left after failures that may pass, and when the first of this run of
+        // failures was seen; an answered try starts them afresh.
         let mut waits = ACQUIRE_WAITS.iter();
-        let mut unseen_since: Option<tokio::time::Instant> = None;
+        let mut failing_since: Option<tokio::time::Instant> = None;
         // Polled quickly at first, then less often (a task may wait minutes on a cloud store,
         // where every look is a billed call), never past the wait's end.
         let mut pause = Duration::from_millis(250);
@@ -129,11 +150,11 @@ impl Runner {
             // The lease is ours for its TTL from no later than this instant (by this machine's
             // monotonic clock, which no clock step moves).
             let asked = tokio::time::Instant::now();
-            match self.store.acquire_lease(ws, &request).await {
+            match self.store.acquire_lease(ws, request).await {
                 Ok(lease) => return Ok(Acquired::Lease(lease, asked)),
                 // A try whose answer was lost took it: the holder is this very request (its
                 // random id is in the info). Held since no later than that try was asked.
-                Err(StoreError::LeaseHeld { holder, .. }) if is_ours(&holder, &request) => {
+                Err(StoreError::LeaseHeld { holder, .. }) if is_ours(&holder, request) => {
                     tracing::info!(
                         workspace = %ws, fence = holder.fence,
                         "the lease was taken by an earlier try whose answer was lost"
@@ -141,12 +162,14 @@ impl Runner {
                     return Ok(Acquired::Lease(*holder, unseen_since.unwrap_or(asked)));
                 }
                 Err(e) if e.is_retryable() && !matches!(e, StoreError::LeaseHeld { .. }) => {
-                    let since = *unseen_since.get_or_insert(asked);
+                    unseen_since.get_or_insert(asked);
+                    // Counted from the failure seen, not the try asked: a try that stalls
+                    // lasts the client's own attempts, and still gets tries after it.
+                    let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
                     let wait = waits.next().filter(|w| {
                         since.elapsed() + **w < ACQUIRE_BUDGET && !cancel.is_cancelled()
                     });
                     let Some(wait) = wait else {
-                        self.let_go_unseen(ws, &request).await;
                         return Err(e.into());
                     };
                     tracing::warn!(workspace = %ws, error = %e, "could not take the lease; trying again in {wait:?}");
@@ -156,6 +179,8 @@ impl Runner {
                     }
                 }
                 Err(StoreError::LeaseHeld { holder, .. }) => {
+                    waits = ACQUIRE_WAITS.iter();
+                    failing_since = None;
                     if !announced {
                         // Its result, rather than a wait, for a finished job delivered again.
                         if let Some(previous) = self.previous_result(ws, &job.job.id).await? {
@@ -224,8 +249,8 @@ const ACQUIRE_WAITS: [Duration; 5] = [
     Duration::from_secs(8),
 ];
 
-/// No try starts later than this after the first failed one: against a store that does not
-/// answer, each try lasts as long as the client's own attempts.
+/// No try starts later than this after the first failure seen (of a run of failures with no
+/// answer between them).
 const ACQUIRE_BUDGET: Duration = Duration::from_secs(30);
 
 /// What [`Runner::acquire`] came to.
@@ -753,6 +778,20 @@ mod tests {
             again.acquire(&ws(), &job("j1"), &cancel).await.unwrap(),
             Acquired::Busy(_)
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_try_that_stalls_past_the_budget_is_still_tried_again() {
+        // A store that takes 40 s to fail (the client's own attempts), the first try landing:
+        // the budget counts from the failure seen, so a second try finds the lease.
+        let store = Arc::new(MemoryStore::new());
+        store.fail_acquires(1, true);
+        store.fail_acquires_after(ACQUIRE_BUDGET + Duration::from_secs(10));
+        let r = runner(store.clone(), Duration::ZERO);
+        let got = r
+            .acquire(&ws(), &job("j1"), &CancellationToken::new())
+            .await;
+        assert!(matches!(got, Ok(Acquired::Lease(ref l, _)) if l.fence == 1));
     }
 
     #[tokio::test]
