@@ -457,3 +457,91 @@ async fn a_gcs_listing_that_fails_for_a_moment_is_tried_again() {
         "both failures were met, or this proved nothing"
     );
 }
+
+/// A lease renewal lands in the store but its answer never comes: the watchdog abandons it
+/// after half a renewal period and renews again, which every store accepts (the lease it
+/// renews is the one the lost renewal extended), and the job goes on to succeed.
+async fn a_lost_renewal_answer(kind: Kind, cloud: Cloud, upstream: &str) {
+    let proxy = FaultProxy::start(upstream, cloud, 0.0, 1).await;
+    let mut sb = Sandbox::new();
+    let under = Under::new(kind, &sb.store, "renew", Some(&proxy.url())).await;
+    under.use_in(&mut sb);
+    // Renewed every second; the create below takes 6 s.
+    sb.env.push(("TERRACE_LEASE_TTL".into(), "3".into()));
+    sb.faults(serde_json::json!([{ "resource": "testcloud_cluster", "name": "renew", "op": "create", "kind": "slow", "delay_ms": 6000, "times": 1 }]));
+    let ws = WorkspaceId::new("acme", "renew").unwrap();
+    let job = sb.job(
+        "renew.yaml",
+        &demo_job("renew-1", "renew", "apply", "renew", 1),
+    );
+    let child = sb
+        .terrace()
+        .args(["run", job.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the lease is taken, the next write of it is a renewal.
+    let waited = Instant::now();
+    while under.store.lease(&ws).await.unwrap().is_none() {
+        assert!(waited.elapsed() < Duration::from_secs(60), "no lease taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = proxy.hold(Call::Lease.matches(kind), true);
+    let what = tokio::time::timeout(Duration::from_secs(30), held)
+        .await
+        .expect("a renewal was held")
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{}: {}: {stderr}",
+        kind.name(),
+        out.status
+    );
+    assert!(!stderr.contains("lease lost"), "{}: {stderr}", kind.name());
+    assert!(
+        stderr.contains("renewing the lease did not answer"),
+        "{}: the held renewal was not abandoned: {stderr}",
+        kind.name()
+    );
+    let result = result(&*under.store, &ws, "renew-1")
+        .await
+        .expect("a result");
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(history(&*under.store, &ws).await.len(), 1, "one version");
+    assert!(
+        under.store.lease(&ws).await.unwrap().is_none(),
+        "{}: a lease was left",
+        kind.name()
+    );
+    println!(
+        "lost renewal answer {}: the job went on; answer lost: {what}",
+        kind.name()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_whose_answer_was_lost_is_renewed_again_on_s3_with_a_dynamodb_lease() {
+    a_lost_renewal_answer(Kind::S3DynamoDb, Cloud::Aws, &tests::aws::moto()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_whose_answer_was_lost_is_renewed_again_on_s3_with_a_lock_object() {
+    a_lost_renewal_answer(Kind::S3LockObject, Cloud::Aws, &tests::aws::moto()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_whose_answer_was_lost_is_renewed_again_on_gcs() {
+    a_lost_renewal_answer(Kind::Gcs, Cloud::Gcs, &tests::gcs::endpoint()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_whose_answer_was_lost_is_renewed_again_on_azure_blob() {
+    let blob = tests::azure::blob_endpoint();
+    let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
+    a_lost_renewal_answer(Kind::AzureBlob, Cloud::Azure, origin).await;
+}
