@@ -218,27 +218,81 @@ async fn batch(kind: Kind, cloud: Cloud, upstream: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn jobs_on_s3_and_dynamodb_survive_a_faulty_network() {
-    batch(Kind::S3DynamoDb, Cloud::Aws, &tests::aws::moto()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn jobs_on_s3_with_a_lock_object_survive_a_faulty_network() {
-    batch(Kind::S3LockObject, Cloud::Aws, &tests::aws::moto()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn jobs_on_gcs_survive_a_faulty_network() {
-    batch(Kind::Gcs, Cloud::Gcs, &tests::gcs::endpoint()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn jobs_on_azure_blob_survive_a_faulty_network() {
+/// Azurite's origin (the proxy's upstream), without the account in the path.
+fn azure_origin() -> String {
     let blob = tests::azure::blob_endpoint();
-    let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
-    batch(Kind::AzureBlob, Cloud::Azure, origin).await;
+    blob.trim_end_matches('/')
+        .rsplit_once('/')
+        .unwrap()
+        .0
+        .to_owned()
 }
+
+/// One test per store reached over HTTP, each calling `$helper(kind, cloud, upstream)`.
+macro_rules! on_each_store {
+    ($helper:ident, $workers:literal: $dynamodb:ident, $lock_object:ident, $gcs:ident, $azure:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = $workers)]
+        async fn $dynamodb() {
+            $helper(Kind::S3DynamoDb, Cloud::Aws, &tests::aws::moto()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = $workers)]
+        async fn $lock_object() {
+            $helper(Kind::S3LockObject, Cloud::Aws, &tests::aws::moto()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = $workers)]
+        async fn $gcs() {
+            $helper(Kind::Gcs, Cloud::Gcs, &tests::gcs::endpoint()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = $workers)]
+        async fn $azure() {
+            $helper(Kind::AzureBlob, Cloud::Azure, &azure_origin()).await;
+        }
+    };
+}
+
+/// A store of `kind` reached through a proxy with no faults of its own, and one demo apply
+/// named `name` (workspace, cluster, and job `name-1`).
+async fn one_job(
+    kind: Kind,
+    cloud: Cloud,
+    upstream: &str,
+    name: &str,
+) -> (FaultProxy, Sandbox, Under, WorkspaceId, std::path::PathBuf) {
+    let proxy = FaultProxy::start(upstream, cloud, 0.0, 1).await;
+    let mut sb = Sandbox::new();
+    let under = Under::new(kind, &sb.store, name, Some(&proxy.url())).await;
+    under.use_in(&mut sb);
+    let ws = WorkspaceId::new("acme", name).unwrap();
+    let job = sb.job(
+        &format!("{name}.yaml"),
+        &demo_job(&format!("{name}-1"), name, "apply", name, 1),
+    );
+    (proxy, sb, under, ws, job)
+}
+
+/// The job succeeded, wrote one version and let go of its lease.
+async fn succeeded_cleanly(under: &Under, ws: &WorkspaceId, job_id: &str) {
+    let result = result(&*under.store, ws, job_id)
+        .await
+        .unwrap_or_else(|| panic!("{}: no result", under.kind.name()));
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(history(&*under.store, ws).await.len(), 1, "one version");
+    assert!(
+        under.store.lease(ws).await.unwrap().is_none(),
+        "{}: a lease was left",
+        under.kind.name()
+    );
+}
+
+on_each_store!(batch, 4:
+    jobs_on_s3_and_dynamodb_survive_a_faulty_network,
+    jobs_on_s3_with_a_lock_object_survive_a_faulty_network,
+    jobs_on_gcs_survive_a_faulty_network,
+    jobs_on_azure_blob_survive_a_faulty_network
+);
 
 /// A store call whose request is sent and never answered (a stalled connection, not a
 /// partition's dropped one): the runner's client gives the attempt up after its call timeout
@@ -246,16 +300,8 @@ async fn jobs_on_azure_blob_survive_a_faulty_network() {
 /// write is held: without a timeout, the runner would wait for it for good, its job never
 /// reported and its lease never let go.
 async fn a_stalled_call(kind: Kind, cloud: Cloud, upstream: &str) {
-    let proxy = FaultProxy::start(upstream, cloud, 0.0, 1).await;
-    let mut sb = Sandbox::new();
-    let under = Under::new(kind, &sb.store, "stall", Some(&proxy.url())).await;
-    under.use_in(&mut sb);
+    let (proxy, mut sb, under, ws, job) = one_job(kind, cloud, upstream, "stall").await;
     sb.env.push(("TERRACE_CALL_TIMEOUT".into(), "2".into()));
-    let ws = WorkspaceId::new("acme", "stall").unwrap();
-    let job = sb.job(
-        "stall.yaml",
-        &demo_job("stall-1", "stall", "apply", "stall", 1),
-    );
     let mut held = proxy.hold(
         Box::new(|m, path, _| {
             (*m == hyper::Method::PUT || *m == hyper::Method::POST) && path.contains("result.json")
@@ -300,15 +346,8 @@ async fn a_stalled_call(kind: Kind, cloud: Cloud, upstream: &str) {
     let held = held
         .try_recv()
         .expect("the proxy held the result's first write, or this proved nothing");
-    let result = result(&*under.store, &ws, "stall-1")
-        .await
-        .expect("the result landed on a later attempt");
-    assert_eq!(result["status"], "succeeded", "{result}");
-    assert!(
-        under.store.lease(&ws).await.unwrap().is_none(),
-        "{}: a lease was left",
-        kind.name()
-    );
+    // The result landed on a later attempt.
+    succeeded_cleanly(&under, &ws, "stall-1").await;
     println!(
         "stalled call {}: the job finished in {:.1} s; never answered: {held}",
         kind.name(),
@@ -328,9 +367,7 @@ async fn a_stalled_call_to_gcs_is_given_up_and_tried_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_call_to_azure_blob_is_given_up_and_tried_again() {
-    let blob = tests::azure::blob_endpoint();
-    let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
-    a_stalled_call(Kind::AzureBlob, Cloud::Azure, origin).await;
+    a_stalled_call(Kind::AzureBlob, Cloud::Azure, &azure_origin()).await;
 }
 
 /// The lease's acquisition lands in the store but its answer is lost, and the network is then
@@ -338,18 +375,10 @@ async fn a_stalled_call_to_azure_blob_is_given_up_and_tried_again() {
 /// by this very request, and the job runs (it used to fail, and delivered again, wait for its
 /// own lease to expire).
 async fn a_lost_lease_answer(kind: Kind, cloud: Cloud, upstream: &str) {
-    let proxy = FaultProxy::start(upstream, cloud, 0.0, 1).await;
-    let mut sb = Sandbox::new();
-    let under = Under::new(kind, &sb.store, "unseen", Some(&proxy.url())).await;
-    under.use_in(&mut sb);
+    let (proxy, mut sb, under, ws, job) = one_job(kind, cloud, upstream, "unseen").await;
     sb.env.push(("TERRACE_CALL_TIMEOUT".into(), "2".into()));
     // The runner says at `info` that it found the lease held by its own lost try.
     sb.env.push(("TERRACE_LOG".into(), "info".into()));
-    let ws = WorkspaceId::new("acme", "unseen").unwrap();
-    let job = sb.job(
-        "unseen.yaml",
-        &demo_job("unseen-1", "unseen", "apply", "unseen", 1),
-    );
     let held = proxy.hold(Call::Lease.matches(kind), true);
     let started = Instant::now();
     let child = sb
@@ -388,16 +417,7 @@ async fn a_lost_lease_answer(kind: Kind, cloud: Cloud, upstream: &str) {
     );
     // Well under the lease's TTL (60 s): the job never waited for its own lease to expire.
     assert!(took < Duration::from_secs(40), "{}: {took:?}", kind.name());
-    let result = result(&*under.store, &ws, "unseen-1")
-        .await
-        .expect("a result");
-    assert_eq!(result["status"], "succeeded", "{result}");
-    assert_eq!(history(&*under.store, &ws).await.len(), 1, "one version");
-    assert!(
-        under.store.lease(&ws).await.unwrap().is_none(),
-        "{}: a lease was left",
-        kind.name()
-    );
+    succeeded_cleanly(&under, &ws, "unseen-1").await;
     println!(
         "lost lease answer {}: the job finished in {:.1} s; answer lost: {what}; found by {}",
         kind.name(),
@@ -410,27 +430,12 @@ async fn a_lost_lease_answer(kind: Kind, cloud: Cloud, upstream: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_s3_with_a_dynamodb_lease() {
-    a_lost_lease_answer(Kind::S3DynamoDb, Cloud::Aws, &tests::aws::moto()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_s3_with_a_lock_object() {
-    a_lost_lease_answer(Kind::S3LockObject, Cloud::Aws, &tests::aws::moto()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_gcs() {
-    a_lost_lease_answer(Kind::Gcs, Cloud::Gcs, &tests::gcs::endpoint()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_azure_blob() {
-    let blob = tests::azure::blob_endpoint();
-    let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
-    a_lost_lease_answer(Kind::AzureBlob, Cloud::Azure, origin).await;
-}
+on_each_store!(a_lost_lease_answer, 2:
+    a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_s3_with_a_dynamodb_lease,
+    a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_s3_with_a_lock_object,
+    a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_gcs,
+    a_lease_taken_by_a_call_whose_answer_was_lost_is_kept_on_azure_blob
+);
 
 /// GCS's JSON API (listings, metadata, copies, deletes) answers 503 twice, then works: the
 /// bucket tries again itself, and `terrace workspaces` lists the workspace.
@@ -462,18 +467,10 @@ async fn a_gcs_listing_that_fails_for_a_moment_is_tried_again() {
 /// after half a renewal period and renews again, which every store accepts (the lease it
 /// renews is the one the lost renewal extended), and the job goes on to succeed.
 async fn a_lost_renewal_answer(kind: Kind, cloud: Cloud, upstream: &str) {
-    let proxy = FaultProxy::start(upstream, cloud, 0.0, 1).await;
-    let mut sb = Sandbox::new();
-    let under = Under::new(kind, &sb.store, "renew", Some(&proxy.url())).await;
-    under.use_in(&mut sb);
+    let (proxy, mut sb, under, ws, job) = one_job(kind, cloud, upstream, "renew").await;
     // Renewed every second; the create below takes 6 s.
     sb.env.push(("TERRACE_LEASE_TTL".into(), "3".into()));
     sb.faults(serde_json::json!([{ "resource": "testcloud_cluster", "name": "renew", "op": "create", "kind": "slow", "delay_ms": 6000, "times": 1 }]));
-    let ws = WorkspaceId::new("acme", "renew").unwrap();
-    let job = sb.job(
-        "renew.yaml",
-        &demo_job("renew-1", "renew", "apply", "renew", 1),
-    );
     let child = sb
         .terrace()
         .args(["run", job.to_str().unwrap()])
@@ -508,40 +505,16 @@ async fn a_lost_renewal_answer(kind: Kind, cloud: Cloud, upstream: &str) {
         "{}: the held renewal was not abandoned: {stderr}",
         kind.name()
     );
-    let result = result(&*under.store, &ws, "renew-1")
-        .await
-        .expect("a result");
-    assert_eq!(result["status"], "succeeded", "{result}");
-    assert_eq!(history(&*under.store, &ws).await.len(), 1, "one version");
-    assert!(
-        under.store.lease(&ws).await.unwrap().is_none(),
-        "{}: a lease was left",
-        kind.name()
-    );
+    succeeded_cleanly(&under, &ws, "renew-1").await;
     println!(
         "lost renewal answer {}: the job went on; answer lost: {what}",
         kind.name()
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_whose_answer_was_lost_is_renewed_again_on_s3_with_a_dynamodb_lease() {
-    a_lost_renewal_answer(Kind::S3DynamoDb, Cloud::Aws, &tests::aws::moto()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_whose_answer_was_lost_is_renewed_again_on_s3_with_a_lock_object() {
-    a_lost_renewal_answer(Kind::S3LockObject, Cloud::Aws, &tests::aws::moto()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_whose_answer_was_lost_is_renewed_again_on_gcs() {
-    a_lost_renewal_answer(Kind::Gcs, Cloud::Gcs, &tests::gcs::endpoint()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_whose_answer_was_lost_is_renewed_again_on_azure_blob() {
-    let blob = tests::azure::blob_endpoint();
-    let origin = blob.trim_end_matches('/').rsplit_once('/').unwrap().0;
-    a_lost_renewal_answer(Kind::AzureBlob, Cloud::Azure, origin).await;
-}
+on_each_store!(a_lost_renewal_answer, 2:
+    a_renewal_whose_answer_was_lost_is_renewed_again_on_s3_with_a_dynamodb_lease,
+    a_renewal_whose_answer_was_lost_is_renewed_again_on_s3_with_a_lock_object,
+    a_renewal_whose_answer_was_lost_is_renewed_again_on_gcs,
+    a_renewal_whose_answer_was_lost_is_renewed_again_on_azure_blob
+);
