@@ -175,7 +175,7 @@ impl Runner {
                     tracing::warn!(workspace = %ws, error = %e, "could not take the lease; trying again in {wait:?}");
                     tokio::select! {
                         () = tokio::time::sleep(*wait) => {}
-                        () = cancel.cancelled() => {}
+                        () = cancel.cancelled() => return Err(e.into()),
                     }
                 }
                 Err(StoreError::LeaseHeld { holder, .. }) => {
