@@ -35,7 +35,7 @@ done
 [[ "$PROFILE" == release ]] && flags+=(--release)
 cargo build "${flags[@]}"
 
-dir="$repo_root/target/$PROFILE"
+dir="$(scripts/target-dir.sh)/$PROFILE"
 terraform="$(scripts/install-terraform.sh)"
 python3 - "$N" "$FUNCTIONS" "$dir" "$terraform" "$repo_root" <<'PY'
 import http.server, json, os, socket, statistics, subprocess, sys, tempfile, threading, time

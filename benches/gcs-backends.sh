@@ -16,7 +16,7 @@
 # log). Requests are counted afterwards, untimed, in COUNT_N more runs per side (default 3)
 # against a second fake-gcs-server this script starts at log level info, which logs one line per
 # request. Prints the medians, the ratio and the GCS requests per job.
-# PROFILE=release (default debug) uses target/release/terrace.
+# PROFILE=release (default debug) uses the release build of terrace.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -30,7 +30,7 @@ if [[ -z "${TERRACE_TEST_GCS:-}" ]]; then
     exec scripts/with-emulators.sh "$0" "$@"
 fi
 
-bin="$repo_root/target/$PROFILE/terrace"
+bin="$(scripts/target-dir.sh)/$PROFILE/terrace"
 tf="$(scripts/install-terraform.sh)"
 work="$(mktemp -d)"
 counter_pid=""

@@ -15,7 +15,7 @@ LINES="${LINES:-400}"
 PROFILE="${PROFILE:-release}"
 scripts/install-tools.sh
 if [[ "$PROFILE" == release ]]; then cargo build --quiet --release -p local; else cargo build --quiet -p local; fi
-terrace="$repo_root/target/$PROFILE/terrace"
+terrace="$(scripts/target-dir.sh)/$PROFILE/terrace"
 tf="$(scripts/install-terraform.sh)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

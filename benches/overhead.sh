@@ -12,7 +12,7 @@ cd "$repo_root"
 N="${N:-15}"
 scripts/install-tools.sh
 cargo build --quiet --release -p local
-terrace="$repo_root/target/release/terrace"
+terrace="$(scripts/target-dir.sh)/release/terrace"
 tf="$(scripts/install-terraform.sh)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

@@ -21,7 +21,7 @@ if [[ -z "${TERRACE_TEST_MOTO:-}" ]]; then
     exec scripts/with-emulators.sh "$0" "$@"
 fi
 
-bin="$repo_root/target/$PROFILE/terrace-aws"
+bin="$(scripts/target-dir.sh)/$PROFILE/terrace-aws"
 tf="$(scripts/install-terraform.sh)"
 py="$repo_root/.cache/moto/bin/python"
 log="$TERRACE_TEST_MOTO_LOG"

@@ -17,7 +17,7 @@ if [[ -z "${TERRACE_TEST_MOTO:-}" ]]; then
     exec scripts/with-emulators.sh "$0" "$@"
 fi
 
-bin="$repo_root/target/debug/terrace"
+bin="$(scripts/target-dir.sh)/debug/terrace"
 py="$repo_root/.cache/moto/bin/python"
 log="$TERRACE_TEST_MOTO_LOG"
 work="$(mktemp -d)"

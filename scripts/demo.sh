@@ -17,7 +17,7 @@ export TERRACE_TF_CLI_CONFIG="$repo_root/.cache/terraformrc"
 # The test cloud's "credentials": the folder it keeps resources in, passed to terraform only.
 export TESTCLOUD_ROOT="$demo/cloud"
 export TERRACE_PASS_ENV=TESTCLOUD_ROOT
-terrace="$repo_root/target/debug/terrace"
+terrace="$(scripts/target-dir.sh)/debug/terrace"
 
 echo "== terrace run examples/demo-job.yaml"
 "$terrace" run examples/demo-job.yaml
