@@ -468,9 +468,9 @@ async fn a_gcs_listing_that_fails_for_a_moment_is_tried_again() {
 /// renews is the one the lost renewal extended), and the job goes on to succeed.
 async fn a_lost_renewal_answer(kind: Kind, cloud: Cloud, upstream: &str) {
     let (proxy, mut sb, under, ws, job) = one_job(kind, cloud, upstream, "renew").await;
-    // Renewed every second; the create below takes 6 s.
-    sb.env.push(("TERRACE_LEASE_TTL".into(), "3".into()));
-    sb.faults(serde_json::json!([{ "resource": "testcloud_cluster", "name": "renew", "op": "create", "kind": "slow", "delay_ms": 6000, "times": 1 }]));
+    // Renewed every 3 s, an attempt abandoned after 2 s; the create below takes 10 s.
+    sb.env.push(("TERRACE_LEASE_TTL".into(), "9".into()));
+    sb.faults(serde_json::json!([{ "resource": "testcloud_cluster", "name": "renew", "op": "create", "kind": "slow", "delay_ms": 10000, "times": 1 }]));
     let child = sb
         .terrace()
         .args(["run", job.to_str().unwrap()])

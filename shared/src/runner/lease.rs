@@ -293,6 +293,10 @@ pub(super) struct Watch {
 
 /// How long before the lease would expire the runner gives up on confirming it: a renewal
 /// that has not answered by then is taken as a lost lease.
+/// The least time a renewal attempt is given before it is abandoned and tried again (never past
+/// the give-up time): with a short TTL, half a period is shorter than a busy store may take.
+const RENEWAL_ATTEMPT: Duration = Duration::from_secs(2);
+
 pub(super) fn fence_margin(ttl: Duration) -> Duration {
     (ttl / 6).max(Duration::from_millis(50))
 }
@@ -374,11 +378,12 @@ pub(super) async fn watch(w: Watch) {
             _ = renew.tick() => {
                 let asked = tokio::time::Instant::now();
                 let give_up = confirmed_until.checked_sub(margin).unwrap_or(asked);
-                // An attempt gets half a period: one that stalls (a request never answered) is
-                // abandoned and tried again soon, while the lease still holds, rather than
-                // waited for until the runner must fence itself. One that landed unseen is
-                // renewed again by the next.
-                let attempt_until = give_up.min(asked + every / 2);
+                // An attempt gets half a period (at least RENEWAL_ATTEMPT, so that a store slow
+                // under load is not taken for a stalled one): one that stalls (a request never
+                // answered) is abandoned and tried again soon, while the lease still holds,
+                // rather than waited for until the runner must fence itself. One that landed
+                // unseen is renewed again by the next.
+                let attempt_until = give_up.min(asked + (every / 2).max(RENEWAL_ATTEMPT));
                 match tokio::time::timeout_at(attempt_until, store.renew_lease(&ws, &lease, ttl)).await {
                     Ok(Ok(renewed)) => {
                         lease = renewed;
