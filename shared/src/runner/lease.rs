@@ -291,12 +291,12 @@ pub(super) struct Watch {
     pub(super) logger: Logger,
 }
 
-/// How long before the lease would expire the runner gives up on confirming it: a renewal
-/// that has not answered by then is taken as a lost lease.
 /// The least time a renewal attempt is given before it is abandoned and tried again (never past
 /// the give-up time): with a short TTL, half a period is shorter than a busy store may take.
 const RENEWAL_ATTEMPT: Duration = Duration::from_secs(2);
 
+/// How long before the lease would expire the runner gives up on confirming it: a renewal
+/// that has not answered by then is taken as a lost lease.
 pub(super) fn fence_margin(ttl: Duration) -> Duration {
     (ttl / 6).max(Duration::from_millis(50))
 }
