@@ -273,6 +273,16 @@ async fn one_job(
     (proxy, sb, under, ws, job)
 }
 
+/// `terrace run JOB`, started: its stderr piped for the test to read.
+fn run_in_background(sb: &Sandbox, job: &std::path::Path) -> std::process::Child {
+    sb.terrace()
+        .args(["run", job.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// The job succeeded, wrote one version and let go of its lease.
 async fn succeeded_cleanly(under: &Under, ws: &WorkspaceId, job_id: &str) {
     let result = result(&*under.store, ws, job_id)
@@ -381,13 +391,7 @@ async fn a_lost_lease_answer(kind: Kind, cloud: Cloud, upstream: &str) {
     sb.env.push(("TERRACE_LOG".into(), "info".into()));
     let held = proxy.hold(Call::Lease.matches(kind), true);
     let started = Instant::now();
-    let child = sb
-        .terrace()
-        .args(["run", job.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = run_in_background(&sb, &job);
     let what = tokio::time::timeout(Duration::from_secs(60), held)
         .await
         .expect("the proxy held the lease's write")
@@ -471,13 +475,7 @@ async fn a_lost_renewal_answer(kind: Kind, cloud: Cloud, upstream: &str) {
     // Renewed every 3 s, an attempt abandoned after 2 s; the create below takes 10 s.
     sb.env.push(("TERRACE_LEASE_TTL".into(), "9".into()));
     sb.faults(serde_json::json!([{ "resource": "testcloud_cluster", "name": "renew", "op": "create", "kind": "slow", "delay_ms": 10000, "times": 1 }]));
-    let child = sb
-        .terrace()
-        .args(["run", job.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = run_in_background(&sb, &job);
     // Once the lease is taken, the next write of it is a renewal.
     let waited = Instant::now();
     while under.store.lease(&ws).await.unwrap().is_none() {
