@@ -39,15 +39,7 @@ fn failed<E>(
 where
     E: aws_sdk_kms::error::ProvideErrorMetadata + std::error::Error + 'static,
 {
-    use aws_sdk_kms::error::SdkError;
-    let retryable = match e {
-        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
-            true
-        }
-        _ => e
-            .raw_response()
-            .is_some_and(|r| r.status().as_u16() >= 500 || r.status().as_u16() == 429),
-    };
+    let retryable = crate::s3::may_pass(e);
     KeyError {
         message: format!("KMS {what}: {}", crate::s3::brief(e)),
         retryable,

@@ -330,8 +330,6 @@ fn status<E>(e: &SdkError<E>) -> Option<u16> {
     e.raw_response().map(|r| r.status().as_u16())
 }
 
-/// An SDK error in one line: the service's code and message, or what failed on the way (the
-/// SDK's own rendering of a service error carries the whole raw response).
 /// The AWS SDK's timeouts for every caller (the CLI and the function): connect within 10 s, and
 /// give one attempt of a call up after `call` ([`crate::CALL_TIMEOUT`] by default), so a request
 /// never answered cannot hold a job, its result or its lease for good.
@@ -342,6 +340,8 @@ pub fn timeouts(call: Duration) -> aws_config::timeout::TimeoutConfig {
         .build()
 }
 
+/// An SDK error in one line: the service's code and message, or what failed on the way (the
+/// SDK's own rendering of a service error carries the whole raw response).
 pub fn brief<E, R>(e: &aws_sdk_s3::error::SdkError<E, R>) -> String
 where
     E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
@@ -360,18 +360,36 @@ where
     }
 }
 
-/// A failed SDK call as a store error: retryable when it never got an answer, or got a 5xx or
-/// a throttling answer.
+/// Whether a failed AWS call may succeed if made again: it never got an answer, or got a 5xx,
+/// a 429, or an error code the SDK itself counts as throttling or transient. DynamoDB throttles
+/// with a 400 (`ThrottlingException`, `ProvisionedThroughputExceededException`), so the status
+/// alone would call a busy table a permanent failure.
+pub(crate) fn may_pass<E>(e: &SdkError<E>) -> bool
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata,
+{
+    use aws_runtime::retries::classifiers::{THROTTLING_ERRORS, TRANSIENT_ERRORS};
+    match e {
+        aws_sdk_s3::error::SdkError::TimeoutError(_)
+        | aws_sdk_s3::error::SdkError::DispatchFailure(_)
+        | aws_sdk_s3::error::SdkError::ResponseError(_) => true,
+        aws_sdk_s3::error::SdkError::ServiceError(s)
+            if s.err().code().is_some_and(|c| {
+                THROTTLING_ERRORS.contains(&c) || TRANSIENT_ERRORS.contains(&c)
+            }) =>
+        {
+            true
+        }
+        _ => status(e).is_some_and(|c| c >= 500 || c == 429),
+    }
+}
+
+/// A failed SDK call as a store error, retryable as [`may_pass`] says.
 fn sdk_error<E>(what: &str, e: SdkError<E>) -> StoreError
 where
     E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let retryable = match &e {
-        aws_sdk_s3::error::SdkError::TimeoutError(_)
-        | aws_sdk_s3::error::SdkError::DispatchFailure(_)
-        | aws_sdk_s3::error::SdkError::ResponseError(_) => true,
-        _ => status(&e).is_some_and(|c| c >= 500 || c == 429),
-    };
+    let retryable = may_pass(&e);
     let detail = brief(&e);
     StoreError::Backend {
         backend: BACKEND,
@@ -708,5 +726,39 @@ mod tests {
         let mut released = item.clone();
         released.remove("owner");
         assert!(record_from_item(Some(&released)).held.is_none());
+    }
+
+    fn answered(
+        status: u16,
+        code: &str,
+    ) -> SdkError<aws_sdk_dynamodb::operation::get_item::GetItemError> {
+        let meta = aws_sdk_s3::error::ErrorMetadata::builder()
+            .code(code)
+            .build();
+        let raw = aws_sdk_s3::config::http::HttpResponse::new(
+            status.try_into().unwrap(),
+            aws_sdk_s3::primitives::SdkBody::empty(),
+        );
+        aws_sdk_s3::error::SdkError::service_error(
+            aws_sdk_dynamodb::operation::get_item::GetItemError::generic(meta),
+            raw,
+        )
+    }
+
+    #[test]
+    fn a_throttled_or_failing_call_may_pass_and_a_refused_one_does_not() {
+        // DynamoDB throttles with a 400: the code, not the status, says it may pass.
+        assert!(may_pass(&answered(400, "ThrottlingException")));
+        assert!(may_pass(&answered(
+            400,
+            "ProvisionedThroughputExceededException"
+        )));
+        assert!(may_pass(&answered(400, "RequestTimeout")));
+        assert!(may_pass(&answered(503, "SlowDown")));
+        assert!(may_pass(&answered(500, "InternalError")));
+        assert!(!may_pass(&answered(400, "ValidationException")));
+        assert!(!may_pass(&answered(403, "AccessDenied")));
+        let e = sdk_error("DynamoDB GetItem", answered(400, "ThrottlingException"));
+        assert!(e.is_retryable(), "{e}");
     }
 }
