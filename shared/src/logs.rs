@@ -53,10 +53,17 @@ pub trait LogSink: Send {
     async fn flush(&mut self);
 }
 
+/// What flows to the pump: a line, or a mark to answer once every line before it is handled.
+#[derive(Debug)]
+enum Msg {
+    Line(LogLine),
+    Mark(tokio::sync::oneshot::Sender<()>),
+}
+
 /// The sending side of a job's log; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Logger {
-    tx: mpsc::Sender<LogLine>,
+    tx: mpsc::Sender<Msg>,
     seq: Arc<AtomicU64>,
     redactor: Arc<Redactor>,
 }
@@ -83,7 +90,19 @@ impl Logger {
             event,
         };
         // The pump only stops after every logger is dropped; a closed channel is a shutdown.
-        let _ = self.tx.send(line).await;
+        let _ = self.tx.send(Msg::Line(line)).await;
+    }
+
+    /// Waits until the pump has handed every line sent before this call to every sink, so a
+    /// line a sink stores at once ([`StoreSink`]: a create that starts, a change that errs)
+    /// is stored, or its store call has failed. The state server waits for this before it
+    /// writes a state: the evidence of a create always lands before the state that follows
+    /// it. Returns at once when the pump has stopped.
+    pub async fn caught_up(&self) {
+        let (done, handled) = tokio::sync::oneshot::channel();
+        if self.tx.send(Msg::Mark(done)).await.is_ok() {
+            let _ = handled.await;
+        }
     }
 
     /// A message of the runner itself.
@@ -115,7 +134,7 @@ impl Pump {
 /// Starts the pump that feeds `sinks`; returns the logger and the pump. The pump ends, after
 /// flushing every sink, on [`Pump::finish`] or when the last clone of the logger is dropped.
 pub fn start(redactor: Redactor, mut sinks: Vec<Box<dyn LogSink>>) -> (Logger, Pump) {
-    let (tx, mut rx) = mpsc::channel::<LogLine>(1024);
+    let (tx, mut rx) = mpsc::channel::<Msg>(1024);
     let close = tokio_util::sync::CancellationToken::new();
     let closed = close.clone();
     let task = tokio::spawn(async move {
@@ -123,11 +142,9 @@ pub fn start(redactor: Redactor, mut sinks: Vec<Box<dyn LogSink>>) -> (Logger, P
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                line = rx.recv() => {
-                    let Some(line) = line else { break };
-                    for sink in &mut sinks {
-                        sink.write(&line).await;
-                    }
+                msg = rx.recv() => {
+                    let Some(msg) = msg else { break };
+                    handle(&mut sinks, msg).await;
                 }
                 _ = tick.tick() => {
                     for sink in &mut sinks {
@@ -135,10 +152,8 @@ pub fn start(redactor: Redactor, mut sinks: Vec<Box<dyn LogSink>>) -> (Logger, P
                     }
                 }
                 () = closed.cancelled() => {
-                    while let Ok(line) = rx.try_recv() {
-                        for sink in &mut sinks {
-                            sink.write(&line).await;
-                        }
+                    while let Ok(msg) = rx.try_recv() {
+                        handle(&mut sinks, msg).await;
                     }
                     break;
                 }
@@ -154,6 +169,19 @@ pub fn start(redactor: Redactor, mut sinks: Vec<Box<dyn LogSink>>) -> (Logger, P
         redactor: Arc::new(redactor),
     };
     (logger, Pump { task, close })
+}
+
+async fn handle(sinks: &mut [Box<dyn LogSink>], msg: Msg) {
+    match msg {
+        Msg::Line(line) => {
+            for sink in sinks {
+                sink.write(&line).await;
+            }
+        }
+        Msg::Mark(done) => {
+            let _ = done.send(());
+        }
+    }
 }
 
 /// Prints lines to the process's stderr, prefixed with the job id.
@@ -365,5 +393,46 @@ mod tests {
         assert_eq!(lines[7].text, "line 7 (sensitive value)");
         // ~330 KB of NDJSON: more than one 256 KiB chunk, read back in order above.
         assert!(store.artifacts(&ws, "job").await.unwrap().len() >= 2);
+    }
+
+    /// A sink that takes a line only when the test lets it.
+    struct Gated {
+        gate: Arc<tokio::sync::Semaphore>,
+        taken: Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl LogSink for Gated {
+        async fn write(&mut self, line: &LogLine) {
+            self.gate.acquire().await.unwrap().forget();
+            self.taken.lock().unwrap().push(line.text.clone());
+        }
+        async fn flush(&mut self) {}
+    }
+
+    #[tokio::test]
+    async fn caught_up_waits_until_every_line_sent_before_is_taken() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let taken = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = Gated {
+            gate: gate.clone(),
+            taken: taken.clone(),
+        };
+        let (logger, pump) = start(Redactor::new(Vec::<String>::new()), vec![Box::new(sink)]);
+        logger.runner("apply", "one").await;
+        logger.runner("apply", "two").await;
+        let waiter = logger.clone();
+        let mut caught_up = tokio::spawn(async move { waiter.caught_up().await });
+        let early = tokio::time::timeout(Duration::from_millis(200), &mut caught_up).await;
+        assert!(early.is_err(), "caught up before the sink took a line");
+        gate.add_permits(1);
+        let early = tokio::time::timeout(Duration::from_millis(200), &mut caught_up).await;
+        assert!(early.is_err(), "caught up with a line still waiting");
+        gate.add_permits(1);
+        caught_up.await.unwrap();
+        assert_eq!(*taken.lock().unwrap(), ["one", "two"]);
+        // A stopped pump answers at once.
+        pump.finish().await;
+        logger.caught_up().await;
     }
 }

@@ -500,6 +500,14 @@ async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refu
         check_lease(shared).await?;
         return Ok(None);
     }
+    if let Some(logger) = &c.logger {
+        // A create's start is stored as it happens, as evidence for the next run if this one
+        // dies before its state is saved (`recover`). The state that follows the create must
+        // not reach the store before that evidence does: a run killed while the write is on
+        // its way would leave an object in the cloud that neither the state nor the log
+        // names, and the next run could not tell it from another's.
+        logger.caught_up().await;
+    }
     let mode = current.map_or(PutMode::Create, |cur| PutMode::Update(cur.token));
     let state = NewState {
         data: body,
