@@ -138,6 +138,8 @@ struct Shared {
     hold: Mutex<Option<Hold>>,
     /// Requests to fault on purpose: which, how many more, and how.
     failing: Mutex<Option<(Matches, u32, Fault)>>,
+    /// Requests forwarded only after a set pause, every time.
+    slow: Mutex<Option<(Matches, Duration)>>,
     counts: Counts,
     client: Client<HttpConnector, Incoming>,
 }
@@ -181,6 +183,7 @@ impl FaultProxy {
             partition_until: Mutex::new(None),
             hold: Mutex::new(None),
             failing: Mutex::new(None),
+            slow: Mutex::new(None),
             counts: Counts::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
@@ -224,6 +227,12 @@ impl FaultProxy {
     /// The next `n` requests `matches` accepts get `fault`, whatever the rate draws.
     pub fn fail(&self, matches: Matches, n: u32, fault: Fault) {
         *self.shared.failing.lock().expect("not poisoned") = Some((matches, n, fault));
+    }
+
+    /// Every request `matches` accepts is forwarded only after `pause`, until `slow` is called
+    /// again (`None`: no request).
+    pub fn slow(&self, matches: Option<Matches>, pause: Duration) {
+        *self.shared.slow.lock().expect("not poisoned") = matches.map(|m| (m, pause));
     }
 
     /// The next request `matches` accepts (given its method, path and query, and headers) is
@@ -322,6 +331,15 @@ impl Shared {
                 _ => None,
             }
         };
+        let slow = match &*self.slow.lock().expect("not poisoned") {
+            Some((matches, pause)) if matches(request.method(), &path, request.headers()) => {
+                Some(*pause)
+            }
+            _ => None,
+        };
+        if let Some(pause) = slow {
+            tokio::time::sleep(pause).await;
+        }
         let (fault, pause_ms) = match (&held, chosen) {
             (Some(_), _) => (None, 0),
             (None, Some(fault)) => (Some(fault), 50),

@@ -43,6 +43,8 @@ pub enum Call {
     Version,
     /// The write of the job's result.
     Result,
+    /// The write of a chunk of the job's log.
+    LogChunk,
 }
 
 impl Call {
@@ -69,6 +71,10 @@ impl Call {
                 write(m) && path.contains("versions") && !path.contains("rewrite")
             }),
             Call::Result => Box::new(move |m, path, _| write(m) && path.contains("result.json")),
+            // GCS names an uploaded object in the query, its slashes encoded.
+            Call::LogChunk => Box::new(move |m, path, _| {
+                write(m) && (path.contains("/log/") || path.contains("%2Flog%2F"))
+            }),
         }
     }
 }

@@ -63,7 +63,13 @@ struct KillPoint {
     imports: &'static [&'static str],
     /// The victim recorded its job (`job.json`) before the kill.
     recorded: bool,
+    /// The store takes each of the victim's log chunks slowly ([`SLOW_LOG`]), so a create's
+    /// evidence is still on its way when terraform writes the state after it.
+    slow_log: bool,
 }
+
+/// How long the proxy holds each log chunk for a point with `slow_log`.
+const SLOW_LOG: Duration = Duration::from_millis(1500);
 
 const KILL_POINTS: [KillPoint; 7] = [
     KillPoint {
@@ -75,6 +81,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         victim_wrote: None,
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
     KillPoint {
         name: "plan",
@@ -85,6 +92,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         victim_wrote: None,
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
     // Apply, mid-resource: the old cluster is being destroyed.
     KillPoint {
@@ -96,6 +104,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         victim_wrote: None,
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
     // Apply, mid-resource: the new network exists in the cloud, but no state records it yet.
     KillPoint {
@@ -107,6 +116,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         victim_wrote: None,
         imports: &["testcloud_network.main"],
         recorded: true,
+        slow_log: false,
     },
     // Right after a state version was accepted, before the result (the last write of the
     // apply, so a slow kill may come after the result).
@@ -119,6 +129,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         victim_wrote: None,
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
     // Right after the heartbeat renewed the lease, while the new cluster is being created.
     KillPoint {
@@ -130,6 +141,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         victim_wrote: None,
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
     // The job's last line is logged just before its result is written.
     KillPoint {
@@ -141,6 +153,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         victim_wrote: None,
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
 ];
 
@@ -160,8 +173,10 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         victim_wrote: Some(false),
         imports: &[],
         recorded: false,
+        slow_log: false,
     },
     // The apply's state write, before the store saw it: the cloud changed, no state says so.
+    // The log is stored slowly: the creates' evidence must still land before the state.
     KillPoint {
         name: "state-write-unsent",
         trigger: Trigger::Held {
@@ -175,6 +190,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         victim_wrote: Some(false),
         imports: &["testcloud_network.main", "testcloud_cluster.main"],
         recorded: true,
+        slow_log: true,
     },
     // The apply's state write, stored, its answer not yet back.
     KillPoint {
@@ -190,6 +206,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         victim_wrote: Some(true),
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
     // A renewal stored, its answer not yet back, while the new cluster is being created.
     KillPoint {
@@ -205,6 +222,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         victim_wrote: Some(false),
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
     // The result stored, its answer not yet back: the job is done, its lease never let go.
     KillPoint {
@@ -220,6 +238,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         victim_wrote: Some(true),
         imports: &[],
         recorded: true,
+        slow_log: false,
     },
 ];
 
@@ -460,6 +479,10 @@ async fn kill_matrix(kind: Kind, points: &[KillPoint], through: Option<(Cloud, S
                 json!([])
             };
             sb.faults(faults);
+            if point.slow_log {
+                let proxy = proxy.as_ref().expect("a proxy to slow the log down");
+                proxy.slow(Some(Call::LogChunk.matches(kind)), SLOW_LOG);
+            }
             let victim_id = format!("v{tag}");
             let victim = sb.job(&format!("v{tag}.yaml"), &job(&victim_id, &new));
             let held = kill_at(
@@ -478,6 +501,9 @@ async fn kill_matrix(kind: Kind, points: &[KillPoint], through: Option<(Cloud, S
                 }
                 None => what,
             };
+            if let Some(proxy) = &proxy {
+                proxy.slow(None, Duration::ZERO);
+            }
             kills += 1;
             // Every version the store accepted, including any the victim wrote before it died.
             let accepted = history(store, &ws).await;
