@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use state_backends::{LeaseRequest, StateStore, WorkspaceId};
 use tests::azure::{self, TestQueue};
+use tests::fault_proxy::{Cloud, FaultProxy};
 use tests::{Sandbox, terraform, workspace_bin};
 
 struct World {
@@ -437,6 +438,63 @@ async fn a_busy_workspace_leaves_the_message_for_later() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(w.jobs.count().await, 0);
     assert!(!store.versions(&ws("busy")).await.unwrap().is_empty());
+}
+
+/// A receive from the jobs queue that never gets an answer is given up after the call timeout
+/// (the store's HTTP client, `TERRACE_CALL_TIMEOUT`) and made again: an execution never hangs
+/// on its queue while its time runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_receive_never_answered_is_given_up_and_made_again() {
+    let w = World::new().await;
+    w.jobs.send(&w.message("az-held", "held").to_string()).await;
+    let plain = w.jobs.plain();
+    let at = plain.find("://").unwrap() + 3;
+    let (origin, path) = plain.split_at(at + plain[at..].find('/').unwrap());
+    let proxy = FaultProxy::start(origin, Cloud::Azure, 0.0, 1).await;
+    // The first receive (not a peek) is held, unsent, for good.
+    let held = proxy.hold(
+        Box::new(|m, path, _| {
+            m == hyper::Method::GET && path.contains("/messages") && !path.contains("peekonly")
+        }),
+        false,
+    );
+    let url = format!("{}{path}", proxy.url());
+    let child = w
+        .command(&[("TERRACE_QUEUE_URL", &url), ("TERRACE_CALL_TIMEOUT", "2")])
+        .spawn()
+        .expect("terrace-azure starts");
+    let pid = child.id();
+    let what = tokio::time::timeout(Duration::from_secs(60), held)
+        .await
+        .expect("the receive reached the proxy")
+        .unwrap();
+    // The next request comes once the held one is given up: after the call timeout (2 s) and
+    // a retry's pause, where the SDK's own transport would wait 60 s.
+    let seen = proxy.counts().requests();
+    let mut waited = 0;
+    while proxy.counts().requests() == seen {
+        if waited == 300 {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("the held receive ({what}) was not given up within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::task::spawn_blocking(move || child.wait_with_output()),
+    )
+    .await;
+    let Ok(out) = out else {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        panic!("terrace-azure still waits on its held receive ({what})");
+    };
+    let out = out.unwrap().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 0, "the message is deleted");
+    let result = records(w.results.peek().await).pop().expect("a result");
+    assert_eq!(result["job_id"], "az-held", "{result}");
+    assert_eq!(result["status"], "succeeded", "{result}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
