@@ -35,9 +35,9 @@ pub struct SweepReport {
     pub failed: Vec<(String, String)>,
 }
 
-/// How many changed workspaces a sweep handles at once: a sweep's time is round trips (six
-/// calls per changed workspace), and one at a time a bucket with thousands of changes would
-/// outlast a function's time limit.
+/// How many changed workspaces a sweep handles at once: a sweep's time is round trips (on a
+/// bucket, a copy and the marks' deletion per changed workspace), and one at a time a bucket
+/// with thousands of changes would outlast a function's time limit.
 pub const SWEEP_CONCURRENCY: usize = 16;
 
 /// Backs up every changed workspace as of `now`, applies `keep`, and clears the marks of what
@@ -63,7 +63,7 @@ pub async fn sweep(
     let label = &label;
     let mut done = futures::stream::iter(changed)
         .map(|mark| async move {
-            let made = store.snapshot(&mark.ws, label, keep).await;
+            let made = store.back_up(&mark, label, keep).await;
             // Cleared only after its backup: a write since the listing keeps its mark for
             // next time.
             let cleared = match &made {

@@ -36,6 +36,7 @@ async fn run(store: Arc<dyn StateStore>, plain: bool) {
     artifacts_round_trip(&*store).await;
     fenced_artifacts_are_written_only_by_the_lease_holder(&*store).await;
     changes_are_marked_until_cleared(&*store).await;
+    marked_changes_are_backed_up(&*store).await;
     workspaces_are_listed(&*store).await;
 }
 
@@ -700,6 +701,57 @@ pub async fn changes_are_marked_until_cleared(store: &dyn StateStore) {
             .all(|b| b.label != label)
     );
     store.delete_backup(&ws, label).await.unwrap();
+}
+
+/// The sweep's path: what the change marks say changed is backed up as the newest version
+/// written, byte for byte; a deletion backs up nothing.
+pub async fn marked_changes_are_backed_up(store: &dyn StateStore) {
+    let ws = fresh_workspace("marked");
+    let mine = |all: Vec<crate::Changed>| all.into_iter().find(|c| c.ws == ws);
+    store
+        .put(&ws, state("m", 1), PutMode::Create, None)
+        .await
+        .unwrap();
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store
+        .put(&ws, state("m", 2), PutMode::Update(token), None)
+        .await
+        .unwrap();
+    let changed = mine(store.changed().await.unwrap()).expect("two writes mark the workspace");
+    let made = store
+        .back_up(&changed, "2026-11-21T10", Retention::default())
+        .await
+        .unwrap()
+        .expect("a backup");
+    let newest = store
+        .versions(&ws)
+        .await
+        .unwrap()
+        .into_iter()
+        .max_by_key(|v| v.number)
+        .unwrap();
+    assert_eq!(made.backup.version, newest.number, "the newest version");
+    assert_eq!(made.backup.sha256, newest.sha256);
+    assert_eq!(
+        store.backups(&ws).await.unwrap(),
+        std::slice::from_ref(&made.backup)
+    );
+    store.clear_changed(&changed).await.unwrap();
+    assert!(mine(store.changed().await.unwrap()).is_none(), "cleared");
+
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store.delete_current(&ws, &token, None).await.unwrap();
+    let deleted = mine(store.changed().await.unwrap()).expect("a deletion marks too");
+    assert!(
+        store
+            .back_up(&deleted, "2026-11-21T11", Retention::default())
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing to back up after a deletion"
+    );
+    store.clear_changed(&deleted).await.unwrap();
+    assert_eq!(store.backups(&ws).await.unwrap(), [made.backup]);
 }
 
 pub async fn workspaces_are_listed(store: &dyn StateStore) {

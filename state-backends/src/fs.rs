@@ -697,6 +697,7 @@ impl StateStore for FsStore {
                         out.push(Changed {
                             ws,
                             mark: String::from_utf8_lossy(&mark).into_owned(),
+                            marked: None,
                         });
                     }
                 }

@@ -184,8 +184,23 @@ impl Lease {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Changed {
     pub ws: WorkspaceId,
-    /// Opaque: which write the mark records.
+    /// Opaque: which writes the marks record.
     pub mark: String,
+    /// The versions the marks name, when the listing of marks says which (a bucket store's
+    /// marks carry the version and its digest in their names): [`StateStore::back_up`] then
+    /// copies that version without reading anything first.
+    pub marked: Option<Marked>,
+}
+
+/// The versions a workspace's change marks name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Marked {
+    /// The lowest version number a mark names.
+    pub first: u64,
+    /// The highest.
+    pub last: u64,
+    /// The digest of version `last`; `None` when it is a deletion.
+    pub sha256: Option<String>,
 }
 
 /// A backup copy of a workspace's state.
@@ -320,6 +335,23 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
         label: &str,
         keep: retention::Retention,
     ) -> Result<Option<Snapshot>>;
+
+    /// Backs up what a change mark says changed ([`StateStore::changed`]): by default the
+    /// current state, as [`StateStore::snapshot`] does. A store whose marks name the version
+    /// ([`Changed::marked`]) copies that version as it is, without reading first, and applies
+    /// retention only now and then, so a sweep costs a copy and the marks' clearing per
+    /// changed workspace. `None` when there is nothing to back up (a deletion, or unchanged).
+    ///
+    /// # Errors
+    /// Backend failures.
+    async fn back_up(
+        &self,
+        changed: &Changed,
+        label: &str,
+        keep: retention::Retention,
+    ) -> Result<Option<Snapshot>> {
+        self.snapshot(&changed.ws, label, keep).await
+    }
 
     /// Lists backups, oldest first.
     ///

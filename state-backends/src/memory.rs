@@ -372,6 +372,7 @@ impl StateStore for MemoryStore {
                 w.change_mark.map(|n| Changed {
                     ws: ws.clone(),
                     mark: n.to_string(),
+                    marked: None,
                 })
             })
             .collect();

@@ -16,12 +16,19 @@
 //!   that can lag, never a source of truth.
 //! - `lease.json` (lock-object mode): the [`LeaseRecord`], changed only when its tag (ETag,
 //!   generation) still matches, or created only if absent the first time.
-//! - `backups/<label>.tfstate` (server-side copies) and `backups/index.json`.
+//! - `backups/<label>_<n:010>_<sha256>.tfstate`: server-side copies of version `n`, named by
+//!   what they hold, so a listing says every backup's label, version and digest. (Runners
+//!   before 2026-11-25 wrote `backups/<label>.tfstate` and recorded them in
+//!   `backups/index.json`; those are still listed, restored from and pruned.)
 //! - `runs/<job-id>/…`: run artifacts.
 //!
-//! and `<prefix>/_changes/<tenant>/<workspace>`, written after every commit and cleared (only
-//! if its tag is still the listed one) by the backup sweep once it has copied that state: the
-//! sweep lists only these, so it costs calls in proportion to the changed workspaces.
+//! and `<prefix>/_changes/<tenant>/<workspace>/<n:010>-<sha256>` (`-deleted` for a deletion),
+//! written after every commit and deleted by the backup sweep once it has copied version `n`
+//! or a later one: the sweep lists only these, and the names say which version to copy, so it
+//! costs a copy and the marks' deletion per changed workspace. A mark is never rewritten, so
+//! deleting the ones listed never drops a later write's. (Older runners wrote one mark per
+//! workspace, `_changes/<tenant>/<workspace>`, cleared only if its tag was still the listed
+//! one; such a mark sends the sweep to the current state, as before.)
 //!
 //! Writes are fenced by reading the lease immediately before the conditional create: an object
 //! store has no condition across two objects, so a writer whose lease runs out in the
@@ -40,8 +47,8 @@ use time::OffsetDateTime;
 use crate::lease::{LeaseRecord, check_put};
 use crate::retention::Retention;
 use crate::{
-    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
-    Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
+    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, Marked, NewState, PutMode,
+    Result, Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
 };
 
 /// How a write is conditioned.
@@ -97,6 +104,18 @@ pub trait Bucket: Send + Sync + Debug {
     ) -> Result<()>;
     /// Deletes; a missing object is not an error.
     async fn delete(&self, key: &str) -> Result<()>;
+    /// How many keys [`Bucket::delete_many`] deletes in one request (S3's `DeleteObjects`:
+    /// 1,000); 1 where each key is its own request.
+    fn deletes_per_request(&self) -> usize {
+        1
+    }
+    /// Deletes every key; a missing object is not an error.
+    async fn delete_many(&self, keys: &[String]) -> Result<()> {
+        for key in keys {
+            self.delete(key).await?;
+        }
+        Ok(())
+    }
     /// Clears a change mark only if its tag is still `tag`: deleted, or emptied where the
     /// cloud (or its emulator) honours conditions on writes but not on deletes. A mark written
     /// again since it was listed stays. Listings skip empty marks.
@@ -225,18 +244,97 @@ impl<B: Bucket> BucketStore<B> {
         }
     }
 
-    /// After a commit: the workspace has a change for the backup sweep. A lost mark (the writer
-    /// died right after its commit) only delays a backup until the next write.
-    async fn mark_changed(&self, ws: &WorkspaceId, number: u64) -> Result<()> {
+    /// After a commit: version `number` (with digest `sha256`; `None`: a deletion) is a change
+    /// for the backup sweep. A lost mark (the writer died right after its commit) only delays a
+    /// backup until the next write.
+    async fn mark_changed(
+        &self,
+        ws: &WorkspaceId,
+        number: u64,
+        sha256: Option<&str>,
+    ) -> Result<()> {
+        let key = format!(
+            "{}/{number:010}-{}",
+            self.change_key(ws),
+            sha256.unwrap_or(DELETED_MARK)
+        );
         self.bucket
             .put(
-                &self.change_key(ws),
+                &key,
                 Bytes::from(number.to_string()),
                 HashMap::new(),
                 Condition::None,
             )
             .await
             .map(|_| ())
+    }
+
+    fn backup_key(&self, ws: &WorkspaceId, backup: &BackupInfo) -> String {
+        self.key(
+            ws,
+            &format!(
+                "backups/{}_{:010}_{}.tfstate",
+                backup.label, backup.version, backup.sha256
+            ),
+        )
+    }
+
+    /// A workspace's backups as stored: the copies named by what they hold, and what an older
+    /// runner's index records.
+    async fn stored_backups(&self, ws: &WorkspaceId) -> Result<Stored> {
+        let prefix = self.key(ws, "backups/");
+        let mut stored = Stored::default();
+        let mut indexed = false;
+        for key in self.keys(&prefix).await? {
+            let Some(name) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            if name == INDEX {
+                indexed = true;
+            } else if let Some(backup) = backup_from_name(name) {
+                stored.copies.push((backup, key));
+            }
+        }
+        if indexed {
+            stored.index = self
+                .backup_index(&self.key(ws, &format!("backups/{INDEX}")))
+                .await?
+                .0;
+        }
+        Ok(stored)
+    }
+
+    /// Drops the backups `keep` no longer keeps, and copies a later one of the same label
+    /// replaced; returns the dropped labels, newest first. An older runner's backups leave its
+    /// index first, then go.
+    async fn prune(&self, ws: &WorkspaceId, keep: Retention) -> Result<Vec<String>> {
+        let stored = self.stored_backups(ws).await?;
+        let labels: Vec<String> = stored
+            .copies
+            .iter()
+            .map(|(b, _)| &b.label)
+            .chain(stored.index.iter().map(|b| &b.label))
+            .cloned()
+            .collect();
+        let pruned = crate::retention::to_prune(&labels, keep);
+        let mut newest: HashMap<&str, u64> = HashMap::new();
+        for (b, _) in &stored.copies {
+            let n = newest.entry(&b.label).or_default();
+            *n = (*n).max(b.version);
+        }
+        let doomed: Vec<String> = stored
+            .copies
+            .iter()
+            .filter(|(b, _)| pruned.contains(&b.label) || newest[b.label.as_str()] > b.version)
+            .map(|(_, key)| key.clone())
+            .collect();
+        for label in &pruned {
+            if stored.index.iter().any(|b| &b.label == label) {
+                self.drop_indexed(ws, label).await?;
+            }
+        }
+        self.bucket.delete_many(&doomed).await?;
+        Ok(pruned)
     }
 
     async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
@@ -454,13 +552,54 @@ impl<B: Bucket> BucketStore<B> {
         Err(self.gave_up(&key))
     }
 
-    /// Deletes the copy of a backup already out of the index: a copy a failure leaves behind
-    /// is only space, named by no index entry.
-    async fn delete_dropped(&self, ws: &WorkspaceId, label: &str) {
-        let key = self.key(ws, &format!("backups/{label}.tfstate"));
-        if let Err(e) = self.bucket.delete(&key).await {
-            tracing::warn!(workspace = %ws, backup = %label, error = %e, "a dropped backup's copy was not deleted");
+    /// Copies version `backup.version` as the backup `backup.label`, then, when `prune`,
+    /// applies `keep`. A failed retention is only logged: the backup is made, and the next
+    /// prune drops what this one did not.
+    async fn copy_backup(
+        &self,
+        ws: &WorkspaceId,
+        backup: BackupInfo,
+        keep: Retention,
+        prune: bool,
+    ) -> Result<Snapshot> {
+        self.bucket
+            .copy(
+                &self.version_key(ws, backup.version),
+                &self.backup_key(ws, &backup),
+                None,
+            )
+            .await?;
+        let pruned = if prune {
+            self.prune(ws, keep).await.unwrap_or_else(|e| {
+                tracing::warn!(workspace = %ws, error = %e, "old backups were not pruned; the next prune drops them");
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
+        Ok(Snapshot { backup, pruned })
+    }
+
+    /// Drops an older runner's backup `label`: out of its index (only if the index is still
+    /// the one read), then its copy, so an index entry never names a missing copy.
+    async fn drop_indexed(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
+        let index_key = self.key(ws, &format!("backups/{INDEX}"));
+        for _ in 0..20 {
+            let (mut index, tag) = self.backup_index(&index_key).await?;
+            let before = index.len();
+            index.retain(|b| b.label != label);
+            if index.len() == before
+                || self
+                    .put_backup_index(&index_key, &index, tag.as_deref())
+                    .await?
+            {
+                return self
+                    .bucket
+                    .delete(&self.key(ws, &format!("backups/{label}.tfstate")))
+                    .await;
+            }
         }
+        Err(self.gave_up(&index_key))
     }
 
     async fn backup_index(&self, key: &str) -> Result<(Vec<BackupInfo>, Option<String>)> {
@@ -487,6 +626,54 @@ impl<B: Bucket> BucketStore<B> {
         };
         self.bucket.put(key, data, HashMap::new(), condition).await
     }
+}
+
+/// A workspace's backups as stored.
+#[derive(Default)]
+struct Stored {
+    /// Copies named by what they hold, with their keys.
+    copies: Vec<(BackupInfo, String)>,
+    /// What an older runner's `backups/index.json` records.
+    index: Vec<BackupInfo>,
+}
+
+/// An older runner's backup index, under `backups/`.
+const INDEX: &str = "index.json";
+/// Before an older runner's mark's tag in [`Changed::mark`].
+const OLD_MARK: &str = "tag:";
+/// A mark's name for a deletion, where a state's has its digest.
+const DELETED_MARK: &str = "deleted";
+/// The backup sweep applies retention to a workspace when its marks span a multiple of this
+/// many versions: a listing of its backups every so often, not one per backup.
+pub const PRUNE_EVERY: u64 = 24;
+
+/// The version a mark's name (`<n:010>-<sha256>`, `<n:010>-deleted`) names, and its digest.
+fn mark_from_name(name: &str) -> Option<(u64, Option<String>)> {
+    let (number, what) = name.split_once('-')?;
+    let number = number.parse().ok().filter(|n| *n > 0)?;
+    match what {
+        DELETED_MARK => Some((number, None)),
+        sha if is_sha256(sha) => Some((number, Some(sha.to_owned()))),
+        _ => None,
+    }
+}
+
+/// The backup a copy's name (`<label>_<n:010>_<sha256>.tfstate`) says it is.
+fn backup_from_name(name: &str) -> Option<BackupInfo> {
+    let mut parts = name.strip_suffix(".tfstate")?.rsplitn(3, '_');
+    let (sha256, version, label) = (parts.next()?, parts.next()?, parts.next()?);
+    if !is_sha256(sha256) || label.is_empty() || label.contains('/') {
+        return None;
+    }
+    Some(BackupInfo {
+        label: label.to_owned(),
+        version: version.parse().ok()?,
+        sha256: sha256.to_owned(),
+    })
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// What [`BucketStore::newest`] found.
@@ -625,7 +812,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
             self.key(ws, "terraform.tfstate"),
         );
         let (marked, copied) = tokio::join!(
-            self.mark_changed(ws, number),
+            self.mark_changed(ws, number, Some(&info.sha256)),
             self.bucket
                 .copy(&version_key, &copy_key, Some(info_metadata(&info)))
         );
@@ -654,7 +841,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
                 meta,
             )
             .await?;
-        if let Err(e) = self.mark_changed(ws, number).await {
+        if let Err(e) = self.mark_changed(ws, number, None).await {
             tracing::warn!(workspace = %ws, error = %e, "deletion committed, but its change mark failed");
         }
         self.bucket.delete(&self.key(ws, "terraform.tfstate")).await
@@ -755,11 +942,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         keep: Retention,
     ) -> Result<Option<Snapshot>> {
         crate::check_artifact_name("backups", label)?;
-        let index_key = self.key(ws, "backups/index.json");
-        // The newest version's facts come with finding it (the copy's or the version's own
-        // metadata), and the index is read beside it: a sweep's calls per changed workspace
-        // are these three reads, the copy, the index write and the mark's clearing.
-        let (newest, index) = tokio::join!(self.newest(ws, false), self.backup_index(&index_key));
+        let (newest, stored) = tokio::join!(self.newest(ws, false), self.backups(ws));
         let newest = newest?;
         let Some(facts) = newest.facts.filter(|_| !newest.deleted) else {
             return Ok(None);
@@ -767,68 +950,70 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         let version_key = self.version_key(ws, newest.number);
         let info = info_from_metadata(newest.number, &facts)
             .map_err(|detail| self.corrupt(&version_key, &detail))?;
+        // Unchanged since the latest backup (of the highest version).
+        if stored?
+            .iter()
+            .max_by_key(|b| b.version)
+            .is_some_and(|b| b.sha256 == info.sha256)
+        {
+            return Ok(None);
+        }
+        self.copy_backup(
+            ws,
+            BackupInfo {
+                label: label.to_owned(),
+                version: newest.number,
+                sha256: info.sha256,
+            },
+            keep,
+            true,
+        )
+        .await
+        .map(Some)
+    }
+
+    async fn back_up(
+        &self,
+        changed: &Changed,
+        label: &str,
+        keep: Retention,
+    ) -> Result<Option<Snapshot>> {
+        let Some(marked) = &changed.marked else {
+            return self.snapshot(&changed.ws, label, keep).await;
+        };
+        crate::check_artifact_name("backups", label)?;
+        // The newest mark's version, copied as it is: a deletion has nothing to copy.
+        let Some(sha256) = &marked.sha256 else {
+            return Ok(None);
+        };
         let backup = BackupInfo {
             label: label.to_owned(),
-            version: newest.number,
-            sha256: info.sha256,
+            version: marked.last,
+            sha256: sha256.clone(),
         };
-        let mut index = Some(index?);
-        let mut copied = false;
-        // What the last attempt's index write dropped, when its answer may have been lost.
-        let mut dropped: Vec<String> = Vec::new();
-        // The copy made (once), then the index written if unchanged since it was read: an
-        // index entry never names a backup that is not there.
-        for _ in 0..20 {
-            let (mut entries, tag) = match index.take() {
-                Some(read) => read,
-                None => self.backup_index(&index_key).await?,
-            };
-            // Unchanged since the last backup, or another sweep just made this one, or this
-            // one's index write landed and its answer was lost: then what it dropped is out of
-            // the index, and its copies go.
-            if entries.last().is_some_and(|b| b.sha256 == backup.sha256) {
-                if !copied || entries.last() != Some(&backup) {
-                    return Ok(None);
-                }
-                let pruned: Vec<String> = dropped
-                    .into_iter()
-                    .filter(|l| !entries.iter().any(|b| &b.label == l))
-                    .collect();
-                for old in &pruned {
-                    self.delete_dropped(ws, old).await;
-                }
-                return Ok(Some(Snapshot { backup, pruned }));
-            }
-            if !copied {
-                copied = true;
-                self.bucket
-                    .copy(
-                        &version_key,
-                        &self.key(ws, &format!("backups/{label}.tfstate")),
-                        None,
-                    )
-                    .await?;
-            }
-            let pruned = crate::retention::record(&mut entries, backup.clone(), keep);
-            if self
-                .put_backup_index(&index_key, &entries, tag.as_deref())
-                .await?
-            {
-                for old in &pruned {
-                    self.delete_dropped(ws, old).await;
-                }
-                return Ok(Some(Snapshot { backup, pruned }));
-            }
-            dropped = pruned;
-        }
-        Err(self.gave_up(&index_key))
+        // Retention lists the backups, so it runs when the marks span a multiple of
+        // PRUNE_EVERY versions: at most that many backups are made between two prunes.
+        let prune = marked.last / PRUNE_EVERY > marked.first.saturating_sub(1) / PRUNE_EVERY;
+        self.copy_backup(&changed.ws, backup, keep, prune)
+            .await
+            .map(Some)
     }
 
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
-        Ok(self
-            .backup_index(&self.key(ws, "backups/index.json"))
-            .await?
-            .0)
+        let stored = self.stored_backups(ws).await?;
+        // One backup per label: a copy named by what it holds over an older runner's index
+        // entry, and of those the highest version (a later sweep in the same hour).
+        let mut by_label: std::collections::BTreeMap<String, BackupInfo> = stored
+            .index
+            .into_iter()
+            .map(|b| (b.label.clone(), b))
+            .collect();
+        let mut copies: Vec<BackupInfo> = stored.copies.into_iter().map(|(b, _)| b).collect();
+        copies.sort_by_key(|b| b.version);
+        for b in copies {
+            by_label.insert(b.label.clone(), b);
+        }
+        Ok(by_label.into_values().collect())
     }
 
     async fn put_artifact(
@@ -878,24 +1063,72 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     }
 
     async fn changed(&self) -> Result<Vec<Changed>> {
+        /// One workspace's marks as listed.
+        #[derive(Default)]
+        struct Marks {
+            entries: Vec<String>,
+            old: bool,
+            versions: Vec<(u64, Option<String>)>,
+        }
         let prefix = self.changes_prefix();
-        let mut out: Vec<Changed> = self
+        let mut found: std::collections::BTreeMap<String, (WorkspaceId, Marks)> =
+            std::collections::BTreeMap::new();
+        // An emptied mark is a cleared one of an older runner (see `Bucket::clear_if`).
+        for o in self
             .bucket
             .list(&prefix)
             .await?
             .into_iter()
-            // An emptied mark is a cleared one (see `Bucket::clear_if`).
             .filter(|o| o.size > 0)
-            .filter_map(|o| {
-                let (tenant, workspace) = o.key.strip_prefix(&prefix)?.split_once('/')?;
-                Some(Changed {
-                    ws: WorkspaceId::new(tenant, workspace).ok()?,
-                    mark: o.tag,
-                })
+        {
+            let Some(rest) = o.key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let parts: Vec<&str> = rest.split('/').collect();
+            let Some(Ok(ws)) = parts.get(..2).map(|p| WorkspaceId::new(p[0], p[1])) else {
+                continue;
+            };
+            let marks = &mut found
+                .entry(ws.to_string())
+                .or_insert_with(|| (ws, Marks::default()))
+                .1;
+            match parts[2..] {
+                // An older runner's one mark per workspace: cleared only if its tag is still
+                // this one; it does not say which version, so the sweep reads the current one.
+                [] => {
+                    marks.entries.push(format!("{OLD_MARK}{}", o.tag));
+                    marks.old = true;
+                }
+                [name] => {
+                    if let Some(version) = mark_from_name(name) {
+                        marks.entries.push(o.key.clone());
+                        marks.versions.push(version);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(found
+            .into_values()
+            .filter(|(_, marks)| !marks.entries.is_empty())
+            .map(|(ws, marks)| {
+                let first = marks.versions.iter().map(|(n, _)| *n).min();
+                let last = marks.versions.into_iter().max_by_key(|(n, _)| *n);
+                let marked = match (first, last) {
+                    (Some(first), Some((last, sha256))) if !marks.old => Some(Marked {
+                        first,
+                        last,
+                        sha256,
+                    }),
+                    _ => None,
+                };
+                Changed {
+                    ws,
+                    mark: marks.entries.join("\n"),
+                    marked,
+                }
             })
-            .collect();
-        out.sort_by_key(|a| a.ws.to_string());
-        Ok(out)
+            .collect())
     }
 
     async fn workspaces(&self) -> Result<Vec<WorkspaceId>> {
@@ -917,35 +1150,40 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     }
 
     async fn clear_changed(&self, changed: &Changed) -> Result<()> {
-        self.bucket
-            .clear_if(&self.change_key(&changed.ws), &changed.mark)
-            .await
+        let mut keys = Vec::new();
+        for entry in changed.mark.lines() {
+            match entry.strip_prefix(OLD_MARK) {
+                Some(tag) => {
+                    self.bucket
+                        .clear_if(&self.change_key(&changed.ws), tag)
+                        .await?;
+                }
+                None => keys.push(entry.to_owned()),
+            }
+        }
+        self.bucket.delete_many(&keys).await
     }
 
     async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
         crate::check_artifact_name("backups", label)?;
-        let index_key = self.key(ws, "backups/index.json");
-        for _ in 0..20 {
-            let (mut index, tag) = self.backup_index(&index_key).await?;
-            let before = index.len();
-            index.retain(|b| b.label != label);
-            if index.len() == before
-                || self
-                    .put_backup_index(&index_key, &index, tag.as_deref())
-                    .await?
-            {
-                break;
-            }
+        let stored = self.stored_backups(ws).await?;
+        if stored.index.iter().any(|b| b.label == label) {
+            self.drop_indexed(ws, label).await?;
         }
-        self.bucket
-            .delete(&self.key(ws, &format!("backups/{label}.tfstate")))
-            .await
+        let keys: Vec<String> = stored
+            .copies
+            .into_iter()
+            .filter(|(b, _)| b.label == label)
+            .map(|(_, key)| key)
+            .collect();
+        self.bucket.delete_many(&keys).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::MemoryBucket;
 
     #[test]
     fn version_keys_parse_back_to_numbers() {
@@ -1013,59 +1251,182 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_backup_whose_index_write_is_sent_twice_is_made_once_and_prunes() {
-        let store = BucketStore::over(SentTwice::default(), "p", None);
-        let ws = WorkspaceId::new("acme", "twice").unwrap();
-        let keep = Retention {
-            hourly: 1,
-            daily: 0,
-        };
-        let state = |serial: u64| {
-            crate::NewState::parse(crate::tfstate::empty_state("l-1", serial)).unwrap()
+    fn state(serial: u64) -> crate::NewState {
+        crate::NewState::parse(crate::tfstate::empty_state("l-1", serial)).unwrap()
+    }
+
+    async fn write(store: &BucketStore<MemoryBucket>, ws: &WorkspaceId, serial: u64) -> u64 {
+        let mode = match store.current(ws).await.unwrap() {
+            Some(current) => PutMode::Update(current.token),
+            None => PutMode::Create,
         };
         store
-            .put(&ws, state(1), PutMode::Create, None)
-            .await
-            .unwrap();
-        let first = store.snapshot(&ws, "2026-11-24T01", keep).await.unwrap();
-        assert_eq!(first.expect("made").backup.version, 1);
-        let token = store.current(&ws).await.unwrap().unwrap().token;
-        store
-            .put(&ws, state(2), PutMode::Update(token), None)
-            .await
-            .unwrap();
-        let second = store
-            .snapshot(&ws, "2026-11-24T02", keep)
+            .put(ws, state(serial), mode, None)
             .await
             .unwrap()
-            .expect("made, though its index write's answer was lost");
-        assert_eq!(second.pruned, ["2026-11-24T01"]);
-        let labels: Vec<String> = store
+            .number
+    }
+
+    fn label(hour: u64) -> String {
+        format!("2026-11-{:02}T{:02}", 1 + hour / 24, hour % 24)
+    }
+
+    /// The sweep's marks name their version: the copy is of that version, named by it, and
+    /// the marks listed are deleted; a write after the listing keeps its own.
+    #[tokio::test]
+    async fn marks_name_the_version_the_sweep_copies_and_deletes_only_those_listed() {
+        let store = BucketStore::over(MemoryBucket::new(), "p", None);
+        let ws = WorkspaceId::new("acme", "marks").unwrap();
+        write(&store, &ws, 1).await;
+        write(&store, &ws, 2).await;
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        let marked = changed.marked.clone().expect("the marks name versions");
+        assert_eq!((marked.first, marked.last), (1, 2));
+        let third = write(&store, &ws, 3).await;
+        let made = store
+            .back_up(&changed, "2026-11-24T01", Retention::default())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(made.backup.version, 2, "the version the listed marks name");
+        let key = store.backup_key(&ws, &made.backup);
+        assert!(key.starts_with("p/acme/marks/backups/2026-11-24T01_0000000002_"));
+        let copy = store.bucket.get(&key).await.unwrap().unwrap();
+        assert_eq!(copy.data, store.version(&ws, 2).await.unwrap());
+        store.clear_changed(&changed).await.unwrap();
+        let left = store
+            .changed()
+            .await
+            .unwrap()
+            .pop()
+            .expect("the later write's mark stays");
+        let marked = left.marked.unwrap();
+        assert_eq!((marked.first, marked.last), (third, third));
+    }
+
+    /// Retention lists a workspace's backups only when its marks span a multiple of
+    /// PRUNE_EVERY versions; between two, at most that many backups pile up.
+    #[tokio::test]
+    async fn retention_runs_every_so_many_versions() {
+        let store = BucketStore::over(MemoryBucket::new(), "p", None);
+        let ws = WorkspaceId::new("acme", "often").unwrap();
+        let keep = Retention {
+            hourly: 2,
+            daily: 0,
+        };
+        for hour in 1..PRUNE_EVERY {
+            write(&store, &ws, hour).await;
+            let changed = store.changed().await.unwrap().pop().unwrap();
+            let made = store
+                .back_up(&changed, &label(hour), keep)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(made.pruned.is_empty());
+            store.clear_changed(&changed).await.unwrap();
+        }
+        assert_eq!(store.backups(&ws).await.unwrap().len(), 23);
+        write(&store, &ws, PRUNE_EVERY).await;
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        let made = store
+            .back_up(&changed, &label(PRUNE_EVERY), keep)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(made.pruned.len(), 22);
+        assert_eq!(made.pruned[0], label(22), "newest first");
+        let kept: Vec<String> = store
             .backups(&ws)
             .await
             .unwrap()
             .into_iter()
             .map(|b| b.label)
             .collect();
-        assert_eq!(labels, ["2026-11-24T02"]);
+        assert_eq!(kept, [label(23), label(24)]);
+        let copies = store.bucket.list("p/acme/often/backups/").await.unwrap();
+        assert_eq!(copies.len(), 2, "the dropped copies are gone");
+    }
+
+    /// A bucket an older runner wrote (one mark per workspace, `backups/<label>.tfstate` and
+    /// `backups/index.json`): its mark is swept from the current state, its backups are listed
+    /// beside the new ones, and retention drops them through the index.
+    #[tokio::test]
+    async fn an_older_runners_mark_and_backups_are_swept_listed_and_pruned() {
+        let store = BucketStore::over(MemoryBucket::new(), "p", None);
+        let ws = WorkspaceId::new("acme", "old").unwrap();
+        write(&store, &ws, 1).await;
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        store.clear_changed(&changed).await.unwrap();
+        // What an older runner left: the backup of version 1, its index, and its mark for a
+        // write whose own mark is lost.
+        let v1 = store.versions(&ws).await.unwrap().pop().unwrap();
+        let b = &store.bucket;
+        b.copy(
+            "p/acme/old/versions/0000000001.tfstate",
+            "p/acme/old/backups/2026-11-24T01.tfstate",
+            None,
+        )
+        .await
+        .unwrap();
+        let old = BackupInfo {
+            label: "2026-11-24T01".into(),
+            version: 1,
+            sha256: v1.sha256,
+        };
+        let index = serde_json::to_vec(&[&old]).unwrap();
+        b.put(
+            "p/acme/old/backups/index.json",
+            index.into(),
+            HashMap::new(),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+        write(&store, &ws, 2).await;
+        b.put(
+            "p/_changes/acme/old",
+            Bytes::from("2"),
+            HashMap::new(),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        assert_eq!(
+            changed.marked, None,
+            "an older mark sends the sweep to the current state"
+        );
+        let made = store
+            .back_up(&changed, "2026-11-24T02", Retention::default())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(made.backup.version, 2);
+        assert_eq!(
+            store.backups(&ws).await.unwrap(),
+            [old.clone(), made.backup.clone()]
+        );
+        store.clear_changed(&changed).await.unwrap();
         assert!(
-            store
-                .bucket
-                .get("p/acme/twice/backups/2026-11-24T01.tfstate")
+            store.changed().await.unwrap().is_empty(),
+            "both marks cleared"
+        );
+
+        store.delete_backup(&ws, "2026-11-24T01").await.unwrap();
+        assert_eq!(store.backups(&ws).await.unwrap(), [made.backup]);
+        assert!(
+            b.get("p/acme/old/backups/2026-11-24T01.tfstate")
                 .await
                 .unwrap()
-                .is_none(),
-            "the dropped backup's copy is gone"
+                .is_none()
         );
-        assert!(
-            store
-                .snapshot(&ws, "2026-11-24T03", keep)
-                .await
-                .unwrap()
-                .is_none(),
-            "unchanged"
-        );
+        let index = b
+            .get("p/acme/old/backups/index.json")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&index.data[..], b"[]", "out of the index");
     }
 
     #[tokio::test]

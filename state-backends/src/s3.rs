@@ -245,6 +245,49 @@ impl Bucket for S3Bucket {
         Ok(())
     }
 
+    fn deletes_per_request(&self) -> usize {
+        1000
+    }
+
+    async fn delete_many(&self, keys: &[String]) -> Result<()> {
+        use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+        // One request per 1,000 keys (S3's limit), reporting only the keys that failed.
+        for chunk in keys.chunks(self.deletes_per_request()) {
+            let objects = chunk
+                .iter()
+                .map(|key| ObjectIdentifier::builder().key(key).build())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| backend_error(format!("DELETE (batch): {e}"), false))?;
+            let delete = Delete::builder()
+                .set_objects(Some(objects))
+                .quiet(true)
+                .build()
+                .map_err(|e| backend_error(format!("DELETE (batch): {e}"), false))?;
+            let done = self
+                .client
+                .delete_objects()
+                .bucket(&self.bucket)
+                .delete(delete)
+                .send()
+                .await
+                .map_err(|e| sdk_error(&format!("DELETE {} keys", chunk.len()), e))?;
+            if let Some(failed) = done.errors().first() {
+                let code = failed.code().unwrap_or_default();
+                return Err(backend_error(
+                    format!(
+                        "DELETE {}: {code}: {} ({} of {} keys not deleted)",
+                        failed.key().unwrap_or_default(),
+                        failed.message().unwrap_or_default(),
+                        done.errors().len(),
+                        chunk.len()
+                    ),
+                    code == "InternalError" || code == "SlowDown" || code == "ServiceUnavailable",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
         match self
             .client

@@ -559,6 +559,15 @@ impl StateStore for SealedStore {
         self.inner.snapshot(ws, label, keep).await
     }
 
+    async fn back_up(
+        &self,
+        changed: &crate::Changed,
+        label: &str,
+        keep: Retention,
+    ) -> Result<Option<Snapshot>> {
+        self.inner.back_up(changed, label, keep).await
+    }
+
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
         self.inner.backups(ws).await
     }

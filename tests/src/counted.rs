@@ -62,6 +62,14 @@ impl<B: Bucket> Bucket for Counted<B> {
         self.tick();
         self.inner.delete(key).await
     }
+    fn deletes_per_request(&self) -> usize {
+        self.inner.deletes_per_request()
+    }
+    async fn delete_many(&self, keys: &[String]) -> Result<()> {
+        let requests = keys.len().div_ceil(self.inner.deletes_per_request());
+        self.calls.fetch_add(requests, Ordering::Relaxed);
+        self.inner.delete_many(keys).await
+    }
     async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
         self.tick();
         self.inner.clear_if(key, tag).await

@@ -113,6 +113,14 @@ impl StateStore for FailingPuts {
     ) -> Result<Option<Snapshot>> {
         self.inner.snapshot(ws, label, keep).await
     }
+    async fn back_up(
+        &self,
+        changed: &state_backends::Changed,
+        label: &str,
+        keep: Retention,
+    ) -> Result<Option<Snapshot>> {
+        self.inner.back_up(changed, label, keep).await
+    }
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
         self.inner.backups(ws).await
     }

@@ -12,10 +12,10 @@ use state_backends::{NewState, PutMode, StateStore, WorkspaceId, tfstate::empty_
 
 use crate::counted::Counted;
 
-/// Store calls a sweep makes per changed workspace: the copy's facts, the probe for a newer
-/// version, the backup index, the server-side copy, the index write (retention included), the
-/// mark's clearing.
-pub const CALLS_PER_CHANGED: usize = 6;
+/// Store calls a sweep makes per changed workspace with one change mark: the server-side copy
+/// of the version the mark names, and the mark's deletion. (Retention lists a workspace's
+/// backups once every `PRUNE_EVERY` versions, which a sweep after one write never meets.)
+pub const CALLS_PER_CHANGED: usize = 2;
 
 /// What the second sweep cost.
 #[derive(Clone, Copy, Debug)]
@@ -123,9 +123,13 @@ pub async fn copies_only_what_changed<B: Bucket + Clone + 'static>(
         let backups = store.backups(ws).await.unwrap();
         let labels: Vec<&str> = backups.iter().map(|b| b.label.as_str()).collect();
         assert_eq!(labels, ["2026-11-22T01", "2026-11-22T02"]);
-        // A backup is a server-side copy of the version it names, byte for byte.
-        let key = format!("states/{ws}/backups/2026-11-22T02.tfstate");
-        let copy = store.bucket().get(&key).await.unwrap().expect("the copy");
+        // A backup is a server-side copy of the version it names, byte for byte, and its
+        // name says which.
+        let name = format!(
+            "states/{ws}/backups/2026-11-22T02_0000000002_{}.tfstate",
+            backups[1].sha256
+        );
+        let copy = store.bucket().get(&name).await.unwrap().expect("the copy");
         assert_eq!(copy.data, store.version(ws, 2).await.unwrap());
     }
     Figures {

@@ -68,16 +68,20 @@ async fn every_state_object_is_encrypted_with_the_customers_kms_key() {
         )
         .await
         .unwrap();
-    store
+    let made = store
         .snapshot(&ws, "2026-11-22T03", Retention::default())
         .await
         .unwrap()
         .unwrap();
     let s3 = aws::s3().await;
+    let backup = format!(
+        "kms/acme/secret/backups/2026-11-22T03_0000000001_{}.tfstate",
+        made.backup.sha256
+    );
     for key_name in [
         "kms/acme/secret/versions/0000000001.tfstate",
         "kms/acme/secret/terraform.tfstate",
-        "kms/acme/secret/backups/2026-11-22T03.tfstate",
+        &backup,
     ] {
         let head = s3
             .head_object()
