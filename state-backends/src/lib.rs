@@ -323,9 +323,9 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>>;
 
     /// Copies the current state to the backup `label` unless the latest backup already holds the
-    /// same version, and drops the backups `keep` no longer keeps, in the same write of the
-    /// backup index (the index first, then their copies: an index entry never names a missing
-    /// copy). Returns the new backup and what was dropped, or `None` when nothing changed.
+    /// same state, and drops the backups `keep` no longer keeps (a backup is never listed
+    /// without its copy). Returns the new backup and what was dropped, or `None` when nothing
+    /// changed.
     ///
     /// # Errors
     /// Backend failures.

@@ -1,6 +1,7 @@
-//! How many backups a workspace keeps, and which ones retention drops. Applied by the store in
-//! the same index write that records a new backup ([`crate::StateStore::snapshot`]), so a sweep
-//! pays no extra read or write for it.
+//! How many backups a workspace keeps, and which ones retention drops. The folder store applies
+//! it in the same index write that records a new backup; a bucket store lists a workspace's
+//! backups for it every so many versions ([`crate::objects::PRUNE_EVERY`]), so a sweep pays a
+//! listing now and then rather than an index read and write per backup.
 
 /// How many backups a workspace keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
