@@ -552,32 +552,30 @@ impl<B: Bucket> BucketStore<B> {
         Err(self.gave_up(&key))
     }
 
-    /// Copies version `backup.version` as the backup `backup.label`, then, when `prune`,
-    /// applies `keep`. A failed retention is only logged: the backup is made, and the next
-    /// prune drops what this one did not.
-    async fn copy_backup(
-        &self,
-        ws: &WorkspaceId,
-        backup: BackupInfo,
-        keep: Retention,
-        prune: bool,
-    ) -> Result<Snapshot> {
-        self.bucket
-            .copy(
-                &self.version_key(ws, backup.version),
-                &self.backup_key(ws, &backup),
-                None,
-            )
-            .await?;
-        let pruned = if prune {
-            self.prune(ws, keep).await.unwrap_or_else(|e| {
-                tracing::warn!(workspace = %ws, error = %e, "old backups were not pruned; the next prune drops them");
-                Vec::new()
-            })
-        } else {
+    /// Copies version `backup.version` as the backup `backup.label`. A copy that failed is
+    /// deleted (as far as it can be): a backup is found by listing, so a copy whose name is
+    /// there must hold what the name says (an Azure copy can end `failed` with its blob left).
+    async fn copy_backup(&self, ws: &WorkspaceId, backup: &BackupInfo) -> Result<()> {
+        let to = self.backup_key(ws, backup);
+        let copied = self
+            .bucket
+            .copy(&self.version_key(ws, backup.version), &to, None)
+            .await;
+        if copied.is_err()
+            && let Err(e) = self.bucket.delete(&to).await
+        {
+            tracing::warn!(workspace = %ws, backup = %backup.label, error = %e, "a failed backup copy was not deleted");
+        }
+        copied
+    }
+
+    /// Applies `keep`; a failure is only logged (the backup is made, and the next prune drops
+    /// what this one did not).
+    async fn prune_logged(&self, ws: &WorkspaceId, keep: Retention) -> Vec<String> {
+        self.prune(ws, keep).await.unwrap_or_else(|e| {
+            tracing::warn!(workspace = %ws, error = %e, "old backups were not pruned; the next prune drops them");
             Vec::new()
-        };
-        Ok(Snapshot { backup, pruned })
+        })
     }
 
     /// Drops an older runner's backup `label`: out of its index (only if the index is still
@@ -639,8 +637,6 @@ struct Stored {
 
 /// An older runner's backup index, under `backups/`.
 const INDEX: &str = "index.json";
-/// Before an older runner's mark's tag in [`Changed::mark`].
-const OLD_MARK: &str = "tag:";
 /// A mark's name for a deletion, where a state's has its digest.
 const DELETED_MARK: &str = "deleted";
 /// The backup sweep applies retention to a workspace when its marks span a multiple of this
@@ -670,6 +666,15 @@ fn backup_from_name(name: &str) -> Option<BackupInfo> {
         version: version.parse().ok()?,
         sha256: sha256.to_owned(),
     })
+}
+
+/// A backup's label is one name: no `/` (it is part of the copy's name).
+fn check_label(label: &str) -> Result<()> {
+    crate::check_artifact_name("backups", label)?;
+    if label.contains('/') {
+        return Err(StoreError::InvalidKey(format!("backups/{label}")));
+    }
+    Ok(())
 }
 
 fn is_sha256(s: &str) -> bool {
@@ -941,7 +946,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         label: &str,
         keep: Retention,
     ) -> Result<Option<Snapshot>> {
-        crate::check_artifact_name("backups", label)?;
+        check_label(label)?;
         let (newest, stored) = tokio::join!(self.newest(ws, false), self.backups(ws));
         let newest = newest?;
         let Some(facts) = newest.facts.filter(|_| !newest.deleted) else {
@@ -958,18 +963,14 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         {
             return Ok(None);
         }
-        self.copy_backup(
-            ws,
-            BackupInfo {
-                label: label.to_owned(),
-                version: newest.number,
-                sha256: info.sha256,
-            },
-            keep,
-            true,
-        )
-        .await
-        .map(Some)
+        let backup = BackupInfo {
+            label: label.to_owned(),
+            version: newest.number,
+            sha256: info.sha256,
+        };
+        self.copy_backup(ws, &backup).await?;
+        let pruned = self.prune_logged(ws, keep).await;
+        Ok(Some(Snapshot { backup, pruned }))
     }
 
     async fn back_up(
@@ -981,9 +982,16 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         let Some(marked) = &changed.marked else {
             return self.snapshot(&changed.ws, label, keep).await;
         };
-        crate::check_artifact_name("backups", label)?;
+        check_label(label)?;
+        let ws = &changed.ws;
+        // Retention lists the backups, so it runs when the marks span a multiple of
+        // PRUNE_EVERY versions (a deletion's too).
+        let prune = marked.last / PRUNE_EVERY > marked.first.saturating_sub(1) / PRUNE_EVERY;
         // The newest mark's version, copied as it is: a deletion has nothing to copy.
         let Some(sha256) = &marked.sha256 else {
+            if prune {
+                self.prune_logged(ws, keep).await;
+            }
             return Ok(None);
         };
         let backup = BackupInfo {
@@ -991,12 +999,26 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
             version: marked.last,
             sha256: sha256.clone(),
         };
-        // Retention lists the backups, so it runs when the marks span a multiple of
-        // PRUNE_EVERY versions: at most that many backups are made between two prunes.
-        let prune = marked.last / PRUNE_EVERY > marked.first.saturating_sub(1) / PRUNE_EVERY;
-        self.copy_backup(&changed.ws, backup, keep, prune)
-            .await
-            .map(Some)
+        if let Err(e) = self.copy_backup(ws, &backup).await {
+            // A version that is not there (removed by hand, say) would fail every sweep:
+            // there is nothing to copy.
+            if self
+                .bucket
+                .head(&self.version_key(ws, marked.last))
+                .await?
+                .is_none()
+            {
+                tracing::warn!(workspace = %ws, version = marked.last, "the marked version does not exist: nothing to back up");
+                return Ok(None);
+            }
+            return Err(e);
+        }
+        let pruned = if prune {
+            self.prune_logged(ws, keep).await
+        } else {
+            Vec::new()
+        };
+        Ok(Some(Snapshot { backup, pruned }))
     }
 
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
@@ -1096,7 +1118,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
                 // An older runner's one mark per workspace: cleared only if its tag is still
                 // this one; it does not say which version, so the sweep reads the current one.
                 [] => {
-                    marks.entries.push(format!("{OLD_MARK}{}", o.tag));
+                    marks.entries.push(o.tag);
                     marks.old = true;
                 }
                 [name] => {
@@ -1150,18 +1172,25 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     }
 
     async fn clear_changed(&self, changed: &Changed) -> Result<()> {
-        let mut keys = Vec::new();
-        for entry in changed.mark.lines() {
-            match entry.strip_prefix(OLD_MARK) {
-                Some(tag) => {
-                    self.bucket
-                        .clear_if(&self.change_key(&changed.ws), tag)
-                        .await?;
-                }
-                None => keys.push(entry.to_owned()),
-            }
+        // Entries are the listed marks' keys, or an older runner's mark's tag (no key's).
+        let prefix = self.changes_prefix();
+        let (mut keys, tags): (Vec<&str>, Vec<&str>) =
+            changed.mark.lines().partition(|e| e.starts_with(&prefix));
+        for tag in tags {
+            self.bucket
+                .clear_if(&self.change_key(&changed.ws), tag)
+                .await?;
         }
-        self.bucket.delete_many(&keys).await
+        // The highest mark goes last: if deleting the others fails midway, the one left still
+        // names the newest version, so the next sweep never backs up an older one under a
+        // newer label.
+        keys.sort_unstable();
+        let Some(highest) = keys.pop() else {
+            return Ok(());
+        };
+        let rest: Vec<String> = keys.into_iter().map(str::to_owned).collect();
+        self.bucket.delete_many(&rest).await?;
+        self.bucket.delete(highest).await
     }
 
     async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
@@ -1335,6 +1364,7 @@ mod tests {
             .unwrap();
         assert_eq!(made.pruned.len(), 22);
         assert_eq!(made.pruned[0], label(22), "newest first");
+        store.clear_changed(&changed).await.unwrap();
         let kept: Vec<String> = store
             .backups(&ws)
             .await
@@ -1345,6 +1375,55 @@ mod tests {
         assert_eq!(kept, [label(23), label(24)]);
         let copies = store.bucket.list("p/acme/often/backups/").await.unwrap();
         assert_eq!(copies.len(), 2, "the dropped copies are gone");
+
+        // Two sweeps in one hour: the later copy of the label replaces the earlier at the
+        // next prune, which a deletion's marks bring too.
+        for serial in [PRUNE_EVERY + 1, PRUNE_EVERY + 2] {
+            write(&store, &ws, serial).await;
+            let changed = store.changed().await.unwrap().pop().unwrap();
+            store
+                .back_up(&changed, &label(25), keep)
+                .await
+                .unwrap()
+                .unwrap();
+            store.clear_changed(&changed).await.unwrap();
+        }
+        let listed = store.bucket.list("p/acme/often/backups/").await.unwrap();
+        assert_eq!(
+            listed.len(),
+            4,
+            "two copies of one label until the next prune: {:?}",
+            listed.iter().map(|l| &l.key).collect::<Vec<_>>()
+        );
+        let newest = store.backups(&ws).await.unwrap().pop().unwrap();
+        assert_eq!((newest.label, newest.version), (label(25), PRUNE_EVERY + 2));
+        for serial in PRUNE_EVERY + 3..2 * PRUNE_EVERY {
+            write(&store, &ws, serial).await;
+        }
+        let token = store.current(&ws).await.unwrap().unwrap().token;
+        store.delete_current(&ws, &token, None).await.unwrap();
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        assert_eq!(changed.marked.as_ref().unwrap().last, 2 * PRUNE_EVERY);
+        assert!(
+            store
+                .back_up(&changed, &label(26), keep)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let listed = store.bucket.list("p/acme/often/backups/").await.unwrap();
+        assert_eq!(listed.len(), 2, "pruned at a deletion's turn too");
+        let kept: Vec<(String, u64)> = store
+            .backups(&ws)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|b| (b.label, b.version))
+            .collect();
+        assert_eq!(
+            kept,
+            [(label(24), PRUNE_EVERY), (label(25), PRUNE_EVERY + 2)]
+        );
     }
 
     /// A bucket an older runner wrote (one mark per workspace, `backups/<label>.tfstate` and
@@ -1413,8 +1492,13 @@ mod tests {
             "both marks cleared"
         );
 
-        store.delete_backup(&ws, "2026-11-24T01").await.unwrap();
-        assert_eq!(store.backups(&ws).await.unwrap(), [made.backup]);
+        // Retention drops the older runner's backup through its index, then its copy.
+        let keep_one = Retention {
+            hourly: 1,
+            daily: 0,
+        };
+        assert_eq!(store.prune(&ws, keep_one).await.unwrap(), ["2026-11-24T01"]);
+        assert_eq!(store.backups(&ws).await.unwrap(), [made.backup.clone()]);
         assert!(
             b.get("p/acme/old/backups/2026-11-24T01.tfstate")
                 .await
@@ -1427,6 +1511,53 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(&index.data[..], b"[]", "out of the index");
+
+        // An older runner's mark alone: the current state, already backed up, is unchanged.
+        b.put(
+            "p/_changes/acme/old",
+            Bytes::from("2"),
+            HashMap::new(),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        assert_eq!(changed.marked, None);
+        assert!(
+            store
+                .back_up(&changed, "2026-11-24T03", keep_one)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        store.clear_changed(&changed).await.unwrap();
+        assert!(store.changed().await.unwrap().is_empty());
+        store.delete_backup(&ws, "2026-11-24T02").await.unwrap();
+        assert!(store.backups(&ws).await.unwrap().is_empty());
+        assert!(b.list("p/acme/old/backups/2026").await.unwrap().is_empty());
+    }
+
+    /// A marked version that is gone (removed by hand) is not a failure every hour: there is
+    /// nothing to copy, and no failed copy is left.
+    #[tokio::test]
+    async fn a_marked_version_that_is_gone_is_nothing_to_back_up() {
+        let store = BucketStore::over(MemoryBucket::new(), "p", None);
+        let ws = WorkspaceId::new("acme", "gone").unwrap();
+        write(&store, &ws, 1).await;
+        write(&store, &ws, 2).await;
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        store
+            .bucket
+            .delete("p/acme/gone/versions/0000000002.tfstate")
+            .await
+            .unwrap();
+        let made = store
+            .back_up(&changed, "2026-11-24T01", Retention::default())
+            .await
+            .unwrap();
+        assert_eq!(made, None, "nothing to copy");
+        let listed = store.bucket.list("p/acme/gone/backups/").await.unwrap();
+        assert!(listed.is_empty(), "{listed:?}");
     }
 
     #[tokio::test]
