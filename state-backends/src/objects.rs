@@ -1498,7 +1498,10 @@ mod tests {
             daily: 0,
         };
         assert_eq!(store.prune(&ws, keep_one).await.unwrap(), ["2026-11-24T01"]);
-        assert_eq!(store.backups(&ws).await.unwrap(), [made.backup.clone()]);
+        assert_eq!(
+            store.backups(&ws).await.unwrap(),
+            std::slice::from_ref(&made.backup)
+        );
         assert!(
             b.get("p/acme/old/backups/2026-11-24T01.tfstate")
                 .await
