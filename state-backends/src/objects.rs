@@ -1563,6 +1563,107 @@ mod tests {
         assert!(listed.is_empty(), "{listed:?}");
     }
 
+    /// A bucket whose deletions of keys containing `fails` fail, and whose batch deletion
+    /// tries every key.
+    #[derive(Clone, Debug)]
+    struct FailsDeleting {
+        inner: MemoryBucket,
+        fails: &'static str,
+    }
+
+    #[async_trait]
+    impl Bucket for FailsDeleting {
+        fn backend(&self) -> &'static str {
+            "fails-deleting"
+        }
+        async fn get(&self, key: &str) -> Result<Option<Object>> {
+            self.inner.get(key).await
+        }
+        async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
+            self.inner.head(key).await
+        }
+        async fn put(
+            &self,
+            key: &str,
+            data: Bytes,
+            metadata: HashMap<String, String>,
+            condition: Condition<'_>,
+        ) -> Result<bool> {
+            self.inner.put(key, data, metadata, condition).await
+        }
+        async fn copy(
+            &self,
+            from: &str,
+            to: &str,
+            metadata: Option<HashMap<String, String>>,
+        ) -> Result<()> {
+            self.inner.copy(from, to, metadata).await
+        }
+        async fn delete(&self, key: &str) -> Result<()> {
+            if key.contains(self.fails) {
+                return Err(StoreError::Backend {
+                    backend: "fails-deleting",
+                    message: format!("DELETE {key}: refused"),
+                    retryable: true,
+                    source: None,
+                });
+            }
+            self.inner.delete(key).await
+        }
+        /// As S3's `DeleteObjects`: every key is tried, and any that failed is reported.
+        async fn delete_many(&self, keys: &[String]) -> Result<()> {
+            let mut failed = Ok(());
+            for key in keys {
+                if let Err(e) = self.delete(key).await {
+                    failed = Err(e);
+                }
+            }
+            failed
+        }
+        async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
+            self.inner.clear_if(key, tag).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+            self.inner.list(prefix).await
+        }
+        async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
+            self.inner.folders(prefix).await
+        }
+    }
+
+    /// Clearing several marks that fails midway leaves the highest: the next sweep still copies
+    /// the newest version, never an older one under a newer label.
+    #[tokio::test]
+    async fn a_clearing_that_fails_midway_leaves_the_highest_mark() {
+        let bucket = FailsDeleting {
+            inner: MemoryBucket::new(),
+            fails: "/0000000001-",
+        };
+        let store = BucketStore::over(bucket, "p", None);
+        let ws = WorkspaceId::new("acme", "midway").unwrap();
+        for serial in 1..=2 {
+            let mode = match store.current(&ws).await.unwrap() {
+                Some(current) => PutMode::Update(current.token),
+                None => PutMode::Create,
+            };
+            store.put(&ws, state(serial), mode, None).await.unwrap();
+        }
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        let made = store
+            .back_up(&changed, "2026-11-24T01", Retention::default())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(made.backup.version, 2);
+        assert!(store.clear_changed(&changed).await.is_err());
+        let left = store.changed().await.unwrap().pop().unwrap();
+        assert_eq!(
+            left.marked.unwrap().last,
+            2,
+            "the highest mark is still there"
+        );
+    }
+
     #[tokio::test]
     async fn writes_sent_twice_are_one_version_and_one_lease_not_a_conflict() {
         let store = BucketStore::over(SentTwice::default(), "p", None);
