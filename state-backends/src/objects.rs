@@ -1223,21 +1223,28 @@ mod tests {
         assert_eq!(version_number("p/t/w/versions/notes.txt"), None);
     }
 
-    /// A bucket whose every version and lock-object write is sent twice, as a client does when the answer to
-    /// the first is lost: the first lands, the second finds the version taken.
+    /// A memory bucket with a client's troubles: with `sent_twice`, every version and
+    /// lock-object write is sent twice, as a client does when the answer to the first is lost
+    /// (the first lands, the second finds the version taken); deletions of keys containing
+    /// `refuses` fail, and a batch deletion tries every key and reports any that failed (as
+    /// S3's `DeleteObjects`).
     #[derive(Clone, Debug, Default)]
-    struct SentTwice(crate::memory::MemoryBucket);
+    struct Troubled {
+        inner: MemoryBucket,
+        sent_twice: bool,
+        refuses: Option<&'static str>,
+    }
 
     #[async_trait]
-    impl Bucket for SentTwice {
+    impl Bucket for Troubled {
         fn backend(&self) -> &'static str {
-            "twice"
+            "troubled"
         }
         async fn get(&self, key: &str) -> Result<Option<Object>> {
-            self.0.get(key).await
+            self.inner.get(key).await
         }
         async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
-            self.0.head(key).await
+            self.inner.head(key).await
         }
         async fn put(
             &self,
@@ -1246,17 +1253,14 @@ mod tests {
             metadata: HashMap<String, String>,
             condition: Condition<'_>,
         ) -> Result<bool> {
-            if key.contains("/versions/")
-                || key.ends_with("/lease.json")
-                || key.ends_with("/backups/index.json")
-            {
+            if self.sent_twice && (key.contains("/versions/") || key.ends_with("/lease.json")) {
                 let first = self
-                    .0
+                    .inner
                     .put(key, data.clone(), metadata.clone(), condition)
                     .await?;
                 assert!(first, "the first try lands");
             }
-            self.0.put(key, data, metadata, condition).await
+            self.inner.put(key, data, metadata, condition).await
         }
         async fn copy(
             &self,
@@ -1264,19 +1268,36 @@ mod tests {
             to: &str,
             metadata: Option<HashMap<String, String>>,
         ) -> Result<()> {
-            self.0.copy(from, to, metadata).await
+            self.inner.copy(from, to, metadata).await
         }
         async fn delete(&self, key: &str) -> Result<()> {
-            self.0.delete(key).await
+            if self.refuses.is_some_and(|r| key.contains(r)) {
+                return Err(StoreError::Backend {
+                    backend: "troubled",
+                    message: format!("DELETE {key}: refused"),
+                    retryable: true,
+                    source: None,
+                });
+            }
+            self.inner.delete(key).await
+        }
+        async fn delete_many(&self, keys: &[String]) -> Result<()> {
+            let mut failed = Ok(());
+            for key in keys {
+                if let Err(e) = self.delete(key).await {
+                    failed = Err(e);
+                }
+            }
+            failed
         }
         async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
-            self.0.clear_if(key, tag).await
+            self.inner.clear_if(key, tag).await
         }
         async fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-            self.0.list(prefix).await
+            self.inner.list(prefix).await
         }
         async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
-            self.0.folders(prefix).await
+            self.inner.folders(prefix).await
         }
     }
 
@@ -1563,81 +1584,13 @@ mod tests {
         assert!(listed.is_empty(), "{listed:?}");
     }
 
-    /// A bucket whose deletions of keys containing `fails` fail, and whose batch deletion
-    /// tries every key.
-    #[derive(Clone, Debug)]
-    struct FailsDeleting {
-        inner: MemoryBucket,
-        fails: &'static str,
-    }
-
-    #[async_trait]
-    impl Bucket for FailsDeleting {
-        fn backend(&self) -> &'static str {
-            "fails-deleting"
-        }
-        async fn get(&self, key: &str) -> Result<Option<Object>> {
-            self.inner.get(key).await
-        }
-        async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
-            self.inner.head(key).await
-        }
-        async fn put(
-            &self,
-            key: &str,
-            data: Bytes,
-            metadata: HashMap<String, String>,
-            condition: Condition<'_>,
-        ) -> Result<bool> {
-            self.inner.put(key, data, metadata, condition).await
-        }
-        async fn copy(
-            &self,
-            from: &str,
-            to: &str,
-            metadata: Option<HashMap<String, String>>,
-        ) -> Result<()> {
-            self.inner.copy(from, to, metadata).await
-        }
-        async fn delete(&self, key: &str) -> Result<()> {
-            if key.contains(self.fails) {
-                return Err(StoreError::Backend {
-                    backend: "fails-deleting",
-                    message: format!("DELETE {key}: refused"),
-                    retryable: true,
-                    source: None,
-                });
-            }
-            self.inner.delete(key).await
-        }
-        /// As S3's `DeleteObjects`: every key is tried, and any that failed is reported.
-        async fn delete_many(&self, keys: &[String]) -> Result<()> {
-            let mut failed = Ok(());
-            for key in keys {
-                if let Err(e) = self.delete(key).await {
-                    failed = Err(e);
-                }
-            }
-            failed
-        }
-        async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
-            self.inner.clear_if(key, tag).await
-        }
-        async fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-            self.inner.list(prefix).await
-        }
-        async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
-            self.inner.folders(prefix).await
-        }
-    }
-
     /// Clearing several marks that fails midway leaves the highest: the next sweep still copies
     /// the newest version, never an older one under a newer label.
     #[tokio::test]
     async fn a_clearing_that_fails_midway_leaves_the_highest_mark() {
-        let bucket = FailsDeleting {
-            inner: MemoryBucket::new(),
-            fails: "/0000000001-",
+        let bucket = Troubled {
+            refuses: Some("/0000000001-"),
+            ..Troubled::default()
         };
         let store = BucketStore::over(bucket, "p", None);
         let ws = WorkspaceId::new("acme", "midway").unwrap();
@@ -1666,7 +1619,11 @@ mod tests {
 
     #[tokio::test]
     async fn writes_sent_twice_are_one_version_and_one_lease_not_a_conflict() {
-        let store = BucketStore::over(SentTwice::default(), "p", None);
+        let bucket = Troubled {
+            sent_twice: true,
+            ..Troubled::default()
+        };
+        let store = BucketStore::over(bucket, "p", None);
         let ws = WorkspaceId::new("acme", "twice").unwrap();
         let state = |serial: u64| {
             crate::NewState::parse(Bytes::from(format!(
