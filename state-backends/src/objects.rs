@@ -1447,6 +1447,19 @@ mod tests {
         );
     }
 
+    /// An older runner's change mark of workspace `acme/old`: one per workspace, its content
+    /// the version.
+    async fn older_mark(b: &MemoryBucket) {
+        b.put(
+            "p/_changes/acme/old",
+            Bytes::from("2"),
+            HashMap::new(),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+    }
+
     /// A bucket an older runner wrote (one mark per workspace, `backups/<label>.tfstate` and
     /// `backups/index.json`): its mark is swept from the current state, its backups are listed
     /// beside the new ones, and retention drops them through the index.
@@ -1483,14 +1496,7 @@ mod tests {
         .await
         .unwrap();
         write(&store, &ws, 2).await;
-        b.put(
-            "p/_changes/acme/old",
-            Bytes::from("2"),
-            HashMap::new(),
-            Condition::None,
-        )
-        .await
-        .unwrap();
+        older_mark(b).await;
 
         let changed = store.changed().await.unwrap().pop().unwrap();
         assert_eq!(
@@ -1537,14 +1543,7 @@ mod tests {
         assert_eq!(&index.data[..], b"[]", "out of the index");
 
         // An older runner's mark alone: the current state, already backed up, is unchanged.
-        b.put(
-            "p/_changes/acme/old",
-            Bytes::from("2"),
-            HashMap::new(),
-            Condition::None,
-        )
-        .await
-        .unwrap();
+        older_mark(b).await;
         let changed = store.changed().await.unwrap().pop().unwrap();
         assert_eq!(changed.marked, None);
         assert!(
