@@ -17,7 +17,18 @@ export TERRACE_TF_CLI_CONFIG="$repo_root/.cache/terraformrc"
 # The test cloud's "credentials": the folder it keeps resources in, passed to terraform only.
 export TESTCLOUD_ROOT="$demo/cloud"
 export TERRACE_PASS_ENV=TESTCLOUD_ROOT
-terrace="$(scripts/target-dir.sh)/debug/terrace"
+bin="$(scripts/target-dir.sh)/debug"
+terrace="$bin/terrace"
+# The same settings for the commands a person runs next, by hand.
+cat > "$demo/env" <<ENV
+export TERRACE_STORE="$TERRACE_STORE"
+export TERRACE_TEMPLATES="$TERRACE_TEMPLATES"
+export TERRACE_TERRAFORM="$TERRACE_TERRAFORM"
+export TERRACE_TF_CLI_CONFIG="$TERRACE_TF_CLI_CONFIG"
+export TESTCLOUD_ROOT="$TESTCLOUD_ROOT"
+export TERRACE_PASS_ENV=TESTCLOUD_ROOT
+export PATH="$bin:\$PATH"
+ENV
 
 echo "== terrace run examples/demo-job.yaml"
 "$terrace" run examples/demo-job.yaml
@@ -29,11 +40,15 @@ echo "== the test cloud now holds:"
 find "$demo/cloud" -name '*.json' | sort | sed "s|$repo_root/||"
 cat <<TXT
 
-Next: change node_count in examples/demo-job.yaml (and its id), run it again, then
-  TERRACE_STORE=$demo/store $terrace state versions acme/demo
-  TERRACE_STORE=$demo/store $terrace state restore acme/demo --version 1
+Next, with the demo's store, templates and test cloud in your shell:
+  . .terrace-demo/env
+change node_count in examples/demo-job.yaml (and its id), then
+  terrace run examples/demo-job.yaml
+  terrace state versions acme/demo
+  terrace state restore acme/demo --version 1
 and see what happened to the workspace:
-  TERRACE_STORE=$demo/store $terrace status acme/demo
-  TERRACE_STORE=$demo/store $terrace runs acme/demo
-  TERRACE_STORE=$demo/store $terrace logs acme/demo          # --follow while a job runs
+  terrace status acme/demo
+  terrace runs acme/demo
+  terrace logs acme/demo          # --follow while a job runs
+(make demo starts again from nothing.)
 TXT
