@@ -521,7 +521,7 @@ pub async fn snapshot_copies_only_changes(store: &dyn StateStore) {
         .collect();
     assert_eq!(labels, vec!["2026-11-21T11", "2026-11-21T13"]);
 
-    // Retention drops the oldest in the same index write as the new backup.
+    // Retention drops the oldest when the new backup is made.
     let token = store.current(&ws).await.unwrap().unwrap().token;
     store
         .put(&ws, state("s", 3), PutMode::Update(token), None)
