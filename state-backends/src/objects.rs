@@ -308,7 +308,17 @@ impl<B: Bucket> BucketStore<B> {
     /// replaced; returns the dropped labels, newest first. An older runner's backups leave its
     /// index first, then go.
     async fn prune(&self, ws: &WorkspaceId, keep: Retention) -> Result<Vec<String>> {
-        let stored = self.stored_backups(ws).await?;
+        self.prune_stored(ws, keep, self.stored_backups(ws).await?)
+            .await
+    }
+
+    /// [`BucketStore::prune`] over backups already listed.
+    async fn prune_stored(
+        &self,
+        ws: &WorkspaceId,
+        keep: Retention,
+        stored: Stored,
+    ) -> Result<Vec<String>> {
         let labels: Vec<String> = stored
             .copies
             .iter()
@@ -569,10 +579,19 @@ impl<B: Bucket> BucketStore<B> {
         copied
     }
 
-    /// Applies `keep`; a failure is only logged (the backup is made, and the next prune drops
-    /// what this one did not).
-    async fn prune_logged(&self, ws: &WorkspaceId, keep: Retention) -> Vec<String> {
-        self.prune(ws, keep).await.unwrap_or_else(|e| {
+    /// Applies `keep` to the backups `stored` (listed when `None`); a failure is only logged
+    /// (the backup is made, and the next prune drops what this one did not).
+    async fn prune_logged(
+        &self,
+        ws: &WorkspaceId,
+        keep: Retention,
+        stored: Option<Stored>,
+    ) -> Vec<String> {
+        let pruned = match stored {
+            Some(stored) => self.prune_stored(ws, keep, stored).await,
+            None => self.prune(ws, keep).await,
+        };
+        pruned.unwrap_or_else(|e| {
             tracing::warn!(workspace = %ws, error = %e, "old backups were not pruned; the next prune drops them");
             Vec::new()
         })
@@ -633,6 +652,21 @@ struct Stored {
     copies: Vec<(BackupInfo, String)>,
     /// What an older runner's `backups/index.json` records.
     index: Vec<BackupInfo>,
+}
+
+impl Stored {
+    /// One backup per label, oldest first: a copy named by what it holds over an older
+    /// runner's index entry, and of those the highest version (a later sweep in the same hour).
+    fn merged(&self) -> Vec<BackupInfo> {
+        let mut by_label: std::collections::BTreeMap<&str, &BackupInfo> =
+            self.index.iter().map(|b| (b.label.as_str(), b)).collect();
+        let mut copies: Vec<&BackupInfo> = self.copies.iter().map(|(b, _)| b).collect();
+        copies.sort_by_key(|b| b.version);
+        for b in copies {
+            by_label.insert(&b.label, b);
+        }
+        by_label.into_values().cloned().collect()
+    }
 }
 
 /// An older runner's backup index, under `backups/`.
@@ -947,7 +981,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         keep: Retention,
     ) -> Result<Option<Snapshot>> {
         check_label(label)?;
-        let (newest, stored) = tokio::join!(self.newest(ws, false), self.backups(ws));
+        let (newest, stored) = tokio::join!(self.newest(ws, false), self.stored_backups(ws));
         let newest = newest?;
         let Some(facts) = newest.facts.filter(|_| !newest.deleted) else {
             return Ok(None);
@@ -955,8 +989,10 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         let version_key = self.version_key(ws, newest.number);
         let info = info_from_metadata(newest.number, &facts)
             .map_err(|detail| self.corrupt(&version_key, &detail))?;
+        let mut stored = stored?;
         // Unchanged since the latest backup (of the highest version).
-        if stored?
+        if stored
+            .merged()
             .iter()
             .max_by_key(|b| b.version)
             .is_some_and(|b| b.sha256 == info.sha256)
@@ -969,7 +1005,11 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
             sha256: info.sha256,
         };
         self.copy_backup(ws, &backup).await?;
-        let pruned = self.prune_logged(ws, keep).await;
+        // Retention over the listing read above, with the new copy.
+        stored
+            .copies
+            .push((backup.clone(), self.backup_key(ws, &backup)));
+        let pruned = self.prune_logged(ws, keep, Some(stored)).await;
         Ok(Some(Snapshot { backup, pruned }))
     }
 
@@ -990,7 +1030,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         // The newest mark's version, copied as it is: a deletion has nothing to copy.
         let Some(sha256) = &marked.sha256 else {
             if prune {
-                self.prune_logged(ws, keep).await;
+                self.prune_logged(ws, keep, None).await;
             }
             return Ok(None);
         };
@@ -1014,7 +1054,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
             return Err(e);
         }
         let pruned = if prune {
-            self.prune_logged(ws, keep).await
+            self.prune_logged(ws, keep, None).await
         } else {
             Vec::new()
         };
@@ -1022,20 +1062,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     }
 
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
-        let stored = self.stored_backups(ws).await?;
-        // One backup per label: a copy named by what it holds over an older runner's index
-        // entry, and of those the highest version (a later sweep in the same hour).
-        let mut by_label: std::collections::BTreeMap<String, BackupInfo> = stored
-            .index
-            .into_iter()
-            .map(|b| (b.label.clone(), b))
-            .collect();
-        let mut copies: Vec<BackupInfo> = stored.copies.into_iter().map(|(b, _)| b).collect();
-        copies.sort_by_key(|b| b.version);
-        for b in copies {
-            by_label.insert(b.label.clone(), b);
-        }
-        Ok(by_label.into_values().collect())
+        Ok(self.stored_backups(ws).await?.merged())
     }
 
     async fn put_artifact(
