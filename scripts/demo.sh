@@ -10,25 +10,22 @@ demo="$repo_root/.terrace-demo"
 rm -rf "$demo"
 mkdir -p "$demo/cloud"
 
-export TERRACE_STORE="$demo/store"
-export TERRACE_TEMPLATES="$repo_root/templates"
-export TERRACE_TERRAFORM="$(scripts/install-terraform.sh)"
-export TERRACE_TF_CLI_CONFIG="$repo_root/.cache/terraformrc"
-# The test cloud's "credentials": the folder it keeps resources in, passed to terraform only.
-export TESTCLOUD_ROOT="$demo/cloud"
-export TERRACE_PASS_ENV=TESTCLOUD_ROOT
 bin="$(scripts/target-dir.sh)/debug"
 terrace="$bin/terrace"
-# The same settings for the commands a person runs next, by hand.
+terraform="$(scripts/install-terraform.sh)"
+# The demo's settings, kept for the commands a person runs next, by hand. The test cloud's
+# "credentials" are the folder it keeps resources in, passed to terraform only.
 cat > "$demo/env" <<ENV
-export TERRACE_STORE="$TERRACE_STORE"
-export TERRACE_TEMPLATES="$TERRACE_TEMPLATES"
-export TERRACE_TERRAFORM="$TERRACE_TERRAFORM"
-export TERRACE_TF_CLI_CONFIG="$TERRACE_TF_CLI_CONFIG"
-export TESTCLOUD_ROOT="$TESTCLOUD_ROOT"
+export TERRACE_STORE="$demo/store"
+export TERRACE_TEMPLATES="$repo_root/templates"
+export TERRACE_TERRAFORM="$terraform"
+export TERRACE_TF_CLI_CONFIG="$repo_root/.cache/terraformrc"
+export TESTCLOUD_ROOT="$demo/cloud"
 export TERRACE_PASS_ENV=TESTCLOUD_ROOT
 export PATH="$bin:\$PATH"
 ENV
+# shellcheck source=/dev/null
+. "$demo/env"
 
 echo "== terrace run examples/demo-job.yaml"
 "$terrace" run examples/demo-job.yaml
