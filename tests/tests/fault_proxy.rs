@@ -283,6 +283,22 @@ fn run_in_background(sb: &Sandbox, job: &std::path::Path) -> std::process::Child
         .unwrap()
 }
 
+/// Waits for a `terrace run` started by [`run_in_background`], checks it exited 0, and returns
+/// its stderr.
+async fn exited_ok(child: std::process::Child, kind: Kind) -> String {
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{}: {}: {stderr}",
+        kind.name(),
+        out.status
+    );
+    stderr
+}
+
 /// The job succeeded, wrote one version and let go of its lease.
 async fn succeeded_cleanly(under: &Under, ws: &WorkspaceId, job_id: &str) {
     let result = result(&*under.store, ws, job_id)
@@ -399,17 +415,8 @@ async fn a_lost_lease_answer(kind: Kind, cloud: Cloud, upstream: &str) {
     // Longer than the client's own tries of that call (a 2 s timeout each; Azure's client
     // tries four times).
     proxy.partition(Duration::from_secs(14));
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
+    let stderr = exited_ok(child, kind).await;
     let took = started.elapsed();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{}: {}: {stderr}",
-        kind.name(),
-        out.status
-    );
     // Azure's client keeps trying the write past the cut, and the store itself then finds its
     // record in the blob; the others give up, and the runner's next try finds the lease held
     // by this request.
@@ -487,16 +494,7 @@ async fn a_lost_renewal_answer(kind: Kind, cloud: Cloud, upstream: &str) {
         .await
         .expect("a renewal was held")
         .unwrap();
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{}: {}: {stderr}",
-        kind.name(),
-        out.status
-    );
+    let stderr = exited_ok(child, kind).await;
     assert!(!stderr.contains("lease lost"), "{}: {stderr}", kind.name());
     assert!(
         stderr.contains("renewing the lease did not answer"),
