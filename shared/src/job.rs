@@ -173,7 +173,10 @@ impl RawJob {
                 .map_err(|e| {
                     ValidationError::new(
                         "",
-                        format!("is not valid JSON: {e}"),
+                        format!(
+                            "is not valid JSON: {}",
+                            crate::redact::unquoted(&e.to_string())
+                        ),
                         "fix the JSON syntax",
                     )
                 })?
@@ -183,7 +186,10 @@ impl RawJob {
                 .map_err(|e| {
                     ValidationError::new(
                         "",
-                        format!("is not valid YAML: {e}"),
+                        format!(
+                            "is not valid YAML: {}",
+                            crate::redact::unquoted(&e.to_string())
+                        ),
                         "fix the YAML syntax",
                     )
                 })?
@@ -203,6 +209,19 @@ impl RawJob {
             )),
         }
     }
+}
+
+/// Reads JSON as a job file is read: a key given twice in one object, or a number that is not
+/// finite, is an error (a queue message's too: the last copy of a key must not win quietly).
+///
+/// # Errors
+/// Bytes that are not one JSON value, or one with such a key or number.
+pub fn strict_json(bytes: &[u8]) -> Result<serde_json::Value, serde_json::Error> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = Strict.deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
 }
 
 /// Reads a JSON or YAML document into a JSON value, refusing a key given twice in one mapping

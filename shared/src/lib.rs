@@ -9,6 +9,7 @@ pub mod client;
 pub mod cost;
 pub mod drift;
 pub mod job;
+pub mod leftovers;
 pub mod lifecycle;
 pub mod logs;
 pub mod metrics;

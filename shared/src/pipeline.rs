@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::runner::{RunOutcome, Runner};
 use crate::settings::Runtime;
 use crate::tenants::Tenants;
-use crate::terraform::TerraformConfig;
+use crate::terraform::{JobUser, SharedUser, TerraformConfig};
 use crate::trigger::{JobRef, StagedError, check_job, is_final, problem, rejection};
 use crate::validate::ValidatedJob;
 
@@ -209,7 +209,10 @@ pub struct Delivery<'a> {
 /// # Errors
 /// Why it is not JSON (as read without base64).
 pub fn json_or_base64<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
-    serde_json::from_slice::<T>(body).or_else(|json_error| {
+    let read = |bytes: &[u8]| {
+        crate::job::strict_json(bytes).and_then(|value| serde_json::from_value::<T>(value))
+    };
+    read(body).or_else(|json_error| {
         std::str::from_utf8(body)
             .ok()
             .and_then(|text| {
@@ -217,14 +220,20 @@ pub fn json_or_base64<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json:
                     .decode(text.trim())
                     .ok()
             })
-            .and_then(|bytes| serde_json::from_slice::<T>(&bytes).ok())
+            .and_then(|bytes| read(&bytes).ok())
             .ok_or(json_error)
     })
 }
 
-/// The message as an envelope.
+/// The message as an envelope. The error quotes no value of the message (a job encoded twice
+/// would be quoted whole, with its secrets).
 fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, String> {
-    json_or_base64(body).map_err(|e| format!("the message is not a job envelope: {e}"))
+    json_or_base64(body).map_err(|e| {
+        format!(
+            "the message is not a job envelope: {}",
+            crate::redact::unquoted(&e.to_string())
+        )
+    })
 }
 
 /// The target a message's job runs against: the registry's for its tenant, else the message's.
@@ -363,7 +372,7 @@ async fn hand_off<T: Trigger + ?Sized>(
         Err(why) => return Fate::again(why),
     };
     // A finished job delivered again gets its result, not a task.
-    if let Some(result) = final_result(&*store, ws, id).await {
+    if let Some(result) = final_result(&*store, ws, id, Some(job.job.operation)).await {
         trigger.report(&result).await;
         return Fate::Ran(result);
     }
@@ -401,17 +410,26 @@ async fn run<T: Trigger + ?Sized>(
     let mut config = trigger.runtime().runner_config();
     config.lease_wait = d.lease_wait;
     config.shutdown = trigger.shutdown().cloned();
-    // A user of the job's own for terraform, given back (and whatever still runs as it
-    // killed) when the last copy of the configuration holding it goes: after the job's task.
-    if config.terraform.per_job_users {
-        match crate::terraform::JobUser::claim() {
-            Ok(Some(user)) => {
-                config.terraform.user = Some(user.run_as);
-                config.terraform.job_user = Some(Arc::new(user));
-            }
+    // Terraform's user for this job: one of the job's own, or this runner's turn for the user
+    // jobs share. Given back (and whatever still runs as it killed) when the last copy of the
+    // configuration holding it goes: after the job's task.
+    let user = if config.terraform.per_job_users {
+        match JobUser::claim() {
+            Ok(Some(user)) => Some(user),
             Ok(None) => return Fate::again("every terraform user of this host is taken by a job"),
             Err(e) => return Fate::again(format!("cannot give terraform a user of its own: {e}")),
         }
+    } else if let SharedUser::OneAtATime { sole_user } = config.terraform.shared_user {
+        match JobUser::take_turn(config.terraform.user, sole_user).await {
+            Ok(user) => Some(user),
+            Err(survivors) => return Fate::again(survivors.to_string()),
+        }
+    } else {
+        None
+    };
+    if let Some(user) = user {
+        config.terraform.user = user.run_as;
+        config.terraform.job_user = Some(Arc::new(user));
     }
     let (store, keep) = tokio::join!(
         trigger.store(target, id, Some(ws)),
@@ -561,7 +579,7 @@ async fn task_one<T: Trigger + ?Sized>(
         Err(StagedError::Refused(record)) => {
             // A task run again after its job finished (its staged copy is gone by then) gets
             // the job's result, like any delivery of a finished job.
-            if let Some(result) = final_result(&*store, &ws, &r.job_id).await {
+            if let Some(result) = final_result(&*store, &ws, &r.job_id, None).await {
                 trigger.report(&result).await;
                 return Fate::Ran(result);
             }
@@ -612,9 +630,14 @@ async fn task_one<T: Trigger + ?Sized>(
     fate
 }
 
-/// The final result of `job_id`, if it has one.
-async fn final_result(store: &dyn StateStore, ws: &WorkspaceId, job_id: &str) -> Option<Value> {
-    let result = crate::runner::previous_result(store, ws, job_id)
+/// The final result of `job_id` (of `operation`, when known), if it has one.
+async fn final_result(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+    operation: Option<crate::job::Operation>,
+) -> Option<Value> {
+    let result = crate::runner::previous_result(store, ws, job_id, operation)
         .await
         .ok()??;
     serde_json::to_value(result).ok()

@@ -109,6 +109,14 @@ pub fn non_dumpable() {
     }
 }
 
+/// What every process that runs jobs sets up before its first: non-dumpable
+/// ([`non_dumpable`]), and the adopter of every orphan its jobs leave
+/// ([`crate::leftovers::adopt_orphans`]), so that the runner can find and kill them.
+pub fn harden() {
+    non_dumpable();
+    crate::leftovers::adopt_orphans();
+}
+
 /// Cancels `token` when the process gets SIGTERM (how every platform stops a container before
 /// it kills it), logging `what` happens then.
 pub fn cancel_on_sigterm(token: &CancellationToken, what: &'static str) {

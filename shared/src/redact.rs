@@ -3,6 +3,19 @@
 /// What a redacted value is replaced with.
 pub const MASK: &str = "(sensitive value)";
 
+/// A parser's error message (serde's, for JSON or YAML) without the values it quotes: serde
+/// says `invalid type: string "…", expected a map`, which for a job encoded twice (a string
+/// where the job goes) is the whole job, its secrets included. The kind of value stays.
+pub fn unquoted(message: &str) -> String {
+    static QUOTED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(
+            r#"(boolean|integer|floating point|character|string) (`[^`]*`|"(?:[^"\\]|\\.)*"?)"#,
+        )
+        .expect("a valid pattern")
+    });
+    QUOTED.replace_all(message, "$1").into_owned()
+}
+
 /// Secrets learned while a job runs (a session a function refreshes mid-job), shared with the
 /// job's redactor, which masks them from then on.
 #[derive(Clone, Default)]
@@ -128,6 +141,28 @@ impl Redactor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_parse_error_keeps_the_kind_of_value_and_never_the_value() {
+        let doubled = r#"{"job": "{\"id\": \"j1\", \"variables\": {\"pw\": \"hunter2\"}}"}"#;
+        let e = serde_json::from_str::<
+            std::collections::BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+        >(doubled)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("hunter2"), "serde quotes it: {e}");
+        let shown = super::unquoted(&e);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.starts_with("invalid type: string, expected a map"),
+            "{shown}"
+        );
+        let e = serde_json::from_str::<String>("424242")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(super::unquoted(&e), e.replace(" `424242`", ""));
+        assert!(!super::unquoted(&e).contains("424242"));
+    }
+
     use super::*;
 
     #[test]

@@ -409,6 +409,10 @@ pub struct JobResult {
     pub operation: Operation,
     pub template: String,
     pub status: Status,
+    /// The fence of the lease the run held: a stored result is taken as a job's only when
+    /// its run's `job.json` records the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
     /// The terraform client that ran the job (absent when it never reached terraform).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terraform: Option<crate::client::Client>,
@@ -629,6 +633,7 @@ mod tests {
             operation: Operation::Apply,
             template: "demo@1.0.0".into(),
             status: Status::Failed,
+            fence: Some(3),
             terraform: None,
             started_at: at,
             finished_at: at,

@@ -115,6 +115,23 @@ fn user_from(
 }
 
 impl TerraformConfig {
+    /// How a runner that serves jobs, of several tenants, runs terraform: as
+    /// `TERRACE_TERRAFORM_USER` says, by default as a user of each job's own when the runner
+    /// is root; jobs that share a user run one at a time, and what each leaves running is
+    /// killed before the next starts ([`crate::terraform::JobUser`]). `sole_user`: nothing but
+    /// the runner runs as its uid here (a cloud function's container), so every other process
+    /// of that uid counts as a job's leftover when the runner is not root.
+    ///
+    /// # Errors
+    /// A malformed `TERRACE_TERRAFORM_USER`, or users to switch to when the runner cannot.
+    pub fn serve_jobs(&mut self, sole_user: bool) -> Result<(), ConfigError> {
+        self.set_user(terraform_user(true)?);
+        self.shared_user = crate::terraform::SharedUser::OneAtATime {
+            sole_user: sole_user && !nix::unistd::geteuid().is_root(),
+        };
+        Ok(())
+    }
+
     fn set_user(&mut self, who: Who) {
         (self.user, self.per_job_users) = match who {
             Who::Runner => (None, false),
@@ -318,6 +335,7 @@ impl Runtime {
                 grace: seconds("TERRACE_GRACE", 30)?,
                 user: None,
                 per_job_users: false,
+                shared_user: crate::terraform::SharedUser::Unguarded,
                 job_user: None,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
@@ -379,7 +397,8 @@ impl Runtime {
             )
             .into());
         }
-        self.terraform.set_user(terraform_user(true)?);
+        // A function's container runs nothing but the function.
+        self.terraform.serve_jobs(true)?;
         // A cache written by one job's user and run by another's would let a job plant code for
         // the next: with terraform as users of their own, providers come from a read-only
         // mirror (the images' `/opt/terrace/providers`, through `TERRACE_TF_CLI_CONFIG`).

@@ -19,6 +19,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio_util::sync::CancellationToken;
 
+use crate::leftovers::{self, Leftovers, Survivors};
 use crate::logs::{Logger, Stream};
 use crate::ui::Events;
 
@@ -58,10 +59,28 @@ pub struct TerraformConfig {
     /// what a cloud function running as root does, so jobs side by side cannot reach each
     /// other, and whatever a job leaves running is killed when it ends.
     pub per_job_users: bool,
-    /// The job's own user while it holds one: shared by every copy of this configuration (the
+    /// When jobs share a user (the runner's own, or the one `TERRACE_TERRAFORM_USER` names):
+    /// whether they run one at a time, with what each leaves running killed before the next
+    /// ([`JobUser::take_turn`]). The binaries turn it on; off, jobs run side by side unguarded
+    /// (the library's own tests, and programs that embed the runner).
+    pub shared_user: SharedUser,
+    /// The job's user while it holds one: shared by every copy of this configuration (the
     /// runner's task under the lease included), so it is given back only once the last of them
     /// is done, even when whoever started the job stopped waiting for it.
     pub job_user: Option<std::sync::Arc<JobUser>>,
+}
+
+/// What a runner does between jobs that share a user.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SharedUser {
+    /// Nothing: jobs run side by side, and what one leaves may meet the next.
+    #[default]
+    Unguarded,
+    /// One job at a time; what a job leaves is killed before the next starts. `sole_user`:
+    /// nothing but the runner runs as its uid on this machine (a cloud function's sandbox when
+    /// it is not root, as on Lambda), so every other process of that uid is a job's leftover;
+    /// otherwise the runner's descendants are.
+    OneAtATime { sole_user: bool },
 }
 
 /// The users jobs take, one each at a time: `FIRST_JOB_UID` and the next `JOB_USERS - 1`,
@@ -70,23 +89,44 @@ pub struct TerraformConfig {
 pub const FIRST_JOB_UID: u32 = 61000;
 pub const JOB_USERS: usize = 64;
 
-/// A user of one job's own, taken from the [`FIRST_JOB_UID`] range for as long as it lives.
-/// Taken machine-wide (a lock file per user, in the temp folder, which the kernel frees if
-/// the runner dies), since several runners may share a machine. Every process running as the
-/// user is killed when it is taken (what a dead runner's job left) and when it is given back
-/// (what this job's providers or provisioners left behind, detached or not), so nothing of one
-/// job meets the next job of that user.
+/// The user a job's terraform runs as, held for as long as the job runs: what it leaves
+/// running is killed when it is given back, and again before the next job may take it (see
+/// [`crate::leftovers`]). Either a user of the job's own, from the [`FIRST_JOB_UID`] range
+/// ([`JobUser::claim`], the runner is root), or this runner's one turn for a user every job
+/// shares ([`JobUser::take_turn`]: the runner's own, or `TERRACE_TERRAFORM_USER`'s), since
+/// jobs of one user cannot be kept apart while they run side by side.
 #[derive(Debug)]
 pub struct JobUser {
-    pub run_as: RunAs,
-    _lock: std::fs::File,
+    /// `None`: the runner's own user.
+    pub run_as: Option<RunAs>,
+    leftovers: Leftovers,
+    _held: Held,
 }
 
+/// What keeps a [`JobUser`] to one job.
+#[derive(Debug)]
+enum Held {
+    /// A user of the job's own: a lock file per user, in the temp folder, machine-wide (several
+    /// runners may share a machine), which the kernel frees if the runner dies.
+    Lock(#[allow(dead_code, reason = "held for its lock, never read")] std::fs::File),
+    /// A shared user: the runner's turn, one job at a time.
+    Turn(
+        #[allow(dead_code, reason = "held for its turn, never read")]
+        tokio::sync::OwnedMutexGuard<()>,
+    ),
+}
+
+/// The one turn of this process's jobs that share a user.
+static TURN: std::sync::LazyLock<std::sync::Arc<tokio::sync::Mutex<()>>> =
+    std::sync::LazyLock::new(Default::default);
+
 impl JobUser {
-    /// A free user, or `None` when [`JOB_USERS`] jobs run on this machine already.
+    /// A free user of the job's own, or `None` when [`JOB_USERS`] jobs run on this machine
+    /// already. A user whose leftovers (a dead runner's job's) cannot all be killed is passed
+    /// over.
     ///
     /// # Errors
-    /// When the users' lock folder cannot be made or a user's leftovers cannot be killed.
+    /// When the users' lock folder cannot be made.
     pub fn claim() -> std::io::Result<Option<Self>> {
         use std::os::unix::fs::DirBuilderExt;
         let dir = std::env::temp_dir().join("terrace-job-users");
@@ -104,55 +144,58 @@ impl JobUser {
             if lock.try_lock().is_err() {
                 continue;
             }
-            let run_as = RunAs { uid: id, gid: id };
-            kill_all_of(run_as)?;
+            let leftovers = Leftovers::User(id);
+            if let Err(e) = leftovers::kill_all(leftovers, leftovers::WAIT) {
+                tracing::error!(uid = id, error = %e, "a job's user is passed over");
+                continue;
+            }
             return Ok(Some(Self {
-                run_as,
-                _lock: lock,
+                run_as: Some(RunAs { uid: id, gid: id }),
+                leftovers,
+                _held: Held::Lock(lock),
             }));
         }
         Ok(None)
+    }
+
+    /// This runner's turn to run a job as `user` (`None`: its own), which every job shares:
+    /// waits for the job before to be done, then kills what it left. `sole_user`: nothing but
+    /// the runner runs as its own uid here, so every other process of that uid is a leftover.
+    ///
+    /// # Errors
+    /// [`Survivors`] when what the job before left cannot all be killed: no job may run then.
+    pub async fn take_turn(user: Option<RunAs>, sole_user: bool) -> Result<Self, Survivors> {
+        let turn = TURN.clone().lock_owned().await;
+        let leftovers = match user {
+            Some(user) => Leftovers::User(user.uid),
+            None => Leftovers::Mine {
+                whole_uid: sole_user,
+            },
+        };
+        tokio::task::spawn_blocking(move || leftovers::kill_all(leftovers, leftovers::WAIT))
+            .await
+            .unwrap_or(Ok(0))?;
+        Ok(Self {
+            run_as: user,
+            leftovers,
+            _held: Held::Turn(turn),
+        })
     }
 }
 
 impl Drop for JobUser {
     fn drop(&mut self) {
-        // The lock goes with `self` after this; the next taker kills again anyway.
-        if let Err(e) = kill_all_of(self.run_as) {
-            tracing::error!(uid = self.run_as.uid, error = %e, "could not stop what a job left running");
+        // The user (or the turn) goes with `self` after this; the next taker kills again, and
+        // runs nothing while anything survives.
+        let whose = match self.run_as {
+            Some(user) => format!("uid {}", user.uid),
+            None => "the runner's user".to_owned(),
+        };
+        match leftovers::kill_all(self.leftovers, leftovers::WAIT) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("killed {n} process(es) the job left running as {whose}"),
+            Err(e) => tracing::error!(error = %e, "the job left processes running as {whose}"),
         }
-    }
-}
-
-/// Kills every process running as `user` (but init), from a child that becomes `user` and
-/// signals all it may (`kill(-1, SIGKILL)`), which are exactly that user's processes.
-#[allow(unsafe_code)]
-fn kill_all_of(user: RunAs) -> std::io::Result<()> {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = std::process::Command::new("/bin/sh");
-    cmd.uid(user.uid)
-        .gid(user.gid)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: runs in the forked child, after it became `user` and before exec: two system
-    // calls (kill, _exit), both async-signal-safe, and no allocation. It never execs.
-    unsafe {
-        cmd.pre_exec(|| {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(-1),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            nix::libc::_exit(0);
-        });
-    }
-    let status = cmd.status()?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "the killer ended with {status}"
-        )))
     }
 }
 
@@ -218,6 +261,7 @@ impl Default for TerraformConfig {
             grace: Duration::from_secs(30),
             user: None,
             per_job_users: false,
+            shared_user: SharedUser::Unguarded,
             job_user: None,
         }
     }

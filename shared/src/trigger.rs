@@ -41,30 +41,102 @@ pub async fn check_job(
         }))
 }
 
-/// A message's text as a dead-letter record may keep it: its ids and its job, with every
-/// variable's value masked but those its template declares not sensitive (a variable it does
-/// not declare, a misspelt secret say, is masked; so is every value when the template cannot
-/// be read). The envelope is written anew from what was read (a key given twice keeps neither
-/// copy's secret). Text that is not a job envelope (JSON, or base64 of it) cannot be searched
-/// for secrets: only its size and SHA-256 are kept.
+/// A message's text as a dead-letter record may keep it: its job, with every variable's value
+/// masked but those its template declares not sensitive (a variable it does not declare, a
+/// misspelt secret say, is masked; so is every value when the template cannot be read) and
+/// every field a job does not have masked (a misspelt `variables`), its target without what a
+/// URL's query or a credential field holds (an Azure SAS), and no other field's value. The
+/// envelope is written anew from what was read (a key given twice is refused on the way in).
+/// Text that is not a job envelope (JSON, or base64 of it, holding a `job` object: a job
+/// encoded twice is not one) cannot be searched for secrets: only its size and SHA-256 are kept.
 pub fn masked_message(text: &str, templates: &Path) -> String {
-    let Ok(mut envelope) = crate::pipeline::json_or_base64::<Value>(text.as_bytes()) else {
-        return format!(
-            "(not a job envelope: {} bytes, sha256 {})",
+    let digest = |what: &str| {
+        format!(
+            "({what}: {} bytes, sha256 {})",
             text.len(),
             state_backends::sha256_hex(text.as_bytes())
-        );
+        )
     };
-    let Some(job) = envelope.get_mut("job").and_then(Value::as_object_mut) else {
+    let Ok(Value::Object(envelope)) = crate::pipeline::json_or_base64::<Value>(text.as_bytes())
+    else {
+        return digest("not a job envelope");
+    };
+    let Some(Value::Object(job)) = envelope.get("job") else {
         // JSON, but no job to find the variables of (a misspelt key, say): a digest only.
-        return format!(
-            "(no job object: {} bytes, sha256 {})",
-            text.len(),
-            state_backends::sha256_hex(text.as_bytes())
-        );
+        return digest("no job object");
     };
-    mask_variables(job, templates);
-    envelope.to_string()
+    let mut job = job.clone();
+    mask_job(&mut job, templates);
+    let mut kept = Map::new();
+    for (key, value) in envelope {
+        let value = match key.as_str() {
+            "job" => Value::Object(std::mem::take(&mut job)),
+            "target" => masked_target(value),
+            "requeued" if value.is_u64() => value,
+            _ => Value::String(crate::redact::MASK.to_owned()),
+        };
+        kept.insert(key, value);
+    }
+    Value::Object(kept).to_string()
+}
+
+/// A target as a record may show it: a URL keeps its address but not its query (where a SAS
+/// signature goes), a field named like a credential keeps its name only.
+fn masked_target(target: Value) -> Value {
+    fn credential(name: &str) -> bool {
+        let name = name.to_ascii_lowercase();
+        [
+            "sas",
+            "sig",
+            "token",
+            "secret",
+            "password",
+            "credential",
+            "external_id",
+            "key",
+        ]
+        .iter()
+        .any(|word| name.contains(word))
+            && !name.ends_with("kms_key")
+    }
+    match target {
+        Value::Object(fields) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(name, value)| {
+                    let value = if credential(&name) {
+                        Value::String(crate::redact::MASK.to_owned())
+                    } else {
+                        masked_target(value)
+                    };
+                    (name, value)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(masked_target).collect()),
+        Value::String(s) => match s.split_once('?') {
+            Some((address, _)) => Value::String(format!("{address}?{}", crate::redact::MASK)),
+            None => Value::String(s),
+        },
+        other => other,
+    }
+}
+
+/// Masks what a record of `job` (a job document) must not keep: every variable's value but
+/// those its template declares not sensitive ([`mask_variables`]), and the value of every field
+/// a job does not have (a misspelt `variables` holds the same secrets). Whether any value was
+/// masked.
+pub fn mask_job(job: &mut Map<String, Value>, templates: &Path) -> bool {
+    let mut masked = mask_variables(job, templates);
+    for (name, value) in job.iter_mut() {
+        if !crate::job::FIELDS.contains(&name.as_str())
+            && value.as_str() != Some(crate::redact::MASK)
+        {
+            *value = Value::String(crate::redact::MASK.to_owned());
+            masked = true;
+        }
+    }
+    masked
 }
 
 /// Masks the value of every variable of `job` (a job document) but those its template declares
@@ -372,5 +444,45 @@ mod tests {
         let twice = r#"{"job": {"id": "j1", "variables": {"pw": "first-5ecret"}, "variables": {"pw": "second-5ecret"}}}"#;
         let kept = masked_message(twice, &templates());
         assert!(!kept.contains("5ecret"), "{kept}");
+    }
+
+    /// What the third security review found kept in dead letters: a misspelt `variables` key's
+    /// values, a SAS in a target, other fields of the envelope, and a job encoded twice.
+    #[test]
+    fn a_dead_letter_keeps_no_misspelt_variables_no_sas_and_no_unknown_field() {
+        let message = json!({
+            "job": {
+                "id": "j1", "tenant": "acme", "workspace": "w",
+                "template": { "name": "demo", "version": "1.0.0" },
+                "varaibles": { "admin_password": "canary-misspelt" },
+            },
+            "target": {
+                "container_url": "https://acme.blob.core.windows.net/states?sv=2024&sig=canary-sas",
+                "client_id": "c1",
+                "sas_token": "canary-token",
+            },
+            "extra": { "token": "canary-extra" },
+        })
+        .to_string();
+        let kept = masked_message(&message, &templates());
+        assert!(!kept.contains("canary"), "{kept}");
+        let kept: Value = serde_json::from_str(&kept).unwrap();
+        assert_eq!(kept["job"]["varaibles"], crate::redact::MASK, "{kept}");
+        assert_eq!(
+            kept["target"]["container_url"],
+            format!(
+                "https://acme.blob.core.windows.net/states?{}",
+                crate::redact::MASK
+            )
+        );
+        assert_eq!(
+            kept["target"]["client_id"], "c1",
+            "what is not secret stays"
+        );
+        assert_eq!(kept["job"]["workspace"], "w");
+        // A job encoded twice (a string where the job goes) is no job: a digest only.
+        let twice = json!({ "job": message }).to_string();
+        let kept = masked_message(&twice, &templates());
+        assert!(kept.starts_with("(no job object: "), "{kept}");
     }
 }

@@ -692,11 +692,17 @@ pub(crate) fn check_constraint(
         _ => (None, ""),
     };
     if let Some(x) = measure {
+        // A secret's value (or size) is never quoted, not even as the number it is.
+        let found = if shown == crate::redact::MASK {
+            String::new()
+        } else {
+            format!(", found {x}{what}")
+        };
         if let Some(min) = c.min
             && x < min
         {
             return Err((
-                format!("must be at least {min}{what}, found {x}{what}"),
+                format!("must be at least {min}{what}{found}"),
                 format!("use a value of at least {min}{what}"),
             ));
         }
@@ -704,7 +710,7 @@ pub(crate) fn check_constraint(
             && x > max
         {
             return Err((
-                format!("must be at most {max}{what}, found {x}{what}"),
+                format!("must be at most {max}{what}{found}"),
                 format!("use a value of at most {max}{what}"),
             ));
         }

@@ -188,7 +188,7 @@ impl Sandbox {
         std::os::unix::fs::symlink(repo.join("templates/demo"), templates.join("demo"))
             .expect("link demo");
         for name in [
-            "leaky", "fleet", "tiers", "awscreds", "probe", "tagged", "stack", "_modules",
+            "leaky", "fleet", "tiers", "awscreds", "probe", "lurker", "tagged", "stack", "_modules",
         ] {
             std::os::unix::fs::symlink(
                 repo.join("tests/templates").join(name),

@@ -773,6 +773,114 @@ async fn a_provisioner_gets_nothing_of_the_functions_own_credentials() {
     }
 }
 
+/// On Lambda the function is not root: every job's terraform runs as the function's own user.
+/// A job of one tenant leaves a process behind that searches every workdir and process it can
+/// read; the next invocation runs another tenant's job with a sensitive canary. The leftover
+/// is killed when its job ends, before the next may start, and never sees the canary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_one_tenants_job_leaves_running_never_sees_the_next_tenants_job() {
+    use std::os::unix::process::CommandExt;
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let mut registered = w.target();
+    registered["external_id"] = json!("ext-7f3a");
+    let mut other = registered.clone();
+    other["prefix"] = json!("beta-states");
+    let tenants = json!({ "acme": registered, "beta": other }).to_string();
+    let root = nix::unistd::geteuid().is_root();
+    assert!(
+        root || std::env::var_os("CI").is_none(),
+        "CI runs as root, to run the function as a user of its own"
+    );
+    // A uid of the function's own, as Lambda gives it (no other process of it on the machine).
+    let mut cmd = w.lambda_command(&api);
+    cmd.env("TERRACE_TENANTS", &tenants)
+        .stdout(Stdio::null())
+        .stderr(log_output());
+    if root {
+        cmd.uid(60999).gid(60999);
+    }
+    let _function = Function(cmd.spawn().expect("terrace-aws starts"));
+    let job = |id: &str, tenant: &str, name: &str, secret: &str| {
+        json!({
+            "job": {
+                "id": id, "tenant": tenant, "workspace": name, "operation": "apply",
+                "template": { "name": "lurker", "version": "1.0.0" },
+                "variables": { "name": name, "secret": secret }, "timeout": "5m",
+            },
+        })
+        .to_string()
+    };
+    let leftover = |name: &str| -> i32 {
+        let report = std::fs::read_to_string(w.sb.cloud.join(format!("{name}-lurker.txt")))
+            .expect("the lurker's record");
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix("leftover="))
+            .and_then(|pid| pid.parse().ok())
+            .expect("its pid")
+    };
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                Some(!matches!(
+                    stat.rsplit_once(") ")?.1.chars().next()?,
+                    'Z' | 'X'
+                ))
+            })
+            .unwrap_or(false)
+    };
+    let run = async |body: String, name: &str| -> i32 {
+        let (event, _) = w.batch(&[body]).await;
+        // Time enough left that the job runs here, not in a task.
+        let response = api.invoke(event, Duration::from_secs(600)).await.unwrap();
+        assert!(failures(&response).is_empty(), "{response}");
+        let results = w.results().await;
+        assert_eq!(results.len(), 1, "{results:?}");
+        assert_eq!(results[0]["status"], "succeeded", "{results:?}");
+        leftover(name)
+    };
+    let first = run(job("lurk-1", "acme", "lurk-a", ""), "lurk-a").await;
+    // A SIGKILL takes effect when the process is next scheduled: a moment on a busy machine.
+    let mut still = alive(first);
+    for _ in 0..20 {
+        if !still {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        still = alive(first);
+    }
+    let canary = format!("canary-{:016x}", rand::random::<u64>());
+    let second = run(job("lurk-2", "beta", "lurk-b", &canary), "lurk-b").await;
+    let loot = std::fs::read_to_string(w.sb.cloud.join("lurk-a-loot.txt")).unwrap();
+    let rounds = std::fs::read_to_string(w.sb.cloud.join("lurk-a-lurker.txt"))
+        .unwrap()
+        .lines()
+        .filter(|l| *l == "round")
+        .count();
+    let second_alive = alive(second);
+    for pid in [first, second] {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(rounds >= 1, "the leftover never searched");
+    assert!(
+        !loot.contains(&canary),
+        "acme's leftover read beta's secret: {loot}"
+    );
+    assert!(
+        !still,
+        "what acme's job left running (pid {first}) outlived its job: {rounds} searches"
+    );
+    assert!(
+        !second_alive,
+        "what beta's job left running outlived its job"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terraform_gets_a_session_of_its_own_through_credential_process_never_static_keys() {
     let w = World::new().await;

@@ -209,6 +209,22 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
     )
     .unwrap();
 
+    // A job file Terrace cannot read (a key given twice) cannot be searched for its secrets.
+    std::fs::write(
+        sb.queue.join("x-twice.yaml"),
+        "id: x3\ntenant: acme\nworkspace: w\noperation: apply\n\
+         template: { name: demo, version: 1.0.0 }\nvariables: { admin_password: canary-first }\n\
+         variables: { admin_password: canary-second }\n",
+    )
+    .unwrap();
+    // A misspelt `variables` keeps its values nowhere either.
+    std::fs::write(
+        sb.queue.join("x-misspelt.yaml"),
+        "id: x4\ntenant: acme\nworkspace: w\noperation: apply\n\
+         template: { name: demo, version: 1.0.0 }\nvaraibles: { admin_password: canary-typo }\n",
+    )
+    .unwrap();
+
     let serve = sb.run(&[
         "serve",
         "-q",
@@ -246,6 +262,13 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
     let kept = std::fs::read_to_string(sb.queue.join("failed/x-unknown.yaml")).unwrap();
     assert!(!kept.contains("s3cr3t-value-1"), "{kept}");
     assert!(kept.contains(shared::redact::MASK), "{kept}");
+    for name in ["x-twice.yaml", "x-misspelt.yaml"] {
+        for file in [name.to_owned(), format!("{name}.result.json")] {
+            let kept = std::fs::read_to_string(sb.queue.join("failed").join(&file)).unwrap();
+            assert!(!kept.contains("canary"), "{file}: {kept}");
+        }
+    }
+    assert!(!serve.stderr().contains("canary"), "{}", serve.stderr());
 
     let a1 = interval(&sb.artifact_json("acme/ws-a", "a1", "result.json").await);
     let a2 = interval(&sb.artifact_json("acme/ws-a", "a2", "result.json").await);

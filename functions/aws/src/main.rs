@@ -13,7 +13,7 @@ async fn main() -> ExitCode {
         return credentials::print().await;
     }
     shared::process::init_json_logs();
-    shared::process::non_dumpable();
+    shared::process::harden();
     let config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {

@@ -10,7 +10,7 @@ use azure::{access, config};
 #[tokio::main]
 async fn main() -> ExitCode {
     shared::process::init_json_logs();
-    shared::process::non_dumpable();
+    shared::process::harden();
     let mut config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {

@@ -13,7 +13,7 @@ use gcp::{config, google, oidc};
 #[tokio::main]
 async fn main() -> ExitCode {
     shared::process::init_json_logs();
-    shared::process::non_dumpable();
+    shared::process::harden();
     let serving = std::env::args().nth(1).as_deref() != Some("task");
     let mut config = match config::Config::from_env(serving) {
         Ok(c) => c,

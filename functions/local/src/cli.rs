@@ -15,7 +15,7 @@ use shared::result::{JobResult, Status};
 use shared::runner::{RunOutcome, Runner};
 use shared::settings::Runtime;
 use shared::template::source::{Published, Templates};
-use shared::terraform::TerraformConfig;
+use shared::terraform::{JobUser, TerraformConfig};
 use shared::validate::{ValidatedJob, ValidationError, fetch_and_validate};
 use state_backends::{StateStore, WorkspaceId};
 use std::sync::Arc;
@@ -284,6 +284,9 @@ pub fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Terraform runs as this process's user here: its provisioners must not read this
+    // process's environment (the store's credentials), and what they leave running is found.
+    shared::process::harden();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -378,6 +381,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             };
             let mut config = runtime(&g, templates).runner_config();
             config.lease_wait = Duration::from_secs(wait);
+            // What the job leaves running (a detached provisioner) is killed when it ends.
+            let _leftovers = JobUser::take_turn(None, false).await?;
             let runner = Runner::new(g.open_store().await?, config);
             let cancel = CancellationToken::new();
             tokio::spawn(cancel_on_signal(cancel.clone()));
@@ -482,6 +487,7 @@ async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyho
     j.operation = Operation::Plan;
     let mut config = runtime(g, templates).runner_config();
     config.lease_wait = Duration::from_secs(wait);
+    let _leftovers = JobUser::take_turn(None, false).await?;
     let runner = Runner::new(g.open_store().await?, config);
     let cancel = CancellationToken::new();
     tokio::spawn(cancel_on_signal(cancel.clone()));
@@ -592,6 +598,7 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
             // On one machine terraform runs as you, with your own credentials.
             user: None,
             per_job_users: false,
+            shared_user: shared::terraform::SharedUser::Unguarded,
             job_user: None,
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),

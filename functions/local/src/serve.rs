@@ -68,8 +68,15 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
     }
     recover_orphans(q)?;
     let templates = g.open_templates().await?;
+    let mut runtime = runtime(g, templates.clone());
+    runtime.terraform.serve_jobs(false)?;
+    if !runtime.terraform.per_job_users && args.concurrency > 1 {
+        eprintln!(
+            "terraform runs as one user for every job, so jobs run one at a time (what a job leaves running must never meet the next): run as root for jobs side by side, each as a user of its own"
+        );
+    }
     let folder = Arc::new(Folder {
-        runtime: runtime(g, templates.clone()),
+        runtime,
         store: g.open_store().await?,
     });
     let cancel = CancellationToken::new();
@@ -363,12 +370,19 @@ fn finish(
     Ok(())
 }
 
-/// A job file's text with every variable's value masked but those its template declares not
-/// sensitive (every value when the template cannot be read: not published, say), as JSON for
-/// a `.json` file, YAML otherwise; `None` when nothing is to be masked or the file is not a job.
+/// A job file's text with what a record must not keep masked ([`shared::trigger::mask_job`]),
+/// as JSON for a `.json` file, YAML otherwise; `None` when nothing is to be masked. A file that
+/// is not a job Terrace can read (a key given twice, not YAML) cannot be searched for secrets:
+/// only a note with its size and SHA-256 stays.
 fn masked_job(text: &str, templates: &Path, path: &Path) -> Option<String> {
-    let mut job = shared::job::RawJob::parse(text).ok()?;
-    if !shared::trigger::mask_variables(&mut job.0, templates) {
+    let Ok(mut job) = shared::job::RawJob::parse(text) else {
+        return Some(format!(
+            "# Not a job Terrace could read (its result beside this file says why). Its text is\n# not kept: it may hold secrets. {} bytes, sha256 {}\n",
+            text.len(),
+            state_backends::sha256_hex(text.as_bytes())
+        ));
+    };
+    if !shared::trigger::mask_job(&mut job.0, templates) {
         return None;
     }
     let doc = Value::Object(job.0);

@@ -194,9 +194,10 @@ fn ws() -> WorkspaceId {
     WorkspaceId::new("acme", "demo").unwrap()
 }
 
-fn finished(id: &str) -> Bytes {
+/// A finished run's result of job `id` (an apply of acme/demo), written under fence 1.
+fn result_of(id: &str) -> crate::result::JobResult {
     let now = time::OffsetDateTime::now_utc();
-    let result = crate::result::JobResult {
+    crate::result::JobResult {
         cost: None,
         schema: crate::result::RESULT_SCHEMA,
         job_id: id.into(),
@@ -205,6 +206,7 @@ fn finished(id: &str) -> Bytes {
         operation: crate::job::Operation::Apply,
         template: "demo@1.0.0".into(),
         status: crate::result::Status::Succeeded,
+        fence: Some(1),
         terraform: None,
         started_at: now,
         finished_at: now,
@@ -222,8 +224,32 @@ fn finished(id: &str) -> Bytes {
         error: None,
         lifecycle: None,
         attention: Vec::new(),
-    };
-    Bytes::from(serde_json::to_vec(&result).unwrap())
+    }
+}
+
+/// The `job.json` of job `id`'s run under fence 1.
+fn record_of(id: &str) -> Bytes {
+    Bytes::from(
+        json!({
+            "schema": 1, "id": id, "tenant": "acme", "workspace": "demo", "operation": "apply",
+            "template": { "name": "demo", "version": "1.0.0" }, "variables": {},
+            "lease": { "fence": 1, "acquired_at": "2026-11-27T00:00:00Z" },
+        })
+        .to_string(),
+    )
+}
+
+/// Stores job `id`'s records as a finished run (an apply of acme/demo) leaves them.
+async fn finish(store: &dyn StateStore, id: &str) {
+    store
+        .put_artifact(&ws(), id, crate::runner::JOB_FILE, record_of(id))
+        .await
+        .unwrap();
+    let result = Bytes::from(serde_json::to_vec(&result_of(id)).unwrap());
+    store
+        .put_artifact(&ws(), id, RESULT_FILE, result)
+        .await
+        .unwrap();
 }
 
 async fn hold_lease(store: &MemoryStore, owner: &str) {
@@ -282,10 +308,7 @@ async fn every_problem_with_the_target_and_the_job_is_in_one_rejection() {
 async fn a_base64_message_is_decoded_like_a_json_one() {
     let fake = Fake::new();
     let encoded = base64::engine::general_purpose::STANDARD.encode(message("j1", "10m"));
-    fake.store
-        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
-        .await
-        .unwrap();
+    finish(&*fake.store, "j1").await;
     let fate = handle(&fake, delivery(encoded.as_bytes(), None)).await;
     assert!(matches!(fate, Fate::Ran(_)), "{fate:?}");
 }
@@ -293,10 +316,7 @@ async fn a_base64_message_is_decoded_like_a_json_one() {
 #[tokio::test]
 async fn a_finished_job_delivered_again_reports_its_result_again_and_runs_nothing() {
     let fake = Fake::new();
-    fake.store
-        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
-        .await
-        .unwrap();
+    finish(&*fake.store, "j1").await;
     let body = message("j1", "10m");
     for delivery_number in 1..=2 {
         let fate = handle(&fake, delivery(&body, None)).await;
@@ -307,13 +327,13 @@ async fn a_finished_job_delivered_again_reports_its_result_again_and_runs_nothin
         assert_eq!(record["status"], "succeeded");
         assert_eq!(fake.reported().len(), delivery_number);
     }
-    // Nothing ran: no job record, and the lease is free.
-    assert!(
+    // Nothing ran: the job record is the finished run's.
+    assert_eq!(
         fake.store
             .artifact(&ws(), "j1", crate::runner::JOB_FILE)
             .await
-            .unwrap()
-            .is_none()
+            .unwrap(),
+        Some(record_of("j1"))
     );
 }
 
@@ -582,10 +602,7 @@ async fn a_task_run_again_after_its_job_finished_reports_the_result_again() {
     let fake = Fake::new();
     let reference = staged(&fake, "j1", &message("j1", "2h")).await;
     // The job finished and its staged copy went; then the task runs once more (a retry).
-    fake.store
-        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
-        .await
-        .unwrap();
+    finish(&*fake.store, "j1").await;
     fake.store
         .delete_artifact(&ws(), "j1", &name_in(&reference))
         .await
@@ -745,10 +762,7 @@ async fn a_job_whose_records_cannot_be_read_ends_with_a_reported_failure_not_end
 #[tokio::test]
 async fn a_finished_long_job_delivered_again_gets_its_result_not_another_task() {
     let fake = Fake::new();
-    fake.store
-        .put_artifact(&ws(), "long", RESULT_FILE, finished("long"))
-        .await
-        .unwrap();
+    finish(&*fake.store, "long").await;
     let fate = handle(
         &fake,
         delivery(&message("long", "2h"), Some(Duration::from_secs(600))),
@@ -787,10 +801,7 @@ async fn a_final_result_removes_every_staging_of_the_job() {
     let fake = Fake::new();
     let first = staged(&fake, "j1", &message("j1", "2h")).await;
     let second = staged(&fake, "j1", &message("j1", "2h")).await;
-    fake.store
-        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
-        .await
-        .unwrap();
+    finish(&*fake.store, "j1").await;
     let fate = task(&fake, &second, Duration::ZERO, CancellationToken::new()).await;
     assert!(matches!(fate, Fate::Ran(_)), "{fate:?}");
     let left = fake.store.artifacts(&ws(), "j1").await.unwrap();
@@ -800,3 +811,107 @@ async fn a_final_result_removes_every_staging_of_the_job() {
 
 mod fencing;
 mod registry;
+
+/// A result that anyone with access to the bucket put under `runs/<job>/` (terraform's session
+/// as the customer's role, say) is never reported as the job's: it must name the job, its
+/// tenant, workspace and operation, and carry the fence its run's `job.json` records. Else
+/// the job runs (here it fails at once: these tests have no terraform) and its own result is
+/// reported.
+#[tokio::test]
+async fn a_stored_result_that_is_not_the_jobs_own_is_never_reported_and_the_job_runs() {
+    /// Changes a result; false: no `job.json` is stored beside it.
+    type Forge = fn(&mut crate::result::JobResult) -> bool;
+    let forgeries: [(&str, Forge); 6] = [
+        ("another tenant", |r| {
+            r.tenant = "other".into();
+            true
+        }),
+        ("another job id", |r| {
+            r.job_id = "j0".into();
+            true
+        }),
+        ("another operation", |r| {
+            r.operation = crate::job::Operation::Destroy;
+            true
+        }),
+        ("no fence", |r| {
+            r.fence = None;
+            true
+        }),
+        ("another fence", |r| {
+            r.fence = Some(7);
+            true
+        }),
+        ("no job.json", |_| false),
+    ];
+    for (what, forge) in forgeries {
+        let fake = Fake::new();
+        let mut forged = result_of("j1");
+        forged.outputs.insert(
+            "stolen".into(),
+            serde_json::from_value(json!({ "value": "forged", "sensitive": false })).unwrap(),
+        );
+        if forge(&mut forged) {
+            fake.store
+                .put_artifact(&ws(), "j1", crate::runner::JOB_FILE, record_of("j1"))
+                .await
+                .unwrap();
+        }
+        fake.store
+            .put_artifact(
+                &ws(),
+                "j1",
+                RESULT_FILE,
+                Bytes::from(serde_json::to_vec(&forged).unwrap()),
+            )
+            .await
+            .unwrap();
+        let fate = handle(&fake, delivery(&message("j1", "10m"), None)).await;
+        let Fate::Ran(record) = fate else {
+            panic!("{what}: {fate:?}")
+        };
+        assert_eq!(record["job_id"], "j1", "{what}: {record}");
+        assert_eq!(record["tenant"], "acme", "{what}: {record}");
+        assert_eq!(
+            record["status"], "failed",
+            "{what}: the job ran (and failed without terraform): {record}"
+        );
+        assert!(
+            !record.to_string().contains("forged"),
+            "{what}: the forged result was reported: {record}"
+        );
+    }
+    // The job's own records, as its run leaves them, are its result.
+    let fake = Fake::new();
+    finish(&*fake.store, "j1").await;
+    let fate = handle(&fake, delivery(&message("j1", "10m"), None)).await;
+    let Fate::Ran(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(record["status"], "succeeded", "{record}");
+}
+
+/// A job encoded twice (its JSON as a string where the job goes) is rejected without being
+/// quoted: serde's own error would quote the string whole, secrets and all.
+#[tokio::test]
+async fn a_job_encoded_twice_is_rejected_without_quoting_it() {
+    let fake = Fake::new();
+    let inner = json!({ "id": "j1", "variables": { "pw": "canary-twice" } }).to_string();
+    let body = json!({ "job": inner }).to_string();
+    let fate = handle(&fake, delivery(body.as_bytes(), None)).await;
+    let Fate::Rejected(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert!(!record.to_string().contains("canary"), "{record}");
+    assert!(
+        record.to_string().contains("invalid type: string"),
+        "it says what is wrong: {record}"
+    );
+    // A key given twice is refused, as in a job file, rather than the last one winning.
+    let twice = br#"{"job": {"id": "j1", "tenant": "acme", "tenant": "other"}}"#;
+    let fate = handle(&fake, delivery(twice, None)).await;
+    let Fate::Rejected(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert!(record.to_string().contains("given twice"), "{record}");
+}

@@ -51,6 +51,7 @@ impl Runner {
             operation,
             template,
             status: Status::Interrupted,
+            fence: Some(prev.fence),
             started_at,
             finished_at: prev.expired_at,
             duration_ms: 0,
@@ -183,7 +184,7 @@ impl Runner {
                     failing_since = None;
                     if !announced {
                         // Its result, rather than a wait, for a finished job delivered again.
-                        if let Some(previous) = self.previous_result(ws, &job.job.id).await? {
+                        if let Some(previous) = self.previous_result(ws, job).await? {
                             return Ok(Acquired::Done(Box::new(previous)));
                         }
                     }
@@ -554,12 +555,19 @@ mod tests {
             "job_id": "j1", "tenant": "acme", "workspace": "demo", "operation": "apply",
             "template": "demo@1.0.0", "status": "succeeded",
             "started_at": "2026-11-24T00:00:00Z", "finished_at": "2026-11-24T00:00:01Z",
-            "duration_ms": 1000, "steps": [],
+            "duration_ms": 1000, "steps": [], "fence": 1,
         });
-        store
-            .put_artifact(&ws(), "j1", RESULT_FILE, Bytes::from(result.to_string()))
-            .await
-            .unwrap();
+        let record = serde_json::json!({
+            "id": "j1", "tenant": "acme", "workspace": "demo", "operation": "apply",
+            "template": { "name": "demo", "version": "1.0.0" }, "variables": {},
+            "lease": { "fence": 1, "acquired_at": "2026-11-24T00:00:00Z" },
+        });
+        for (name, data) in [(JOB_FILE, record), (RESULT_FILE, result)] {
+            store
+                .put_artifact(&ws(), "j1", name, Bytes::from(data.to_string()))
+                .await
+                .unwrap();
+        }
         let started = Instant::now();
         let acquired = runner(store, Duration::from_secs(30))
             .acquire(&ws(), &job("j1"), &CancellationToken::new())

@@ -167,25 +167,83 @@ pub struct Runner {
 /// The stored result of a job id in `store`, if it finished before. An `interrupted` job did
 /// not finish: it may run again.
 ///
+/// A result is taken only when it is this job's: its job id, tenant, workspace and operation
+/// (`operation`, when the caller knows it) are the delivery's, and it was written under the
+/// fence that the run's `job.json` records. Anyone who can write to the bucket (terraform's
+/// session, as the customer's role, among them) could otherwise put a result there that
+/// would be reported for a job that never ran. One that is not is ignored, with a warning:
+/// the job runs, and its own records replace it.
+///
 /// # Errors
 /// Store failures, or a result that does not parse.
 pub async fn previous_result(
     store: &dyn StateStore,
     ws: &WorkspaceId,
     job_id: &str,
+    operation: Option<crate::job::Operation>,
 ) -> Result<Option<JobResult>, RunError> {
-    match store.artifact(ws, job_id, RESULT_FILE).await? {
-        Some(raw) => {
-            let result: JobResult =
-                serde_json::from_slice(&raw).map_err(|source| RunError::Record {
-                    job_id: job_id.to_owned(),
-                    name: RESULT_FILE,
-                    source,
-                })?;
-            Ok((result.status != Status::Interrupted).then_some(result))
-        }
-        None => Ok(None),
+    let Some(raw) = store.artifact(ws, job_id, RESULT_FILE).await? else {
+        return Ok(None);
+    };
+    let result: JobResult = serde_json::from_slice(&raw).map_err(|source| RunError::Record {
+        job_id: job_id.to_owned(),
+        name: RESULT_FILE,
+        source,
+    })?;
+    if result.status == Status::Interrupted {
+        return Ok(None);
     }
+    let record = match store.artifact(ws, job_id, JOB_FILE).await? {
+        Some(raw) => crate::records::JobRecord::parse(&raw).ok(),
+        None => None,
+    };
+    match not_this_jobs(&result, record.as_ref(), ws, job_id, operation) {
+        None => Ok(Some(result)),
+        Some(why) => {
+            tracing::warn!(job_id, workspace = %ws, "the stored result is ignored: {why}");
+            Ok(None)
+        }
+    }
+}
+
+/// Why a stored result is not `job_id`'s own, if it is not.
+fn not_this_jobs(
+    result: &JobResult,
+    record: Option<&crate::records::JobRecord>,
+    ws: &WorkspaceId,
+    job_id: &str,
+    operation: Option<crate::job::Operation>,
+) -> Option<String> {
+    let theirs = (
+        result.job_id.as_str(),
+        result.tenant.as_str(),
+        result.workspace.as_str(),
+    );
+    if theirs != (job_id, ws.tenant(), ws.workspace()) {
+        return Some(format!(
+            "it names job {} of {}/{}",
+            result.job_id, result.tenant, result.workspace
+        ));
+    }
+    if operation.is_some_and(|op| op != result.operation) {
+        return Some(format!("it is of a {} job", result.operation));
+    }
+    let Some(record) = record else {
+        return Some(format!("the run has no readable {JOB_FILE}"));
+    };
+    if (record.id.as_str(), record.operation) != (job_id, result.operation)
+        || (record.tenant.as_str(), record.workspace.as_str()) != (ws.tenant(), ws.workspace())
+    {
+        return Some(format!("it does not agree with the run's {JOB_FILE}"));
+    }
+    let fence = record.lease.as_ref().map(|l| l.fence);
+    if result.fence.is_none() || result.fence != fence {
+        return Some(format!(
+            "it was not written under the run's lease (fence {:?}, {JOB_FILE}'s {fence:?})",
+            result.fence
+        ));
+    }
+    None
 }
 
 impl Runner {
@@ -229,9 +287,15 @@ impl Runner {
     pub async fn previous_result(
         &self,
         ws: &WorkspaceId,
-        job_id: &str,
+        job: &ValidatedJob,
     ) -> Result<Option<JobResult>, RunError> {
-        previous_result(self.store.as_ref(), ws, job_id).await
+        previous_result(
+            self.store.as_ref(),
+            ws,
+            &job.job.id,
+            Some(job.job.operation),
+        )
+        .await
     }
 
     /// Runs `job` to its end, or until `cancel` fires or its timeout passes.
@@ -324,7 +388,7 @@ impl Runner {
     ) -> Result<RunOutcome, RunError> {
         let j = &job.job;
         // Checked again under the lease: the same job may have run while we waited for it.
-        if let Some(previous) = self.previous_result(ws, &j.id).await? {
+        if let Some(previous) = self.previous_result(ws, job).await? {
             return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
         }
         // The run starts when the workspace is ours; waiting for it is not part of the run.
@@ -430,6 +494,7 @@ impl Runner {
             operation: j.operation,
             template: j.template.to_string(),
             status,
+            fence: Some(lease.fence),
             started_at,
             finished_at: OffsetDateTime::now_utc(),
             duration_ms: started.elapsed().as_millis() as u64,

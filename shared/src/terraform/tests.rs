@@ -129,40 +129,107 @@ fn the_environment_is_an_allow_list() {
     }
 }
 
+/// Starts `script` detached, as `user`, as a provisioner would leave it: the pid.
+fn leave_running(user: RunAs, script: &str) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new("/bin/sh")
+        .args([
+            "-c",
+            &format!("setsid sh -c '{script}' </dev/null >/dev/null 2>&1 & echo $!"),
+        ])
+        .uid(user.uid)
+        .gid(user.gid)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// Whether `pid` runs (a killed one may stay a zombie until its parent reaps it).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            Some(!matches!(
+                stat.rsplit_once(") ")?.1.chars().next()?,
+                'Z' | 'X'
+            ))
+        })
+        .unwrap_or(false)
+}
+
+/// Waits a moment for `pid` to be gone: a SIGKILL takes effect when it is next scheduled.
+fn gone(pid: i32) -> bool {
+    (0..50).any(|_| {
+        let alive = alive(pid);
+        if alive {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        !alive
+    })
+}
+
+/// Switching users takes root (as the cloud functions run in their images); CI runs as root.
+fn root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    assert!(
+        root || std::env::var_os("CI").is_none(),
+        "CI runs as root, which switching users takes"
+    );
+    root
+}
+
 #[test]
 fn each_job_gets_a_user_of_its_own_and_what_it_leaves_running_dies_with_it() {
-    use std::os::unix::process::CommandExt;
-    // Switching users takes root (as the cloud functions run in their images).
-    if !nix::unistd::geteuid().is_root() {
+    if !root() {
         return;
     }
     let one = JobUser::claim().unwrap().expect("a free user");
     let two = JobUser::claim().unwrap().expect("another");
     assert_ne!(one.run_as, two.run_as, "taken machine-wide, never twice");
     for user in [&one, &two] {
-        assert!((FIRST_JOB_UID..FIRST_JOB_UID + 64).contains(&user.run_as.uid));
+        let uid = user.run_as.expect("a user of its own").uid;
+        assert!((FIRST_JOB_UID..FIRST_JOB_UID + 64).contains(&uid));
     }
-    let sleeper = |user: &JobUser| {
-        std::process::Command::new("sleep")
-            .arg("600")
-            .uid(user.run_as.uid)
-            .gid(user.run_as.gid)
-            .spawn()
-            .unwrap()
-    };
-    let mut left = sleeper(&one);
-    let mut other = sleeper(&two);
+    let left = leave_running(one.run_as.unwrap(), "sleep 600");
+    let other = leave_running(two.run_as.unwrap(), "sleep 600");
+    assert!(alive(left) && alive(other));
     drop(one);
-    let status = left.wait().unwrap();
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&status),
-        Some(9),
+    assert!(gone(left), "killed when its job's user was given back");
+    assert!(alive(other), "another job's process lives on");
+    drop(two);
+    assert!(gone(other));
+}
+
+/// What a job leaves may fight back: here a process that stops every other process of its
+/// user, over and over, and one that forks without end. The runner (root) kills them from
+/// outside that user, within the bounded wait, and hangs on nothing.
+#[test]
+fn a_leftover_that_stops_its_killer_and_forks_without_end_is_killed_within_the_wait() {
+    if !root() {
+        return;
+    }
+    let user = JobUser::claim().unwrap().expect("a free user");
+    let run_as = user.run_as.unwrap();
+    let forker = leave_running(run_as, "while :; do sleep 600 & done");
+    // `kill -STOP -1`: every process this user may signal but itself, a killer forked as the
+    // user among them (started last, and after a moment: it stops whatever else runs as the
+    // user, its own launcher included).
+    let stopper = leave_running(
+        run_as,
+        "sleep 0.2; while :; do kill -STOP -1 2>/dev/null; done",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(user);
+    assert!(
+        gone(stopper) && gone(forker),
         "killed when its job's user was given back"
     );
     assert!(
-        other.try_wait().unwrap().is_none(),
-        "another job's process lives on"
+        crate::leftovers::kill_all(
+            crate::leftovers::Leftovers::User(run_as.uid),
+            std::time::Duration::ZERO
+        )
+        .is_ok(),
+        "nothing of the user is left"
     );
-    drop(two);
-    other.wait().unwrap();
 }

@@ -10,6 +10,7 @@ variables:
   ha: { type: bool, default: false }
   tags: { type: map, default: {} }
   password: { type: string, sensitive: true, default: "", pattern: "^.{0,64}$" }
+  pin: { type: number, sensitive: true, default: 1, max: 9999 }
 rules:
   - when: { ha: true }
     require: { node_count: { min: 3 } }
@@ -187,4 +188,17 @@ fn a_huge_value_is_quoted_short_so_the_rejection_stays_small() {
     let all = serde_json::to_string(&errors).unwrap();
     assert!(all.len() < 4096, "{} bytes of rejection", all.len());
     assert!(all.contains("characters)"), "{all}");
+}
+
+#[test]
+fn a_sensitive_value_out_of_range_is_never_quoted_not_even_as_a_number() {
+    let job = GOOD.replace("password: hunter22", "password: hunter22, pin: 424242");
+    let errors = check(&job).unwrap_err();
+    let text = serde_json::to_string(&errors).unwrap();
+    assert!(!text.contains("424242"), "{text}");
+    assert!(text.contains("must be at most 9999"), "{text}");
+    // A plain one still says what it found.
+    let job = GOOD.replace("node_count: 3", "node_count: 42");
+    let text = serde_json::to_string(&check(&job).unwrap_err()).unwrap();
+    assert!(text.contains("found 42"), "{text}");
 }

@@ -36,7 +36,7 @@ async fn a_runner_whose_lease_was_taken_over_never_replaces_the_later_runs_resul
         .await
         .unwrap();
     assert!(later.fence > held.fence);
-    let theirs = finished("j1");
+    let theirs = Bytes::from(serde_json::to_vec(&result_of("j1")).unwrap());
     fake.store
         .put_artifact_fenced(&ws(), "j1", RESULT_FILE, theirs.clone(), &later.fence())
         .await

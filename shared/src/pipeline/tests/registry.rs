@@ -60,10 +60,7 @@ async fn a_message_without_a_target_runs_against_its_tenants_registered_one() {
     // What only the registry gives stays out of the reference; the task has its own registry.
     assert_eq!(reference["target"], json!({ "bucket": "b-acme" }));
     let started = fake.started.lock().unwrap()[0].clone();
-    fake.store
-        .put_artifact(&ws(), "long", RESULT_FILE, finished("long"))
-        .await
-        .unwrap();
+    finish(&*fake.store, "long").await;
     let fate = task(&fake, &started, Duration::ZERO, CancellationToken::new()).await;
     assert!(matches!(fate, Fate::Ran(_)), "{fate:?}");
 }
@@ -101,10 +98,7 @@ async fn a_registry_only_field_in_a_message_is_rejected_even_when_it_matches() {
 #[tokio::test]
 async fn a_target_that_agrees_with_the_registry_is_accepted() {
     let fake = registered();
-    fake.store
-        .put_artifact(&ws(), "j1", RESULT_FILE, finished("j1"))
-        .await
-        .unwrap();
+    finish(&*fake.store, "j1").await;
     let body = with_target("j1", json!({ "bucket": "b-acme" }));
     let fate = handle(&fake, delivery(&body, None)).await;
     assert!(matches!(fate, Fate::Ran(_)), "{fate:?}");
