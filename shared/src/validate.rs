@@ -467,14 +467,17 @@ fn check_id(id: &str) -> Result<(), ValidationError> {
         && id.starts_with(|c: char| c.is_ascii_alphanumeric())
         && id
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        // Azure Blob drops a trailing dot from a path's segment: `j1.` and `j1` would share
+        // a run's folder.
+        && !id.ends_with('.');
     if ok {
         Ok(())
     } else {
         Err(ValidationError::new(
             "id",
             format!("{id:?} is not a valid job id"),
-            "use up to 128 letters, digits, '-', '_' or '.', starting with a letter or digit",
+            "use up to 128 letters, digits, '-', '_' or '.', starting with a letter or digit and not ending with '.'",
         ))
     }
 }

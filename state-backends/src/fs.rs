@@ -16,6 +16,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -131,7 +132,13 @@ fn write_file(path: &Path, data: &[u8], durability: Durability) -> Result<()> {
         TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
     let result = (|| {
-        let mut file = File::create(&tmp).map_err(io_err("create", &tmp))?;
+        // The store's files are its owner's alone (states hold secrets).
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io_err("create", &tmp))?;
         file.write_all(data).map_err(io_err("write", &tmp))?;
         if durability != Durability::Lazy {
             file.sync_all().map_err(io_err("fsync", &tmp))?;
@@ -160,7 +167,7 @@ fn create_dir_durable(dir: &Path) -> Result<()> {
     if let Some(parent) = dir.parent() {
         create_dir_durable(parent)?;
     }
-    match fs::create_dir(dir) {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(io_err("create folder", dir)(e)),
@@ -267,6 +274,7 @@ impl Dir {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&path)
             .map_err(io_err("open", &path))?;
         file.lock().map_err(io_err("lock", &path))?;
@@ -828,5 +836,39 @@ mod tests {
         let state = NewState::parse(tfstate::empty_state("lin", 1)).unwrap();
         let info = store.put(&ws, state, PutMode::Create, None).await.unwrap();
         assert_eq!(info.number, 1);
+    }
+
+    /// States hold secrets: every file and folder the store makes is its owner's alone, whatever
+    /// the umask.
+    #[tokio::test]
+    async fn what_the_store_writes_only_its_owner_can_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        let store = FsStore::new(&root);
+        let ws = WorkspaceId::new("t", "w").unwrap();
+        let state = NewState::parse(tfstate::empty_state("lin", 1)).unwrap();
+        store.put(&ws, state, PutMode::Create, None).await.unwrap();
+        store
+            .put_artifact(&ws, "j1", "log/1.ndjson", bytes::Bytes::from_static(b"{}"))
+            .await
+            .unwrap();
+        let mut seen = 0;
+        let mut todo = vec![root];
+        while let Some(path) = todo.pop() {
+            let meta = fs::symlink_metadata(&path).unwrap();
+            assert_eq!(
+                meta.permissions().mode() & 0o077,
+                0,
+                "{} is open to others: {:o}",
+                path.display(),
+                meta.permissions().mode()
+            );
+            seen += 1;
+            if meta.is_dir() {
+                todo.extend(fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            }
+        }
+        assert!(seen > 6, "{seen}");
     }
 }

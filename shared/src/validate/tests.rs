@@ -202,3 +202,12 @@ fn a_sensitive_value_out_of_range_is_never_quoted_not_even_as_a_number() {
     let text = serde_json::to_string(&check(&job).unwrap_err()).unwrap();
     assert!(text.contains("found 42"), "{text}");
 }
+
+#[test]
+fn a_job_id_ending_with_a_dot_is_refused() {
+    // Azure Blob would store `job-1.`'s run in `job-1`'s folder.
+    let errors = check(&GOOD.replace("id: job-1", "id: job-1.")).unwrap_err();
+    assert_eq!(errors[0].field, "id", "{errors:?}");
+    assert!(errors[0].fix.contains("not ending with '.'"), "{errors:?}");
+    assert!(check(&GOOD.replace("id: job-1", "id: job-1.2")).is_ok());
+}
