@@ -389,6 +389,41 @@ async fn a_second_process_finds_the_workspace_busy_and_can_wait_for_it() {
     assert!(p2.0 >= p1.1, "p2 started before p1 released the workspace");
 }
 
+/// A lease broken mid-apply (an operator's `terrace state unlock --force`, another runner
+/// taking an expired lease over) fences the run: it ends saying what happened, exit 75, never
+/// as an internal error.
+#[tokio::test]
+async fn a_run_whose_lease_is_broken_mid_apply_says_so_and_exits_75() {
+    use state_backends::StateStore;
+    let mut sb = Sandbox::new();
+    sb.env
+        .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "3000".into()));
+    sb.env.push(("TERRACE_LEASE_TTL".into(), "6".into()));
+    let job = sb.job("b1.yaml", &demo_job("b1", "broken", "apply", "broken", 1));
+    let running = sb
+        .terrace()
+        .args(["run", "-q", job.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_lease(&sb, "acme/broken", "b1").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sb.fs_store()
+        .break_lease(&"acme/broken".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let out = tests::Run(running.wait_with_output().unwrap());
+    assert_ne!(out.code(), 70, "an internal error: {}", out.stderr());
+    out.expect_code(75);
+    assert!(
+        out.stderr()
+            .contains("another runner took the workspace over"),
+        "{}",
+        out.stderr()
+    );
+}
+
 async fn wait_for_lease(sb: &Sandbox, ws: &str, owner: &str) {
     use state_backends::StateStore;
     let ws: state_backends::WorkspaceId = ws.parse().unwrap();

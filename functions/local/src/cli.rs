@@ -386,8 +386,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             let runner = Runner::new(g.open_store().await?, config);
             let cancel = CancellationToken::new();
             tokio::spawn(cancel_on_signal(cancel.clone()));
-            let outcome = runner.run(&validated, cancel).await?;
-            Ok(report_outcome(&outcome, out))
+            match runner.run(&validated, cancel).await {
+                Ok(outcome) => Ok(report_outcome(&outcome, out)),
+                Err(e) => unrecorded(&e),
+            }
         }
         Cmd::Estimate { job, wait, out } => estimate(&g, &job, wait, out).await,
         Cmd::Workspaces { out } => ops::workspaces(&*g.open_store().await?, out).await,
@@ -610,6 +612,30 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         // The summary is what a person reads here; the functions write metrics records.
         metrics: None,
         max_state_bytes: usize::try_from(g.max_state_bytes).unwrap_or(usize::MAX),
+    }
+}
+
+/// A run whose end could not be recorded: a lost lease (another runner took the workspace over
+/// while the job ran) or a store that failed is said as it is, with exit 75 when trying again
+/// may pass; anything else is an internal error (70).
+///
+/// # Errors
+/// The run's error, when it is neither.
+fn unrecorded(e: &shared::runner::RunError) -> anyhow::Result<u8> {
+    use shared::runner::RunError;
+    use state_backends::StoreError;
+    match e {
+        RunError::Store(lost @ StoreError::LeaseLost { .. }) => {
+            eprintln!(
+                "error: {lost}: another runner took the workspace over while this job ran, so its end was not recorded (every state version it wrote is kept); see `terrace runs` and `terrace state versions`, then run the job again"
+            );
+            Ok(exit::BUSY)
+        }
+        e if e.is_retryable() => {
+            eprintln!("error: {e}: the job's end was not recorded; run it again");
+            Ok(exit::BUSY)
+        }
+        e => Err(anyhow::anyhow!("{e}")),
     }
 }
 
