@@ -424,6 +424,79 @@ async fn a_run_whose_lease_is_broken_mid_apply_says_so_and_exits_75() {
     );
 }
 
+/// The local runner holds the store's credentials in its environment, as the functions hold
+/// theirs: terraform must not read them. `terrace serve` as root runs each job as a user of
+/// its own and kills what it leaves; `terrace run` as any user is non-dumpable and kills what
+/// its job leaves (its descendants: it adopts the orphans).
+#[tokio::test]
+async fn a_provisioner_gets_nothing_of_the_local_runners_environment() {
+    use std::os::unix::process::CommandExt;
+    let sb = Sandbox::new();
+    let probe = |id: &str, name: &str| {
+        format!(
+            "id: {id}\ntenant: acme\nworkspace: {name}\noperation: apply\n\
+             template: {{ name: probe, version: 1.0.0 }}\nvariables: {{ name: {name} }}\n"
+        )
+    };
+    let root = nix::unistd::geteuid().is_root();
+    assert!(
+        root || std::env::var_os("CI").is_none(),
+        "CI runs as root, to run terrace as another user"
+    );
+    std::fs::write(sb.queue.join("p1.yaml"), probe("p1", "local-probe")).unwrap();
+    let serve = sb.run(&[
+        "serve",
+        "-q",
+        "--queue",
+        sb.queue.to_str().unwrap(),
+        "--once",
+        "--poll-ms",
+        "50",
+    ]);
+    serve.expect_code(0);
+    assert!(sb.queue.join("done/p1.yaml").exists(), "{}", serve.stderr());
+    sb.assert_probe_got_nothing("local-probe", &[], &["TESTCLOUD_ROOT"], root);
+
+    // `terrace run` as a user who is not root: terraform runs as that user too.
+    let job = sb.job("p2.yaml", &probe("p2", "local-probe-2"));
+    let mine = sb.cloud.join("runner-home");
+    std::fs::create_dir(&mine).unwrap();
+    let mut cmd = sb.terrace();
+    if root {
+        nix::unistd::chown(&mine, Some(60998.into()), Some(60998.into())).unwrap();
+        cmd.uid(60998).gid(60998);
+    }
+    let out = cmd
+        .current_dir(&mine)
+        .env("TERRACE_STORE", mine.join("store"))
+        .env("TERRACE_CACHE_DIR", mine.join("cache"))
+        .args(["run", "-q", job.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let out = tests::Run(out);
+    out.expect_code(0);
+    let report = sb.probe("local-probe-2");
+    let leftover: i32 = report["leftover"].parse().unwrap();
+    let alive = std::fs::read_to_string(format!("/proc/{leftover}/stat"))
+        .ok()
+        .and_then(|stat| {
+            Some(!matches!(
+                stat.rsplit_once(") ")?.1.chars().next()?,
+                'Z' | 'X'
+            ))
+        })
+        .unwrap_or(false);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(leftover),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    sb.assert_probe_got_nothing("local-probe-2", &[], &["TESTCLOUD_ROOT"], false);
+    assert!(
+        !alive,
+        "what the job left running outlived `terrace run`: {report:?}"
+    );
+}
+
 async fn wait_for_lease(sb: &Sandbox, ws: &str, owner: &str) {
     use state_backends::StateStore;
     let ws: state_backends::WorkspaceId = ws.parse().unwrap();
