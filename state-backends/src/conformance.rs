@@ -472,6 +472,82 @@ pub async fn restore_rolls_forward(store: &dyn StateStore) {
     assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
 }
 
+/// A backup brings the state back when the versions it copied are gone (a lifecycle rule, a
+/// deletion): `restore_backup` reads the backup itself. `forget` deletes every stored version
+/// of a workspace, as the store's own tools would.
+pub async fn a_backup_restores_without_its_versions<F, Fut>(store: &dyn StateStore, forget: F)
+where
+    F: Fn(WorkspaceId) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let ws = fresh_workspace("backup-restore");
+    let marked = |serial: u64| {
+        let mut data: serde_json::Value =
+            serde_json::from_slice(&empty_state("b", serial)).unwrap();
+        data["outputs"] = serde_json::json!({ "marker": { "value": serial, "type": "number" } });
+        NewState::parse(Bytes::from(serde_json::to_vec(&data).unwrap())).unwrap()
+    };
+    store
+        .put(&ws, marked(1), PutMode::Create, None)
+        .await
+        .unwrap();
+    let label = "2026-11-27T01";
+    store
+        .snapshot(&ws, label, Retention::default())
+        .await
+        .unwrap()
+        .expect("a backup of version 1");
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store
+        .put(&ws, marked(2), PutMode::Update(token), None)
+        .await
+        .unwrap();
+    let backup: serde_json::Value =
+        serde_json::from_slice(&store.backup(&ws, label).await.unwrap()).unwrap();
+    assert_eq!(
+        backup["outputs"]["marker"]["value"], 1,
+        "the backup's content"
+    );
+
+    forget(ws.clone()).await;
+    assert!(
+        store.version(&ws, 1).await.is_err(),
+        "the version the backup copied is gone"
+    );
+    let restored = store.restore_backup(&ws, label, None).await.unwrap();
+    let current = store.current(&ws).await.unwrap().unwrap();
+    let value: serde_json::Value = serde_json::from_slice(&current.data).unwrap();
+    assert_eq!(
+        value["outputs"]["marker"]["value"], 1,
+        "the backup's content is back"
+    );
+    assert_eq!(value["lineage"], "b");
+    assert_eq!(current.version.number, restored.number);
+    let err = store
+        .restore_backup(&ws, "2026-11-27T02", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+}
+
+/// [`a_backup_restores_without_its_versions`] for a store over a bucket: its versions are
+/// deleted from the bucket.
+pub async fn a_bucket_backup_restores_without_its_versions<
+    B: crate::objects::Bucket + Clone + 'static,
+>(
+    store: &crate::objects::BucketStore<B>,
+) {
+    a_backup_restores_without_its_versions(store, |ws| async move {
+        let marker = format!("{}/{}/versions/", ws.tenant(), ws.workspace());
+        for listed in store.bucket().list("").await.unwrap() {
+            if listed.key.contains(&marker) {
+                store.bucket().delete(&listed.key).await.unwrap();
+            }
+        }
+    })
+    .await;
+}
+
 pub async fn snapshot_copies_only_changes(store: &dyn StateStore) {
     let ws = fresh_workspace("snapshot");
     assert!(

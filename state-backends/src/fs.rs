@@ -627,6 +627,28 @@ impl StateStore for FsStore {
         .await
     }
 
+    async fn backup(&self, ws: &WorkspaceId, label: &str) -> Result<Bytes> {
+        crate::check_artifact_name("backups", label)?;
+        let listed = self.backups(ws).await?;
+        let not_found = || StoreError::NotFound {
+            workspace: ws.clone(),
+            what: format!("backup {label}"),
+        };
+        let info = listed
+            .into_iter()
+            .find(|b| b.label == label)
+            .ok_or_else(not_found)?;
+        let label = label.to_owned();
+        let data = self
+            .blocking(ws, move |dir| {
+                read_optional(&dir.path.join("backups").join(format!("{label}.tfstate")))
+            })
+            .await?
+            .ok_or_else(not_found)?;
+        crate::check_digest(&format!("backup {}", info.label), &data, &info.sha256)?;
+        Ok(Bytes::from(data))
+    }
+
     async fn put_artifact(
         &self,
         ws: &WorkspaceId,
@@ -836,6 +858,17 @@ mod tests {
         let state = NewState::parse(tfstate::empty_state("lin", 1)).unwrap();
         let info = store.put(&ws, state, PutMode::Create, None).await.unwrap();
         assert_eq!(info.number, 1);
+    }
+
+    #[tokio::test]
+    async fn a_backup_restores_without_its_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        crate::conformance::a_backup_restores_without_its_versions(&store, |ws| {
+            let versions = store.workspace_dir(&ws).join("versions");
+            async move { fs::remove_dir_all(versions).unwrap() }
+        })
+        .await;
     }
 
     /// States hold secrets: every file and folder the store makes is its owner's alone, whatever

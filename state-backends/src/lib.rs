@@ -359,6 +359,14 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// Backend failures.
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>>;
 
+    /// Reads the backup `label` itself (the copy, not the version it was copied from, which
+    /// a lifecycle rule or a deletion may have removed since), opened as a version is.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown label; [`StoreError::Corrupt`] for a copy whose
+    /// content is not what its name or index says; backend failures.
+    async fn backup(&self, ws: &WorkspaceId, label: &str) -> Result<Bytes>;
+
     /// Writes a run artifact, `runs/<job_id>/<name>`, replacing any previous one.
     ///
     /// # Errors
@@ -480,27 +488,54 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
         fence: Option<&Fence>,
     ) -> Result<VersionInfo> {
         let old = self.version(ws, number).await?;
-        let current = self.current(ws).await?;
-        let (mode, next_serial) = match &current {
-            Some(cur) => {
-                let lineage = tfstate::StateMeta::parse(&old)
-                    .map_err(StoreError::InvalidState)?
-                    .lineage;
-                if lineage != cur.version.lineage {
-                    return Err(StoreError::InvalidState(format!(
-                        "version {number} has lineage {lineage}, the current state has {}; \
-                         restoring it would replace the workspace with another one",
-                        cur.version.lineage
-                    )));
-                }
-                (PutMode::Update(cur.token.clone()), cur.version.serial + 1)
-            }
-            None => (PutMode::Create, 0),
-        };
-        let data =
-            tfstate::with_serial_at_least(&old, next_serial).map_err(StoreError::InvalidState)?;
-        self.put(ws, NewState::parse(data)?, mode, fence).await
+        roll_forward(self, ws, &old, &format!("version {number}"), fence).await
     }
+
+    /// Rolls the workspace forward to the content of the backup `label`, read from the backup
+    /// itself ([`StateStore::backup`]), so it brings a state back even when every version is
+    /// gone; checked and written as [`StateStore::restore`] writes an old version.
+    ///
+    /// # Errors
+    /// As [`StateStore::backup`] and [`StateStore::restore`].
+    async fn restore_backup(
+        &self,
+        ws: &WorkspaceId,
+        label: &str,
+        fence: Option<&Fence>,
+    ) -> Result<VersionInfo> {
+        let old = self.backup(ws, label).await?;
+        roll_forward(self, ws, &old, &format!("backup {label}"), fence).await
+    }
+}
+
+/// Writes `old` (a state, `what` says which) as the workspace's next version: its serial
+/// raised above the current one, and refused when it is of another lineage.
+async fn roll_forward<S: StateStore + ?Sized>(
+    store: &S,
+    ws: &WorkspaceId,
+    old: &[u8],
+    what: &str,
+    fence: Option<&Fence>,
+) -> Result<VersionInfo> {
+    let current = store.current(ws).await?;
+    let (mode, next_serial) = match &current {
+        Some(cur) => {
+            let lineage = tfstate::StateMeta::parse(old)
+                .map_err(StoreError::InvalidState)?
+                .lineage;
+            if lineage != cur.version.lineage {
+                return Err(StoreError::InvalidState(format!(
+                    "{what} has lineage {lineage}, the current state has {}; \
+                     restoring it would replace the workspace with another one",
+                    cur.version.lineage
+                )));
+            }
+            (PutMode::Update(cur.token.clone()), cur.version.serial + 1)
+        }
+        None => (PutMode::Create, 0),
+    };
+    let data = tfstate::with_serial_at_least(old, next_serial).map_err(StoreError::InvalidState)?;
+    store.put(ws, NewState::parse(data)?, mode, fence).await
 }
 
 /// A time as people read it in messages: RFC 3339, UTC, whole seconds.
@@ -511,6 +546,22 @@ pub fn display_time(t: OffsetDateTime) -> String {
         .unwrap_or(t);
     t.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| t.to_string())
+}
+
+/// Checks that `data` (`what`: a backup, say) is what its recorded digest says it is.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] when it is not.
+pub fn check_digest(what: &str, data: &[u8], sha256: &str) -> Result<()> {
+    let found = sha256_hex(data);
+    if found == sha256 {
+        Ok(())
+    } else {
+        Err(StoreError::Corrupt {
+            path: what.to_owned(),
+            detail: format!("its content has sha256 {found}, not the {sha256} recorded for it"),
+        })
+    }
 }
 
 /// Hex SHA-256 of `data`.

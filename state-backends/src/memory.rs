@@ -313,6 +313,19 @@ impl StateStore for MemoryStore {
         Ok(self.with(ws, |w| w.backups.iter().map(|(b, _)| b.clone()).collect()))
     }
 
+    async fn backup(&self, ws: &WorkspaceId, label: &str) -> Result<Bytes> {
+        self.with(ws, |w| {
+            w.backups
+                .iter()
+                .find(|(b, _)| b.label == label)
+                .map(|(_, data)| data.clone())
+        })
+        .ok_or_else(|| StoreError::NotFound {
+            workspace: ws.clone(),
+            what: format!("backup {label}"),
+        })
+    }
+
     async fn put_artifact(
         &self,
         ws: &WorkspaceId,
@@ -581,6 +594,12 @@ mod tests {
             let store = BucketStore::over(MemoryBucket::new(), prefix, None);
             crate::conformance::run_all(std::sync::Arc::new(store)).await;
         }
+    }
+
+    #[tokio::test]
+    async fn a_backup_restores_without_its_versions() {
+        let store = crate::objects::BucketStore::over(MemoryBucket::new(), "terrace", None);
+        crate::conformance::a_bucket_backup_restores_without_its_versions(&store).await;
     }
 
     #[tokio::test]

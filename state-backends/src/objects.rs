@@ -1065,6 +1065,33 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         Ok(self.stored_backups(ws).await?.merged())
     }
 
+    async fn backup(&self, ws: &WorkspaceId, label: &str) -> Result<Bytes> {
+        crate::check_artifact_name("backups", label)?;
+        let stored = self.stored_backups(ws).await?;
+        // A copy named by what it holds (the highest version of that label), else an older
+        // runner's indexed copy.
+        let copy = stored
+            .copies
+            .iter()
+            .filter(|(b, _)| b.label == label)
+            .max_by_key(|(b, _)| b.version)
+            .map(|(b, key)| (b.sha256.clone(), key.clone()));
+        let indexed = || {
+            stored.index.iter().find(|b| b.label == label).map(|b| {
+                let key = self.key(ws, &format!("backups/{label}.tfstate"));
+                (b.sha256.clone(), key)
+            })
+        };
+        let not_found = || StoreError::NotFound {
+            workspace: ws.clone(),
+            what: format!("backup {label}"),
+        };
+        let (sha256, key) = copy.or_else(indexed).ok_or_else(not_found)?;
+        let object = self.bucket.get(&key).await?.ok_or_else(not_found)?;
+        crate::check_digest(&format!("backup {label}"), &object.data, &sha256)?;
+        Ok(object.data)
+    }
+
     async fn put_artifact(
         &self,
         ws: &WorkspaceId,

@@ -572,6 +572,11 @@ impl StateStore for SealedStore {
         self.inner.backups(ws).await
     }
 
+    async fn backup(&self, ws: &WorkspaceId, label: &str) -> Result<Bytes> {
+        let stored = self.inner.backup(ws, label).await?;
+        self.open(ws, &format!("backup {label}"), stored).await
+    }
+
     async fn put_artifact(
         &self,
         ws: &WorkspaceId,

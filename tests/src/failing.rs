@@ -124,6 +124,9 @@ impl StateStore for FailingPuts {
     async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
         self.inner.backups(ws).await
     }
+    async fn backup(&self, ws: &WorkspaceId, label: &str) -> Result<Bytes> {
+        self.inner.backup(ws, label).await
+    }
     async fn put_artifact(
         &self,
         ws: &WorkspaceId,

@@ -33,6 +33,18 @@ async fn s3_with_a_lock_object_passes_the_conformance_suite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_backup_restores_without_its_versions() {
+    let config = S3Config {
+        bucket: aws::bucket().await,
+        prefix: "states".into(),
+        lease: LeaseMode::LockObject,
+        kms_key_id: None,
+    };
+    let store = S3Store::new(aws::s3().await, None, config).unwrap();
+    state_backends::conformance::a_bucket_backup_restores_without_its_versions(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backup_sweep_over_200_workspaces_copies_only_the_5_that_changed() {
     let counter = aws::CallCounter::default();
     let config = S3Config {

@@ -12,6 +12,12 @@ async fn azure_passes_the_conformance_suite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_azure_backup_restores_without_its_versions() {
+    let store = azure::store(&azure::container().await, "states");
+    state_backends::conformance::a_bucket_backup_restores_without_its_versions(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn azure_at_the_containers_root_passes_the_conformance_suite() {
     let store = azure::store(&azure::container().await, "");
     state_backends::conformance::run_all(Arc::new(store)).await;

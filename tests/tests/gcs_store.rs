@@ -11,6 +11,12 @@ async fn gcs_passes_the_conformance_suite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcs_backup_restores_without_its_versions() {
+    let store = gcs::store(&gcs::bucket().await, "states").await;
+    state_backends::conformance::a_bucket_backup_restores_without_its_versions(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gcs_at_the_buckets_root_passes_the_conformance_suite() {
     let store = gcs::store(&gcs::bucket().await, "").await;
     state_backends::conformance::run_all(Arc::new(store)).await;

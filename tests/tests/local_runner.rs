@@ -637,6 +637,32 @@ async fn restore_rolls_forward_and_drift_check_reports_out_of_band_changes() {
         "{}",
         again.stdout()
     );
+
+    // The versions go (a lifecycle rule, a mistake): the backup still brings the state back,
+    // read from its own copy.
+    let label = backup
+        .stdout()
+        .split(" as ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the backup's label")
+        .trim_end_matches(&[',', '.', ':'][..])
+        .to_owned();
+    let backed_up = sb.current_state("acme/restore");
+    let ws: state_backends::WorkspaceId = "acme/restore".parse().unwrap();
+    std::fs::remove_dir_all(sb.fs_store().workspace_dir(&ws).join("versions")).unwrap();
+    let restored = sb.run(&["state", "restore", "acme/restore", "--backup", &label]);
+    restored.expect_code(0);
+    assert!(
+        restored
+            .stdout()
+            .contains(&format!("backup {label} restored as version")),
+        "{}",
+        restored.stdout()
+    );
+    let now = sb.current_state("acme/restore");
+    assert_eq!(now["resources"], backed_up["resources"]);
+    assert_eq!(now["lineage"], backed_up["lineage"]);
 }
 
 #[tokio::test]

@@ -158,11 +158,12 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             version,
             backup,
         } => {
-            let version = match (version, backup) {
-                (Some(v), _) => v,
+            // A backup is restored from its own copy: the version it copied may be gone.
+            let what = match (version, &backup) {
+                (Some(v), _) => format!("version {v}"),
                 (None, Some(label)) => {
                     let backups = store.backups(&workspace).await?;
-                    let Some(b) = backups.iter().find(|b| b.label == label) else {
+                    if !backups.iter().any(|b| &b.label == label) {
                         let known: Vec<&str> = backups.iter().map(|b| b.label.as_str()).collect();
                         eprintln!(
                             "{workspace} has no backup {label}; it has: {}",
@@ -173,22 +174,25 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                             }
                         );
                         return Ok(exit::FAILED);
-                    };
-                    b.version
+                    }
+                    format!("backup {label}")
                 }
                 (None, None) => unreachable!("clap requires --version or --backup"),
             };
-            let info = serde_json::json!({ "operation": "restore", "version": version });
+            let info = serde_json::json!({ "operation": "restore", "from": what });
             let Some(lease) = take_lease(g, &store, &workspace, "restore", info).await? else {
                 return Ok(exit::BUSY);
             };
-            let restored = store
-                .restore(&workspace, version, Some(&lease.fence()))
-                .await;
+            let fence = lease.fence();
+            let restored = match (version, &backup) {
+                (Some(v), _) => store.restore(&workspace, v, Some(&fence)).await,
+                (None, Some(label)) => store.restore_backup(&workspace, label, Some(&fence)).await,
+                (None, None) => unreachable!("clap requires --version or --backup"),
+            };
             store.release_lease(&workspace, &lease).await?;
             let info = restored?;
             outln!(
-                "{workspace}: version {version} restored as version {} (serial {})",
+                "{workspace}: {what} restored as version {} (serial {})",
                 info.number,
                 info.serial
             );
