@@ -5,6 +5,12 @@
 //! like any other job (its own deadline, lease, busy handling and result). Their ids are
 //! `drift-<UTC hour>`, so a sweep delivered twice in one hour runs each check once.
 //!
+//! A sweep checks at most [`PER_TENANT`] workspaces of one tenant (`TERRACE_DRIFT_PER_TENANT`),
+//! so that a tenant with thousands of workspaces in its bucket cannot flood the shared queue
+//! and starve the others. A larger tenant's workspaces take turns, a different slice each hour,
+//! so every one is checked within `workspaces / PER_TENANT` hours; the sweep reports how many
+//! waited.
+//!
 //! A workspace whose last apply had sensitive variables is not checked: the record masks their
 //! values, and Terrace keeps no secrets of its own. The platform that holds them sends those
 //! drift checks itself (an ordinary job with `operation: drift-check`); the sweep reports which
@@ -33,7 +39,12 @@ pub struct DriftPlan {
     /// Workspaces of tenants not registered with this bucket: not checked (a check of theirs
     /// would run against their own tenant's target, not this bucket).
     pub unregistered: Vec<WorkspaceId>,
+    /// Per tenant, how many workspaces wait for a later sweep (over the bound).
+    pub deferred: std::collections::BTreeMap<String, usize>,
 }
+
+/// The most workspaces of one tenant a sweep checks, unless `TERRACE_DRIFT_PER_TENANT` says.
+pub const PER_TENANT: usize = 100;
 
 impl DriftPlan {
     /// Keeps the checks of workspaces of `tenants` (those registered with the swept bucket);
@@ -51,6 +62,7 @@ impl DriftPlan {
         self.needs_secrets = keep;
         self.unregistered
             .extend(other.into_iter().map(|(ws, _)| ws));
+        self.deferred.retain(|tenant, _| tenants.contains(tenant));
     }
 
     /// The sweep's report for one bucket: `queued` checks went out; `unqueued` could not be
@@ -79,6 +91,7 @@ impl DriftPlan {
         serde_json::json!({
             "bucket": bucket, "queued": queued, "needs_secrets": needs_secrets,
             "never_applied": self.never_applied, "failed": failed, "unregistered": unregistered,
+            "deferred": self.deferred,
         })
     }
 }
@@ -88,15 +101,37 @@ pub fn job_id(now: OffsetDateTime) -> String {
     format!("drift-{}", crate::backup::hour_label(now))
 }
 
-/// Builds the sweep's drift-check jobs over every workspace of `store`.
+/// Builds the sweep's drift-check jobs over the workspaces of `store`, at most `per_tenant` of
+/// each tenant: a larger tenant's take turns by the hour (`now`), the rest counted in
+/// [`DriftPlan::deferred`]. Only the workspaces chosen are read.
 ///
 /// # Errors
 /// When the workspaces cannot be listed; a workspace whose records cannot be read is reported
 /// in [`DriftPlan::failed`] and the others go on.
-pub async fn plan(store: &dyn StateStore, now: OffsetDateTime) -> Result<DriftPlan, StoreError> {
+pub async fn plan(
+    store: &dyn StateStore,
+    now: OffsetDateTime,
+    per_tenant: usize,
+) -> Result<DriftPlan, StoreError> {
     let id = job_id(now);
     let mut out = DriftPlan::default();
+    let mut by_tenant: std::collections::BTreeMap<String, Vec<WorkspaceId>> = Default::default();
     for ws in store.workspaces().await? {
+        by_tenant
+            .entry(ws.tenant().to_owned())
+            .or_default()
+            .push(ws);
+    }
+    let hour = u64::try_from(now.unix_timestamp() / 3600).unwrap_or(0);
+    let mut chosen = Vec::new();
+    for (tenant, mut all) in by_tenant {
+        let (turn, waiting) = take_turns(&mut all, per_tenant, hour);
+        if waiting > 0 {
+            out.deferred.insert(tenant, waiting);
+        }
+        chosen.extend(turn);
+    }
+    for ws in chosen {
         match last_apply(store, &ws).await {
             Ok(None) => out.never_applied += 1,
             Ok(Some((_, record))) => match store.current_version(&ws).await {
@@ -112,6 +147,19 @@ pub async fn plan(store: &dyn StateStore, now: OffsetDateTime) -> Result<DriftPl
         }
     }
     Ok(out)
+}
+
+/// `turn`-th slice of at most `bound` of `all` (sorted here), wrapping around, and how many
+/// wait: consecutive turns cover every workspace in `all.len() / bound` turns, rounded up.
+fn take_turns(all: &mut Vec<WorkspaceId>, bound: usize, turn: u64) -> (Vec<WorkspaceId>, usize) {
+    if all.len() <= bound {
+        return (std::mem::take(all), 0);
+    }
+    all.sort_by(|a, b| a.workspace().cmp(b.workspace()));
+    let n = all.len();
+    let start = usize::try_from((turn % n as u64) * bound as u64 % n as u64).unwrap_or(0);
+    let picked = (0..bound).map(|i| all[(start + i) % n].clone()).collect();
+    (picked, n - bound)
 }
 
 /// The drift check of a recorded apply, or the names of its masked (sensitive) variables.
@@ -185,7 +233,9 @@ mod tests {
         for ws in [&ours, &theirs] {
             applied(&store, ws, "j1", serde_json::json!({ "networks": ["a"] })).await;
         }
-        let mut plan = plan(&store, OffsetDateTime::now_utc()).await.unwrap();
+        let mut plan = plan(&store, OffsetDateTime::now_utc(), PER_TENANT)
+            .await
+            .unwrap();
         assert_eq!(plan.jobs.len(), 2);
         plan.only_tenants(&["acme".to_owned()].into());
         let checked: Vec<&WorkspaceId> = plan.jobs.iter().map(|(ws, _)| ws).collect();
@@ -239,7 +289,7 @@ mod tests {
         store.delete_current(&gone, &token, None).await.unwrap();
 
         let now = OffsetDateTime::from_unix_timestamp(1_795_000_000).unwrap();
-        let plan = plan(&store, now).await.unwrap();
+        let plan = plan(&store, now, PER_TENANT).await.unwrap();
         assert_eq!(plan.jobs.len(), 1);
         let (ws, job) = &plan.jobs[0];
         assert_eq!(ws, &plain);
@@ -256,5 +306,47 @@ mod tests {
         assert_eq!(plan.never_applied, 2, "never applied, and destroyed");
         assert!(plan.failed.is_empty());
         assert!(job_id(now).starts_with("drift-20"));
+    }
+
+    /// One tenant's 1,000 workspaces beside another's 3: a sweep checks at most the bound of
+    /// the large one, and all of the small one; turns over the hours cover every workspace.
+    #[tokio::test]
+    async fn a_tenant_with_many_workspaces_cannot_crowd_out_another() {
+        let store = MemoryStore::new();
+        for i in 0..1000 {
+            let ws = WorkspaceId::new("big", &format!("w{i:04}")).unwrap();
+            applied(&store, &ws, "j1", serde_json::json!({ "networks": ["a"] })).await;
+        }
+        for i in 0..3 {
+            let ws = WorkspaceId::new("small", &format!("w{i}")).unwrap();
+            applied(&store, &ws, "j1", serde_json::json!({ "networks": ["a"] })).await;
+        }
+        let hour = OffsetDateTime::from_unix_timestamp(1_795_000_000).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for turn in 0..10 {
+            let now = hour + time::Duration::hours(turn);
+            let plan = plan(&store, now, PER_TENANT).await.unwrap();
+            let count = |tenant: &str| {
+                plan.jobs
+                    .iter()
+                    .filter(|(ws, _)| ws.tenant() == tenant)
+                    .count()
+            };
+            assert_eq!(count("big"), PER_TENANT);
+            assert_eq!(count("small"), 3, "the small tenant is checked every sweep");
+            assert_eq!(plan.deferred.get("big"), Some(&900));
+            assert!(!plan.deferred.contains_key("small"));
+            assert_eq!(
+                plan.report("b", plan.jobs.len(), Vec::new())["deferred"]["big"],
+                900
+            );
+            seen.extend(
+                plan.jobs
+                    .iter()
+                    .filter(|(ws, _)| ws.tenant() == "big")
+                    .map(|(ws, _)| ws.workspace().to_owned()),
+            );
+        }
+        assert_eq!(seen.len(), 1000, "ten sweeps checked every workspace once");
     }
 }

@@ -284,6 +284,9 @@ pub struct Runtime {
     pub console: bool,
     /// `TERRACE_MAX_STATE_BYTES` (256 MiB): the largest state the state server accepts.
     pub max_state_bytes: usize,
+    /// `TERRACE_DRIFT_PER_TENANT` (100): the most workspaces of one tenant a drift sweep
+    /// checks; the others wait for later sweeps, in turn ([`crate::drift::plan`]).
+    pub drift_per_tenant: usize,
     /// `TERRACE_METRICS` (`emf`, `json` or `off`; the function's default): one metrics record
     /// per job on stderr.
     pub metrics: Option<crate::metrics::Format>,
@@ -362,6 +365,18 @@ impl Runtime {
                     value: v,
                     expected: "a number of bytes",
                 })?,
+            },
+            drift_per_tenant: match var("TERRACE_DRIFT_PER_TENANT") {
+                None => crate::drift::PER_TENANT,
+                Some(v) => v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or(ConfigError::Malformed {
+                        name: "TERRACE_DRIFT_PER_TENANT".into(),
+                        value: v,
+                        expected: "a number of workspaces, at least 1",
+                    })?,
             },
             keys: None,
             cloud: None,
@@ -551,6 +566,7 @@ mod tests {
             console: false,
             metrics: None,
             max_state_bytes: 1,
+            drift_per_tenant: 1,
         };
         let e = runtime.clone().isolate_terraform().unwrap_err().to_string();
         assert!(

@@ -91,9 +91,13 @@ async fn drift_target(
         return Err("TERRACE_JOBS_QUEUE_URL is not set: the drift checks have no queue".into());
     };
     let store = app.store_for(target, "drift-sweep").await?;
-    let mut plan = shared::drift::plan(&*store, OffsetDateTime::now_utc())
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut plan = shared::drift::plan(
+        &*store,
+        OffsetDateTime::now_utc(),
+        app.config.runtime.drift_per_tenant,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     plan.only_tenants(tenants);
     let mut queued = 0;
     let mut unqueued: Vec<(String, String)> = Vec::new();

@@ -342,9 +342,13 @@ impl App {
         tenants: &BTreeSet<String>,
     ) -> Result<Value, String> {
         let store = self.store_for(target)?;
-        let mut plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc())
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut plan = shared::drift::plan(
+            &*store,
+            time::OffsetDateTime::now_utc(),
+            self.config.runtime.drift_per_tenant,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         plan.only_tenants(tenants);
         let jobs = self.queue(&self.config.queue_url)?;
         let mut queued = 0;

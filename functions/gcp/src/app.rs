@@ -320,9 +320,13 @@ impl App {
             .as_deref()
             .ok_or("TERRACE_JOBS_TOPIC is not set: the drift checks have no topic")?;
         let store = self.store_for(target).await?;
-        let mut plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc())
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut plan = shared::drift::plan(
+            &*store,
+            time::OffsetDateTime::now_utc(),
+            self.config.runtime.drift_per_tenant,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         plan.only_tenants(tenants);
         // The job's tenant names its target: the registry's, this one.
         let messages: Vec<Value> = plan

@@ -535,7 +535,7 @@ async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyho
 
 async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
     let store = g.open_store().await?;
-    let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc()).await?;
+    let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc(), usize::MAX).await?;
     std::fs::create_dir_all(queue)
         .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
     for (ws, job) in &plan.jobs {
@@ -612,6 +612,8 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         // The summary is what a person reads here; the functions write metrics records.
         metrics: None,
         max_state_bytes: usize::try_from(g.max_state_bytes).unwrap_or(usize::MAX),
+        // One machine's own sweep (`terrace drift`) checks every workspace.
+        drift_per_tenant: usize::MAX,
     }
 }
 

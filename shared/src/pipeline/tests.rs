@@ -60,6 +60,7 @@ impl Fake {
                 console: false,
                 metrics: None,
                 max_state_bytes: crate::state_server::MAX_STATE_BYTES,
+                drift_per_tenant: crate::drift::PER_TENANT,
                 keys: None,
                 cloud: None,
             },
