@@ -97,6 +97,19 @@ pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> Job
             "the workspace's state is locked by another run; wait for it or break a stale lease with `terrace state unlock`",
             true,
         )
+    } else if has(&[
+        "memoryerror",
+        "cannot allocate memory",
+        "out of memory",
+        "failed to reserve page summary memory",
+        "cpu time limit exceeded",
+        "bad_alloc",
+    ]) {
+        (
+            Category::ResourceLimit,
+            "a process of the job (terraform, a provider or a provisioner) went over the runner's per-process limits, TERRACE_JOB_MEMORY and TERRACE_JOB_CPU_SECONDS: give the job less to do, or raise the limits",
+            false,
+        )
     } else if has(TRANSIENT_WORDS) {
         (
             Category::Transient,
@@ -380,5 +393,28 @@ mod tests {
             resource_address("Error: Failed to load plugin schemas"),
             None
         );
+    }
+
+    /// What terraform says when a process of the job met its resource limits: a provisioner's
+    /// allocation refused, a process stopped at its CPU time.
+    #[test]
+    fn a_process_over_its_limits_is_a_resource_limit_never_a_quota() {
+        for said in [
+            "Error: local-exec provisioner error: Error running command: exit status 1. Output: MemoryError",
+            "Error: local-exec provisioner error: Error running command: signal: CPU time limit exceeded",
+            "fatal error: runtime: out of memory",
+        ] {
+            let outcome = Outcome {
+                exit_code: Some(1),
+                stdout: Vec::new(),
+                errors: vec![said.to_owned()],
+                events: Default::default(),
+                interrupted: None,
+                duration: Duration::ZERO,
+            };
+            let e = classify("apply", &outcome);
+            assert_eq!(e.category, Category::ResourceLimit, "{said}");
+            assert!(!e.retryable);
+        }
     }
 }

@@ -52,6 +52,8 @@ pub enum Category {
     Cancelled,
     /// The plan's cost is over the job's budget: nothing was applied.
     Budget,
+    /// A process of the job went over the runner's per-process limits (memory, CPU time).
+    ResourceLimit,
     Internal,
 }
 
@@ -69,6 +71,7 @@ impl Category {
             Self::Timeout => "timeout",
             Self::Cancelled => "cancelled",
             Self::Budget => "budget",
+            Self::ResourceLimit => "resource-limit",
             Self::Internal => "internal",
         }
     }
@@ -603,6 +606,7 @@ mod tests {
             Category::Timeout,
             Category::Cancelled,
             Category::Budget,
+            Category::ResourceLimit,
             Category::Internal,
         ] {
             assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());

@@ -141,6 +141,73 @@ impl TerraformConfig {
     }
 }
 
+/// `TERRACE_JOB_MEMORY` (address space per process: `8g`, `512m`, bytes, or `off`; default 8
+/// GiB) and `TERRACE_JOB_CPU_SECONDS` (CPU time per process, or `off`; default 3600): what each
+/// process of a job may use.
+///
+/// # Errors
+/// A value that is none of these, named.
+pub fn job_limits() -> Result<crate::terraform::Limits, ConfigError> {
+    let mut limits = crate::terraform::Limits::default();
+    if let Some(v) = var("TERRACE_JOB_MEMORY") {
+        limits.memory_bytes = memory_limit(&v).map_err(|expected| ConfigError::Malformed {
+            name: "TERRACE_JOB_MEMORY".into(),
+            value: v.clone(),
+            expected,
+        })?;
+    }
+    if let Some(v) = var("TERRACE_JOB_CPU_SECONDS") {
+        limits.cpu_seconds = cpu_limit(&v).map_err(|expected| ConfigError::Malformed {
+            name: "TERRACE_JOB_CPU_SECONDS".into(),
+            value: v.clone(),
+            expected,
+        })?;
+    }
+    Ok(limits)
+}
+
+/// A memory limit: `4g`, `512m`, `65536k` or bytes, at least 64 MiB (less cannot start
+/// terraform); `off` for none.
+///
+/// # Errors
+/// What is expected, when `text` is not one.
+pub fn memory_limit(text: &str) -> Result<Option<u64>, &'static str> {
+    let text = text.trim().to_ascii_lowercase();
+    if text == "off" {
+        return Ok(None);
+    }
+    let (number, shift) = match text.as_bytes().last() {
+        Some(b'k') => (&text[..text.len() - 1], 10),
+        Some(b'm') => (&text[..text.len() - 1], 20),
+        Some(b'g') => (&text[..text.len() - 1], 30),
+        _ => (text.as_str(), 0),
+    };
+    number
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .filter(|b| *b >= 64 << 20)
+        .map(Some)
+        .ok_or("at least 64 MiB, as bytes or a number with k, m or g (e.g. 4g), or off")
+}
+
+/// A CPU time limit in seconds; `off` for none.
+///
+/// # Errors
+/// What is expected, when `text` is not one.
+pub fn cpu_limit(text: &str) -> Result<Option<u64>, &'static str> {
+    match text.trim() {
+        "off" => Ok(None),
+        n => n
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(Some)
+            .ok_or("a number of seconds, or off"),
+    }
+}
+
 /// An on/off setting: `1` or `true` is on; anything else, unset or blank, is off.
 pub fn flag(name: &str) -> bool {
     var(name).is_some_and(|v| v == "1" || v == "true")
@@ -339,6 +406,7 @@ impl Runtime {
                 user: None,
                 per_job_users: false,
                 shared_user: crate::terraform::SharedUser::Unguarded,
+                limits: job_limits()?,
                 job_user: None,
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,

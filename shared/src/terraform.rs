@@ -64,10 +64,35 @@ pub struct TerraformConfig {
     /// ([`JobUser::take_turn`]). The binaries turn it on; off, jobs run side by side unguarded
     /// (the library's own tests, and programs that embed the runner).
     pub shared_user: SharedUser,
+    /// What each process of a job may use (terraform, its providers, their provisioners).
+    pub limits: Limits,
     /// The job's user while it holds one: shared by every copy of this configuration (the
     /// runner's task under the lease included), so it is given back only once the last of them
     /// is done, even when whoever started the job stopped waiting for it.
     pub job_user: Option<std::sync::Arc<JobUser>>,
+}
+
+/// What each process of a job may use, set as resource limits (`setrlimit`) on terraform before
+/// it starts, and so inherited by its providers and provisioners: a job that allocates without
+/// bound fails (`resource-limit`) rather than taking the runner and the jobs beside it down.
+/// Per process, not per job: a job may start several.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Address space, bytes (`RLIMIT_AS`).
+    pub memory_bytes: Option<u64>,
+    /// CPU time, seconds (`RLIMIT_CPU`): past it the process gets SIGXCPU.
+    pub cpu_seconds: Option<u64>,
+}
+
+impl Default for Limits {
+    /// 8 GiB of address space (terraform and each provider reserve about 1 GiB at start) and an
+    /// hour of CPU time per process.
+    fn default() -> Self {
+        Self {
+            memory_bytes: Some(8 << 30),
+            cpu_seconds: Some(3600),
+        }
+    }
 }
 
 /// What a runner does between jobs that share a user.
@@ -262,6 +287,7 @@ impl Default for TerraformConfig {
             user: None,
             per_job_users: false,
             shared_user: SharedUser::Unguarded,
+            limits: Limits::default(),
             job_user: None,
         }
     }
@@ -457,7 +483,7 @@ pub async fn run(
         // Set in the child before exec; std drops the supplementary groups too, as root.
         cmd.uid(user.uid).gid(user.gid);
     }
-    die_with_runner(&mut cmd);
+    confine(&mut cmd, config.limits);
     let mut child = cmd.spawn().map_err(|source| SpawnError {
         binary: config.binary.display().to_string(),
         source,
@@ -592,21 +618,39 @@ pub fn read_output(text: &str) -> (Vec<String>, Events) {
     (errors, events)
 }
 
-/// Makes the kernel SIGKILL terraform when the runner dies (`PR_SET_PDEATHSIG`), so a runner
-/// killed outright leaves no terraform changing the cloud with no state server to save to.
+/// Confines terraform before it starts. The kernel SIGKILLs it when the runner dies
+/// (`PR_SET_PDEATHSIG`), so a runner killed outright leaves no terraform changing the cloud with
+/// no state server to save to; no setuid program it runs gains privileges
+/// (`PR_SET_NO_NEW_PRIVS`); and its [`Limits`] are set, never above the runner's own.
 /// (Its providers, in terraform's process group, lose their host and are stopped by the next
 /// job's lease takeover at the latest.) The signal follows the death of the *thread* that
 /// spawned terraform: tokio's worker threads live as long as the runtime, and the runner never
 /// spawns terraform from a blocking thread.
 #[allow(unsafe_code)]
-fn die_with_runner(cmd: &mut tokio::process::Command) {
+fn confine(cmd: &mut tokio::process::Command, limits: Limits) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let runner = nix::unistd::getpid();
-    // SAFETY: the closure runs in the forked child before exec. It only makes two system calls
-    // (prctl, getppid), both async-signal-safe, and allocates nothing, not even on error.
+    // SAFETY: the closure runs in the forked child before exec. It only makes system calls
+    // (prctl, getppid, setrlimit), all async-signal-safe, and allocates nothing, not even on
+    // error.
     unsafe {
         cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+            let os = |e: nix::errno::Errno| std::io::Error::from_raw_os_error(e as i32);
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(os)?;
+            // No setuid binary terraform or a provisioner runs gains privileges.
+            nix::sys::prctl::set_no_new_privs().map_err(os)?;
+            // Lowered only: a limit above the hard one in force cannot be set.
+            let lower = |resource, soft: u64, hard: u64| {
+                let (_, now) = getrlimit(resource)?;
+                setrlimit(resource, soft.min(now), hard.min(now))
+            };
+            if let Some(bytes) = limits.memory_bytes {
+                lower(Resource::RLIMIT_AS, bytes, bytes).map_err(os)?;
+            }
+            if let Some(seconds) = limits.cpu_seconds {
+                // SIGXCPU at the soft limit; the hard one, a little later, kills.
+                lower(Resource::RLIMIT_CPU, seconds, seconds.saturating_add(5)).map_err(os)?;
+            }
             // The runner may have died between fork and prctl: then do not start at all.
             if nix::unistd::getppid() != runner {
                 return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));

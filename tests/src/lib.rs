@@ -188,7 +188,8 @@ impl Sandbox {
         std::os::unix::fs::symlink(repo.join("templates/demo"), templates.join("demo"))
             .expect("link demo");
         for name in [
-            "leaky", "fleet", "tiers", "awscreds", "probe", "lurker", "tagged", "stack", "_modules",
+            "leaky", "fleet", "tiers", "awscreds", "probe", "lurker", "hog", "tagged", "stack",
+            "_modules",
         ] {
             std::os::unix::fs::symlink(
                 repo.join("tests/templates").join(name),

@@ -497,6 +497,49 @@ async fn a_provisioner_gets_nothing_of_the_local_runners_environment() {
     );
 }
 
+/// A job whose provisioner allocates without bound meets the per-process memory limit: it fails
+/// with its own category, and the runner and the job beside it go on.
+#[tokio::test]
+async fn a_job_that_allocates_without_bound_fails_on_its_limit_and_the_others_go_on() {
+    let mut sb = Sandbox::new();
+    sb.env.push(("TERRACE_JOB_MEMORY".into(), "2g".into()));
+    std::fs::write(
+        sb.queue.join("h1.yaml"),
+        "id: h1\ntenant: acme\nworkspace: hog\noperation: apply\n\
+         template: { name: hog, version: 1.0.0 }\nvariables: { name: hog }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        sb.queue.join("d1.yaml"),
+        demo_job("d1", "beside", "apply", "beside", 1),
+    )
+    .unwrap();
+    let serve = sb.run(&[
+        "serve",
+        "-q",
+        "--queue",
+        sb.queue.to_str().unwrap(),
+        "--concurrency",
+        "2",
+        "--once",
+        "--poll-ms",
+        "50",
+    ]);
+    serve.expect_code(0);
+    let hog = sb.artifact_json("acme/hog", "h1", "result.json").await;
+    assert_eq!(hog["status"], "failed", "{hog}");
+    assert_eq!(hog["error"]["category"], "resource-limit", "{hog}");
+    assert!(
+        hog["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("TERRACE_JOB_MEMORY"),
+        "{hog}"
+    );
+    let beside = sb.artifact_json("acme/beside", "d1", "result.json").await;
+    assert_eq!(beside["status"], "succeeded", "{beside}");
+}
+
 async fn wait_for_lease(sb: &Sandbox, ws: &str, owner: &str) {
     use state_backends::StateStore;
     let ws: state_backends::WorkspaceId = ws.parse().unwrap();

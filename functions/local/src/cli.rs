@@ -136,6 +136,15 @@ pub(crate) struct Global {
           default_value_t = shared::state_server::MAX_STATE_BYTES as u64,
           value_parser = clap::value_parser!(u64).range(1024..))]
     pub(crate) max_state_bytes: u64,
+    /// The address space each process of a job may use (terraform, providers, provisioners):
+    /// `4g`, `512m`, bytes, or `off`.
+    #[arg(long, env = "TERRACE_JOB_MEMORY", global = true, default_value = "8g",
+          value_parser = |v: &str| shared::settings::memory_limit(v).map(Limit))]
+    pub(crate) job_memory: Limit,
+    /// The CPU time each process of a job may use, in seconds, or `off`.
+    #[arg(long, env = "TERRACE_JOB_CPU_SECONDS", global = true, default_value = "3600",
+          value_parser = |v: &str| shared::settings::cpu_limit(v).map(Limit))]
+    pub(crate) job_cpu_seconds: Limit,
     /// A key file (32 bytes, base64: `openssl rand -base64 32`) whose key seals every state
     /// before it leaves this machine, and opens what it sealed (docs/SECURITY.md).
     #[arg(long, env = "TERRACE_STATE_KEY_FILE", global = true)]
@@ -262,6 +271,10 @@ enum Cmd {
         out: ops::Output,
     },
 }
+
+/// A per-process limit of a job's (`off`: none), as a flag gives it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limit(Option<u64>);
 
 /// Runs the command line: `terrace …`.
 pub fn main() -> ExitCode {
@@ -601,6 +614,10 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
             user: None,
             per_job_users: false,
             shared_user: shared::terraform::SharedUser::Unguarded,
+            limits: shared::terraform::Limits {
+                memory_bytes: g.job_memory.0,
+                cpu_seconds: g.job_cpu_seconds.0,
+            },
             job_user: None,
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
