@@ -233,3 +233,54 @@ fn a_leftover_that_stops_its_killer_and_forks_without_end_is_killed_within_the_w
         "nothing of the user is left"
     );
 }
+
+/// Keeps every line it is given.
+struct Kept(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl crate::logs::LogSink for Kept {
+    async fn write(&mut self, line: &crate::logs::LogLine) {
+        self.0.lock().unwrap().push(line.text.clone());
+    }
+    async fn flush(&mut self) {}
+}
+
+/// Whatever terraform prints, memory stays bounded: a line past `MAX_LINE` is cut and says so,
+/// the lines after it are whole, and a capture past `MAX_CAPTURE` keeps that much and says so.
+#[tokio::test]
+async fn a_line_or_a_capture_too_long_is_cut_and_says_so() {
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (logger, pump_task) = crate::logs::start(
+        crate::redact::Redactor::new(Vec::<String>::new()),
+        vec![Box::new(Kept(kept.clone()))],
+    );
+    let long = "x".repeat(MAX_LINE + 1000);
+    let exact = "y".repeat(MAX_LINE);
+    let text = format!("{long}\n{exact}\nafter\n");
+    let pumped = pump(
+        text.as_bytes(),
+        logger.clone(),
+        Stream::Stdout,
+        "apply",
+        Read::Log,
+    )
+    .await;
+    assert!(pumped.captured.is_empty());
+    drop(logger);
+    pump_task.finish().await;
+    let lines = kept.lock().unwrap().clone();
+    assert_eq!(
+        lines.len(),
+        3,
+        "{:?}",
+        lines.iter().map(String::len).collect::<Vec<_>>()
+    );
+    assert!(lines[0].starts_with(&"x".repeat(MAX_LINE)));
+    assert!(
+        lines[0].ends_with("… [1000 more bytes of this line not kept]"),
+        "{}",
+        &lines[0][MAX_LINE..]
+    );
+    assert_eq!(lines[1], exact, "a line of exactly the bound is whole");
+    assert_eq!(lines[2], "after");
+}
