@@ -435,6 +435,7 @@ impl Published {
         else {
             // Withdrawn: the cache must not keep serving it (jobs holding its copy keep it).
             let _ = std::fs::remove_file(&local).or_else(|_| std::fs::remove_dir_all(&local));
+            let _ = std::fs::remove_file(fetched_marker(&local));
             // A missing bucket answers 404 too: say so rather than "not published".
             let published = self
                 .bucket
@@ -460,6 +461,19 @@ impl Published {
             }
         }
         let files = parse_sums(&text).map_err(|e| invalid(format!("{sums_key}: {e}")))?;
+        // A published version never changes: a listing other than the one this cache fetched
+        // for it before is refused, not followed (whoever can write the bucket went around
+        // `publish`). Withdrawing a version (its listing deleted) forgets it.
+        let digest = state_backends::sha256_hex(text.as_bytes());
+        let fetched = fetched_marker(&local);
+        if let Ok(before) = std::fs::read_to_string(&fetched)
+            && before.trim() != digest
+        {
+            return Err(invalid(format!(
+                "its listing changed after it was published (this runner fetched the digest {}, the bucket now has {digest}): a published version never changes, so publish the change as a new version",
+                before.trim()
+            )));
+        }
         if local.is_dir() && modules::listing(&local).ok().as_deref() == Some(text.as_str()) {
             return Ok(());
         }
@@ -502,6 +516,7 @@ impl Published {
         link.into_temp_path()
             .persist(&local)
             .map_err(|e| cache_error(e.error))?;
+        std::fs::write(&fetched, &digest).map_err(cache_error)?;
         tracing::info!(what, location = %self.location, files = files.len(), "fetched");
         Ok(())
     }
@@ -624,6 +639,14 @@ impl Published {
 /// A name a template may have (`_` starts the library's and the cache's own folders).
 fn is_template_name(name: &str) -> bool {
     crate::validate::is_path_segment(name) && !name.starts_with('_')
+}
+
+/// Where the cache notes the digest of the listing it fetched for `local` (`<path>.fetched`,
+/// beside the link, so a job's copy is untouched).
+fn fetched_marker(local: &Path) -> PathBuf {
+    let mut name = local.as_os_str().to_owned();
+    name.push(".fetched");
+    PathBuf::from(name)
 }
 
 /// A listing's lines as `(sha256, path)`, checked: lowercase hex, relative paths of plain

@@ -334,7 +334,7 @@ fn locations_are_folders_or_buckets() {
 }
 
 #[tokio::test]
-async fn a_job_keeps_the_copy_it_was_checked_with_while_the_cache_moves_on() {
+async fn a_version_changed_after_publication_is_refused_and_a_jobs_copy_is_untouched() {
     let f = Fixture::new();
     f.author();
     let p = f.published();
@@ -346,31 +346,49 @@ async fn a_job_keeps_the_copy_it_was_checked_with_while_the_cache_moves_on() {
         "{}",
         checked.dir.display()
     );
-    // Republished around `publish` (files and listing replaced): the next fetch links a new copy.
+    // Republished around `publish` (files and listing replaced): refused, never followed.
     let root = f.authored.path().join("app/1.0.0");
     std::fs::write(root.join("main.tf"), "# second\n").unwrap();
     let listing = modules::listing(&root).unwrap();
-    for (key, data) in [
-        ("lib/templates/app/1.0.0/main.tf", "# second\n".to_owned()),
-        ("lib/templates/app/1.0.0.SHA256SUMS", listing),
-    ] {
-        f.bucket
-            .put(key, Bytes::from(data), Default::default(), Condition::None)
-            .await
-            .unwrap();
-    }
+    let republish = async || {
+        for (key, data) in [
+            ("lib/templates/app/1.0.0/main.tf", "# second\n".to_owned()),
+            ("lib/templates/app/1.0.0.SHA256SUMS", listing.clone()),
+        ] {
+            f.bucket
+                .put(key, Bytes::from(data), Default::default(), Condition::None)
+                .await
+                .unwrap();
+        }
+    };
+    republish().await;
+    let e = p.fetch("app", "1.0.0").await.unwrap_err();
+    assert!(matches!(e, SourceError::Invalid(_)), "{e}");
+    assert!(
+        e.to_string().contains("changed after it was published"),
+        "{e}"
+    );
+    let still = crate::template::Template::load(f.cache.path(), "app", "1.0.0").unwrap();
+    assert_eq!(still.dir, checked.dir, "the cache keeps what was published");
+    assert!(
+        std::fs::read_to_string(checked.dir.join("main.tf"))
+            .unwrap()
+            .starts_with("module \"net\""),
+        "the first job's copy is untouched"
+    );
+    // Withdrawn, then published anew: the new version is taken.
+    f.bucket
+        .delete("lib/templates/app/1.0.0.SHA256SUMS")
+        .await
+        .unwrap();
+    assert!(p.fetch("app", "1.0.0").await.is_err());
+    republish().await;
     p.fetch("app", "1.0.0").await.unwrap();
     let now = crate::template::Template::load(f.cache.path(), "app", "1.0.0").unwrap();
     assert_ne!(now.dir, checked.dir);
     assert_eq!(
         std::fs::read_to_string(now.dir.join("main.tf")).unwrap(),
         "# second\n"
-    );
-    assert!(
-        std::fs::read_to_string(checked.dir.join("main.tf"))
-            .unwrap()
-            .starts_with("module \"net\""),
-        "the first job's copy is untouched"
     );
 }
 
