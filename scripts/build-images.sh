@@ -46,6 +46,13 @@ for cloud in aws gcp azure; do
         --build-arg BINARIES=prebuilt --build-arg TOOLS=prebuilt --build-arg TERRAFORM=terraform \
         --build-arg TEMPLATES=.image/tools/templates --build-arg TARGETARCH=amd64 \
         --tag "localhost/terrace-$cloud:dev" . >/dev/null
+    # No setuid or setgid program may be left in an image.
+    privileged="$(podman run --rm --entrypoint /usr/bin/find "localhost/terrace-$cloud:dev" \
+        / -xdev -perm /6000 -type f)"
+    if [[ -n "$privileged" ]]; then
+        echo "localhost/terrace-$cloud:dev has setuid or setgid programs: $privileged" >&2
+        exit 1
+    fi
     echo "localhost/terrace-$cloud:dev"
 done
 podman image ls --filter reference='localhost/terrace-*' --format '{{.Repository}}:{{.Tag}} {{.Size}}' >&2
