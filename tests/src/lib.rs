@@ -242,6 +242,23 @@ impl Sandbox {
         Run(output)
     }
 
+    /// Runs `terrace serve --once` over the sandbox's queue, `concurrency` jobs at once (2 is
+    /// serve's own default).
+    pub fn serve_once(&self, concurrency: usize) -> Run {
+        let concurrency = concurrency.to_string();
+        self.run(&[
+            "serve",
+            "-q",
+            "--queue",
+            self.queue.to_str().expect("a UTF-8 path"),
+            "--concurrency",
+            &concurrency,
+            "--once",
+            "--poll-ms",
+            "50",
+        ])
+    }
+
     /// Starts `terrace ARGS` in the background, its output dropped (a test reads the store).
     pub fn start(&self, args: &[&str]) -> std::process::Child {
         self.terrace()
@@ -439,15 +456,7 @@ impl Sandbox {
         let leftover: i32 = report["leftover"].parse().expect("a pid");
         // Killed, it may stay a zombie until whoever adopted it reaps it: not alive. A SIGKILL
         // takes effect when the process is next scheduled: given a moment on a busy machine.
-        let running = || {
-            std::fs::read_to_string(format!("/proc/{leftover}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let state = stat.rsplit_once(") ")?.1.chars().next()?;
-                    Some(state != 'Z' && state != 'X')
-                })
-                .unwrap_or(false)
-        };
+        let running = || alive(leftover);
         let mut alive = running();
         for _ in 0..50 {
             // Only a root runner kills what a job leaves.
@@ -537,6 +546,18 @@ impl Sandbox {
 }
 
 /// A finished `terrace` process.
+/// Whether process `pid` runs: one killed may stay a zombie until whoever adopted it reaps it,
+/// and that is not running.
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
 pub struct Run(pub Output);
 
 impl Run {

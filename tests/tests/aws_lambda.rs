@@ -820,17 +820,7 @@ async fn what_one_tenants_job_leaves_running_never_sees_the_next_tenants_job() {
             .and_then(|pid| pid.parse().ok())
             .expect("its pid")
     };
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                Some(!matches!(
-                    stat.rsplit_once(") ")?.1.chars().next()?,
-                    'Z' | 'X'
-                ))
-            })
-            .unwrap_or(false)
-    };
+    let alive = tests::alive;
     let run = async |body: String, name: &str| -> i32 {
         let (event, _) = w.batch(&[body]).await;
         // Time enough left that the job runs here, not in a task.

@@ -225,17 +225,7 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
     )
     .unwrap();
 
-    let serve = sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        sb.queue.to_str().unwrap(),
-        "--concurrency",
-        "3",
-        "--once",
-        "--poll-ms",
-        "50",
-    ]);
+    let serve = sb.serve_once(3);
     serve.expect_code(0);
 
     for name in ["a1.yaml", "a2.yaml", "b1.yaml"] {
@@ -303,16 +293,7 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
         demo_job("b1", "ws-b", "apply", "beta", 1),
     )
     .unwrap();
-    sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        sb.queue.to_str().unwrap(),
-        "--once",
-        "--poll-ms",
-        "50",
-    ])
-    .expect_code(0);
+    sb.serve_once(2).expect_code(0);
     let first: Value =
         serde_json::from_slice(&std::fs::read(sb.queue.join("done/b1.yaml.result.json")).unwrap())
             .unwrap();
@@ -444,15 +425,7 @@ async fn a_provisioner_gets_nothing_of_the_local_runners_environment() {
         "CI runs as root, to run terrace as another user"
     );
     std::fs::write(sb.queue.join("p1.yaml"), probe("p1", "local-probe")).unwrap();
-    let serve = sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        sb.queue.to_str().unwrap(),
-        "--once",
-        "--poll-ms",
-        "50",
-    ]);
+    let serve = sb.serve_once(2);
     serve.expect_code(0);
     assert!(sb.queue.join("done/p1.yaml").exists(), "{}", serve.stderr());
     sb.assert_probe_got_nothing("local-probe", &[], &["TESTCLOUD_ROOT"], root);
@@ -477,15 +450,7 @@ async fn a_provisioner_gets_nothing_of_the_local_runners_environment() {
     out.expect_code(0);
     let report = sb.probe("local-probe-2");
     let leftover: i32 = report["leftover"].parse().unwrap();
-    let alive = std::fs::read_to_string(format!("/proc/{leftover}/stat"))
-        .ok()
-        .and_then(|stat| {
-            Some(!matches!(
-                stat.rsplit_once(") ")?.1.chars().next()?,
-                'Z' | 'X'
-            ))
-        })
-        .unwrap_or(false);
+    let alive = tests::alive(leftover);
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(leftover),
         nix::sys::signal::Signal::SIGKILL,
@@ -514,17 +479,7 @@ async fn a_job_that_allocates_without_bound_fails_on_its_limit_and_the_others_go
         demo_job("d1", "beside", "apply", "beside", 1),
     )
     .unwrap();
-    let serve = sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        sb.queue.to_str().unwrap(),
-        "--concurrency",
-        "2",
-        "--once",
-        "--poll-ms",
-        "50",
-    ]);
+    let serve = sb.serve_once(2);
     serve.expect_code(0);
     let hog = sb.artifact_json("acme/hog", "h1", "result.json").await;
     assert_eq!(hog["status"], "failed", "{hog}");
@@ -972,16 +927,7 @@ async fn drift_queues_a_check_per_applied_workspace_that_serve_runs() {
     assert_eq!(files.len(), 1, "{files:?}");
     assert!(files[0].ends_with("--acme--nets.json"), "{files:?}");
 
-    sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        sb.queue.to_str().unwrap(),
-        "--once",
-        "--poll-ms",
-        "50",
-    ])
-    .expect_code(0);
+    sb.serve_once(2).expect_code(0);
     let result: Value = serde_json::from_str(
         &std::fs::read_to_string(
             sb.queue
@@ -1053,16 +999,7 @@ async fn a_job_file_that_is_not_text_is_an_invalid_job_not_a_runner_error() {
 
     // In a queue, it ends in failed/ with why, instead of staying there forever.
     std::fs::copy(&path, sb.queue.join("binary.yaml")).unwrap();
-    sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        sb.queue.to_str().unwrap(),
-        "--once",
-        "--poll-ms",
-        "50",
-    ])
-    .expect_code(0);
+    sb.serve_once(2).expect_code(0);
     assert!(sb.queue.join("failed/binary.yaml").exists());
     let rejected: Value = serde_json::from_slice(
         &std::fs::read(sb.queue.join("failed/binary.yaml.result.json")).unwrap(),
