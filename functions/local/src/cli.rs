@@ -506,7 +506,11 @@ async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyho
     let runner = Runner::new(g.open_store().await?, config);
     let cancel = CancellationToken::new();
     tokio::spawn(cancel_on_signal(cancel.clone()));
-    let result = match runner.run(&validated, cancel).await? {
+    let outcome = match runner.run(&validated, cancel).await {
+        Ok(outcome) => outcome,
+        Err(e) => return unrecorded(&e),
+    };
+    let result = match outcome {
         RunOutcome::Finished(result) | RunOutcome::AlreadyDone(result) => result,
         busy @ RunOutcome::Busy { .. } => return Ok(report_outcome(&busy, out)),
     };

@@ -360,10 +360,11 @@ fn finish(
         serde_json::to_vec_pretty(result)?,
     )?;
     // The job's sensitive values do not stay in the folder once it is done with.
-    if let Some(masked) = std::fs::read_to_string(from)
-        .ok()
-        .and_then(|text| masked_job(&text, templates, from))
-    {
+    let masked = match String::from_utf8(std::fs::read(from)?) {
+        Ok(text) => masked_job(&text, templates, from),
+        Err(bytes) => Some(unreadable(bytes.as_bytes())),
+    };
+    if let Some(masked) = masked {
         std::fs::write(from, masked)?;
     }
     std::fs::rename(from, to)?;
@@ -376,11 +377,7 @@ fn finish(
 /// only a note with its size and SHA-256 stays.
 fn masked_job(text: &str, templates: &Path, path: &Path) -> Option<String> {
     let Ok(mut job) = shared::job::RawJob::parse(text) else {
-        return Some(format!(
-            "# Not a job Terrace could read (its result beside this file says why). Its text is\n# not kept: it may hold secrets. {} bytes, sha256 {}\n",
-            text.len(),
-            state_backends::sha256_hex(text.as_bytes())
-        ));
+        return Some(unreadable(text.as_bytes()));
     };
     if !shared::trigger::mask_job(&mut job.0, templates) {
         return None;
@@ -391,6 +388,16 @@ fn masked_job(text: &str, templates: &Path, path: &Path) -> Option<String> {
     } else {
         serde_norway::to_string(&doc).ok()
     }
+}
+
+/// What stays of a job file Terrace could not read (not text, not a job): a note with its size
+/// and SHA-256, since it cannot be searched for secrets.
+fn unreadable(data: &[u8]) -> String {
+    format!(
+        "# Not a job Terrace could read (its result beside this file says why). Its text is\n# not kept: it may hold secrets. {} bytes, sha256 {}\n",
+        data.len(),
+        state_backends::sha256_hex(data)
+    )
 }
 
 /// Jobs left in `running/` by a server that died go back to the queue; their runs are either
