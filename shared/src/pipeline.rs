@@ -420,10 +420,19 @@ async fn run<T: Trigger + ?Sized>(
             Err(e) => return Fate::again(format!("cannot give terraform a user of its own: {e}")),
         }
     } else if let SharedUser::OneAtATime { sole_user } = config.terraform.shared_user {
-        match JobUser::take_turn(config.terraform.user, sole_user).await {
-            Ok(user) => Some(user),
+        let asked = std::time::Instant::now();
+        let user = match JobUser::take_turn(config.terraform.user, sole_user).await {
+            Ok(user) => user,
             Err(survivors) => return Fate::again(survivors.to_string()),
+        };
+        // Waiting for the jobs before (of one batch, say) took time this delivery had: a job
+        // that no longer fits in what is left goes to a task, as it would have at once.
+        let left = d.time_left.map(|left| left.saturating_sub(asked.elapsed()));
+        if left.is_some_and(|left| job.job.timeout > left) {
+            drop(user);
+            return hand_off(trigger, target, job, ws, d.body).await;
         }
+        Some(user)
     } else {
         None
     };

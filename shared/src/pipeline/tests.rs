@@ -916,3 +916,34 @@ async fn a_job_encoded_twice_is_rejected_without_quoting_it() {
     };
     assert!(record.to_string().contains("given twice"), "{record}");
 }
+
+/// Jobs that share a user run one at a time. A job that waited for its turn (the jobs before it
+/// in one Lambda batch, say) until it no longer fits in its delivery's time is handed off then,
+/// not run out of time.
+#[tokio::test]
+async fn a_job_that_waited_for_its_turn_past_its_time_is_handed_off() {
+    use crate::terraform::{JobUser, RunAs, SharedUser};
+    // A uid nothing runs as: the turn's sweep kills nothing of this test process.
+    let nobody = RunAs {
+        uid: 59_999,
+        gid: 59_999,
+    };
+    let mut fake = Fake::new();
+    fake.runtime.terraform.shared_user = SharedUser::OneAtATime { sole_user: false };
+    fake.runtime.terraform.user = Some(nobody);
+    let fake = Arc::new(fake);
+    let held = JobUser::take_turn(Some(nobody), false).await.unwrap();
+    let waiting = tokio::spawn({
+        let fake = fake.clone();
+        async move {
+            let body = message("j1", "10m");
+            handle(&*fake, delivery(&body, Some(Duration::from_secs(601)))).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!waiting.is_finished(), "it waits for the turn");
+    drop(held);
+    let fate = waiting.await.unwrap();
+    assert!(matches!(fate, Fate::HandedOff(_)), "{fate:?}");
+    assert_eq!(fake.started.lock().unwrap().len(), 1, "one task started");
+}
