@@ -56,6 +56,14 @@ fn state(lineage: &str, serial: u64) -> NewState {
     NewState::parse(empty_state(lineage, serial)).expect("fixture is a valid state")
 }
 
+/// A state of `lineage` whose output `marker` is its `serial`: which one a read gives back.
+fn marked(lineage: &str, serial: u64) -> NewState {
+    let mut data: serde_json::Value =
+        serde_json::from_slice(&empty_state(lineage, serial)).expect("a fixture");
+    data["outputs"] = serde_json::json!({ "marker": { "value": serial, "type": "number" } });
+    NewState::parse(Bytes::from(serde_json::to_vec(&data).expect("JSON"))).expect("a state")
+}
+
 fn lease_request(owner: &str, ttl: Duration) -> LeaseRequest {
     LeaseRequest {
         owner: owner.to_owned(),
@@ -435,12 +443,8 @@ pub async fn restore_rolls_forward(store: &dyn StateStore) {
     let ws = fresh_workspace("restore");
     let mut mode = PutMode::Create;
     for serial in [1, 2, 3] {
-        let mut data: serde_json::Value =
-            serde_json::from_slice(&empty_state("r", serial)).unwrap();
-        data["outputs"] = serde_json::json!({ "marker": { "value": serial, "type": "number" } });
-        let data = Bytes::from(serde_json::to_vec(&data).unwrap());
         store
-            .put(&ws, NewState::parse(data).unwrap(), mode, None)
+            .put(&ws, marked("r", serial), mode, None)
             .await
             .unwrap();
         mode = PutMode::Update(store.current(&ws).await.unwrap().unwrap().token);
@@ -481,14 +485,8 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let ws = fresh_workspace("backup-restore");
-    let marked = |serial: u64| {
-        let mut data: serde_json::Value =
-            serde_json::from_slice(&empty_state("b", serial)).unwrap();
-        data["outputs"] = serde_json::json!({ "marker": { "value": serial, "type": "number" } });
-        NewState::parse(Bytes::from(serde_json::to_vec(&data).unwrap())).unwrap()
-    };
     store
-        .put(&ws, marked(1), PutMode::Create, None)
+        .put(&ws, marked("b", 1), PutMode::Create, None)
         .await
         .unwrap();
     let label = "2026-11-27T01";
@@ -499,7 +497,7 @@ where
         .expect("a backup of version 1");
     let token = store.current(&ws).await.unwrap().unwrap().token;
     store
-        .put(&ws, marked(2), PutMode::Update(token), None)
+        .put(&ws, marked("b", 2), PutMode::Update(token), None)
         .await
         .unwrap();
     let backup: serde_json::Value =
