@@ -197,9 +197,9 @@ impl JobUser {
                 whole_uid: sole_user,
             },
         };
-        tokio::task::spawn_blocking(move || leftovers::kill_all(leftovers, leftovers::WAIT))
-            .await
-            .unwrap_or(Ok(0))?;
+        // Walked here, as `claim` and the drop do: a /proc walk, blocking only while something
+        // is still dying.
+        leftovers::kill_all(leftovers, leftovers::WAIT)?;
         Ok(Self {
             run_as: user,
             leftovers,
