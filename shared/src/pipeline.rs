@@ -202,6 +202,10 @@ pub struct Delivery<'a> {
     pub lease_wait: Duration,
     /// Cancels the job (its runner ends it `cancelled`, or `interrupted` on shutdown).
     pub cancel: CancellationToken,
+    /// The queue's handle on the message, for a task the job is handed to that settles the
+    /// message itself ([`JobRef::receipt`]); `None` where the message is settled once the task
+    /// is started.
+    pub receipt: Option<&'a str>,
 }
 
 /// A message's body as `T`: JSON, or JSON in base64 (what many senders put on queues).
@@ -347,7 +351,7 @@ async fn handle_one<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
         }
     };
     if d.time_left.is_some_and(|left| job.job.timeout > left) {
-        return hand_off(trigger, &target, &job, &ws, d.body).await;
+        return hand_off(trigger, &target, &job, &ws, &d).await;
     }
     run(trigger, &target, &job, &ws, &d).await
 }
@@ -364,7 +368,7 @@ async fn hand_off<T: Trigger + ?Sized>(
     target: &T::Target,
     job: &ValidatedJob,
     ws: &WorkspaceId,
-    body: &[u8],
+    d: &Delivery<'_>,
 ) -> Fate {
     let id = &job.job.id;
     let store = match trigger.store(target, id, None).await {
@@ -379,10 +383,11 @@ async fn hand_off<T: Trigger + ?Sized>(
     // The task reads what only the registry gives from its own registry: none of it travels
     // through the platform's API with the reference.
     let shown = crate::tenants::without(target, trigger.registry_only());
-    let reference = match JobRef::stage(shown, ws, id, body, &*store).await {
+    let mut reference = match JobRef::stage(shown, ws, id, d.body, &*store).await {
         Ok(reference) => reference,
         Err(why) => return Fate::again(why),
     };
+    reference.receipt = d.receipt.map(str::to_owned);
     match trigger.start_task(&reference, job.job.timeout).await {
         Ok(record) => {
             tracing::info!(job_id = %id, record = %record, "job handed off to a task");
@@ -430,7 +435,7 @@ async fn run<T: Trigger + ?Sized>(
         let left = d.time_left.map(|left| left.saturating_sub(asked.elapsed()));
         if left.is_some_and(|left| job.job.timeout > left) {
             drop(user);
-            return hand_off(trigger, target, job, ws, d.body).await;
+            return hand_off(trigger, target, job, ws, d).await;
         }
         Some(user)
     } else {
@@ -607,6 +612,7 @@ async fn task_one<T: Trigger + ?Sized>(
             time_left: None,
             lease_wait,
             cancel,
+            receipt: None,
         },
     )
     .await;

@@ -185,6 +185,13 @@ pub struct JobRef<T> {
     /// made before it had one name [`REQUEST`].
     #[serde(default)]
     pub staged: String,
+    /// The queue's handle on the message the job came in, where the task settles that message
+    /// itself (SQS): the message stays on the queue, invisible while the task keeps it so,
+    /// and is deleted only once the job has a result or a fresh copy on the queue. A task that
+    /// never starts, or dies, leaves it to come back. Without one, the message was settled when
+    /// the task was started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<String>,
 }
 
 /// The staged job message's name in the run's folder, in references without a name of its own.
@@ -255,6 +262,7 @@ impl<T> JobRef<T> {
             job_id: job_id.to_owned(),
             sha256: state_backends::sha256_hex(body),
             staged,
+            receipt: None,
         })
     }
 

@@ -987,10 +987,9 @@ async fn terraform_gets_a_session_of_its_own_through_credential_process_never_st
     assert!(masked, "the printed session was logged, masked");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_runs_it() {
+/// moto's ECS with the cluster and task definition [`World::command`] names.
+async fn ecs() -> aws_sdk_ecs::Client {
     use aws_sdk_ecs::types::{Compatibility, ContainerDefinition, NetworkMode};
-    let w = World::new().await;
     let ecs = aws_sdk_ecs::Client::new(&aws::sdk_config().await);
     ecs.create_cluster()
         .cluster_name("terrace")
@@ -1015,14 +1014,58 @@ async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_run
         .send()
         .await
         .unwrap();
+    ecs
+}
+
+impl World {
+    /// The jobs queue's messages: (visible, in flight).
+    async fn on_jobs_queue(&self) -> (u64, u64) {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        let got = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&self.jobs)
+            .attribute_names(A::ApproximateNumberOfMessages)
+            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .unwrap();
+        let n = |a: A| got.attributes().unwrap()[&a].parse().unwrap();
+        (
+            n(A::ApproximateNumberOfMessages),
+            n(A::ApproximateNumberOfMessagesNotVisible),
+        )
+    }
+
+    /// The `TERRACE_JOB_REF` of the ECS task started for the hand-off `record` reports.
+    async fn task_reference(&self, ecs: &aws_sdk_ecs::Client, record: &Value) -> String {
+        let task_arn = record["task_arn"].as_str().unwrap();
+        let tasks = ecs
+            .describe_tasks()
+            .cluster("terrace")
+            .tasks(task_arn)
+            .send()
+            .await
+            .unwrap();
+        let container = &tasks.tasks()[0].overrides().unwrap().container_overrides()[0];
+        container.environment()[0].value().unwrap().to_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_runs_it() {
+    let w = World::new().await;
+    let ecs = ecs().await;
     let api = RuntimeApi::start().await;
     let _function = w.start(&api);
 
     // 60 s before the deadline, less the 45 s margin: a 10-minute job does not fit.
     let body = w.envelope("long-1", "lam-long", "10m");
-    let (event, _) = w.batch(std::slice::from_ref(&body)).await;
+    let (event, ids) = w.batch(std::slice::from_ref(&body)).await;
     let response = api.invoke(event, Duration::from_secs(60)).await.unwrap();
-    assert!(failures(&response).is_empty(), "{response}");
+    // The message stays on the queue, out of sight, for the task to settle.
+    assert_eq!(failures(&response), [ids[0].as_str()], "{response}");
+    assert_eq!(w.on_jobs_queue().await, (0, 1));
     let handed = w.results().await;
     assert_eq!(handed[0]["status"], "handed-off", "{handed:?}");
     let task_arn = handed[0]["task_arn"].as_str().unwrap().to_owned();
@@ -1043,6 +1086,7 @@ async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_run
     assert_eq!(env.name(), Some("TERRACE_JOB_REF"));
     let reference: Value = serde_json::from_str(env.value().unwrap()).unwrap();
     assert_eq!(reference["job_id"], "long-1");
+    assert!(reference["receipt"].is_string(), "{reference}");
     assert_eq!(reference["target"]["bucket"], w.bucket.as_str());
     // The job's variables stay out of ECS's API: they are staged in the customer's bucket.
     assert!(!env.value().unwrap().contains("correct-horse-battery"));
@@ -1084,6 +1128,92 @@ async fn a_job_longer_than_the_lambda_has_left_is_handed_to_ecs_and_the_task_run
     let left = store.artifacts(&ws, "long-1").await.unwrap();
     assert!(left.contains(&"result.json".to_owned()), "{left:?}");
     assert!(!left.iter().any(|a| a.starts_with("request")), "{left:?}");
+    // The task deleted the message once the job had its result.
+    assert_eq!(w.on_jobs_queue().await, (0, 0));
+}
+
+/// The ECS hand-off keeps the job's message until a task settles it: a task that never starts
+/// its code, and one killed mid-job (as an OOM kill does), leave the message to come back, and
+/// the job runs once a task gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_off_job_whose_task_never_starts_or_is_killed_comes_back_and_runs() {
+    use std::os::unix::process::ExitStatusExt;
+    let w = World::new().await;
+    let ecs = ecs().await;
+    let api = RuntimeApi::start().await;
+    let _function = w.start_with(&api, &[("TERRACE_ECS_START_WINDOW", "3")]);
+    let body = w.envelope("lost-1", "lam-lost", "10m");
+    let (event, ids) = w.batch(std::slice::from_ref(&body)).await;
+    let response = api.invoke(event, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(failures(&response), [ids[0].as_str()], "{response}");
+    let handed = w.results().await;
+    assert_eq!(handed[0]["status"], "handed-off", "{handed:?}");
+
+    // 1. ECS never ran the task's code: past the start window the message is back.
+    assert_eq!(w.on_jobs_queue().await, (0, 1), "out of sight first");
+    let event = w.receive(1, 60).await;
+    assert_eq!(event["Records"][0]["body"], body.as_str());
+    assert_eq!(event["Records"][0]["messageId"], ids[0].as_str());
+
+    // 2. The second hand-off's task takes the job and is killed mid-apply (each create takes
+    //    4 s): it kept the message out of sight for 4 s at a time, so it comes back soon.
+    let response = api.invoke(event, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(failures(&response), [ids[0].as_str()], "{response}");
+    let handed = w.results().await;
+    let reference = w.task_reference(&ecs, &handed[0]).await;
+    let mut task = w
+        .command()
+        .arg("task")
+        .env("TERRACE_JOB_REF", &reference)
+        .env("TERRACE_KEEP_INVISIBLE_EVERY", "1")
+        .env(
+            "TERRACE_PASS_ENV",
+            "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS",
+        )
+        .env("TESTCLOUD_CREATE_DELAY_MS", "4000")
+        .stdout(Stdio::null())
+        .stderr(log_output())
+        .spawn()
+        .unwrap();
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/lam-lost".parse().unwrap();
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    while store.lease(&ws).await.unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the task never took the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the start window: only the task keeps the message out of sight now.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(w.on_jobs_queue().await, (0, 1), "the running task keeps it");
+    task.kill().unwrap();
+    assert_eq!(task.wait().unwrap().signal(), Some(9));
+    let event = w.receive(1, 60).await;
+    assert_eq!(event["Records"][0]["body"], body.as_str());
+    assert!(w.results().await.is_empty(), "no result for a killed task");
+
+    // 3. Once the killed task's lease runs out (10 s), a third task runs the job to the end
+    //    and deletes the message.
+    let response = api.invoke(event, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(failures(&response), [ids[0].as_str()], "{response}");
+    let handed = w.results().await;
+    let reference = w.task_reference(&ecs, &handed[0]).await;
+    let status = w
+        .command()
+        .arg("task")
+        .env("TERRACE_JOB_REF", &reference)
+        .stdout(Stdio::null())
+        .stderr(log_output())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let result = w.results().await;
+    assert_eq!(result.len(), 1, "{result:?}");
+    assert_eq!(result[0]["job_id"], "lost-1");
+    assert_eq!(result[0]["status"], "succeeded", "{result:?}");
+    assert_eq!(w.on_jobs_queue().await, (0, 0), "settled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,14 @@ pub struct Handoff {
     pub container: String,
     pub subnets: Vec<String>,
     pub security_groups: Vec<String>,
+    /// `TERRACE_ECS_START_WINDOW` ([`START_WINDOW`]): how long a handed-off job's message
+    /// stays out of sight for its task to start and take it; past that it is delivered again.
+    pub start_window: Duration,
 }
+
+/// The default start window: Fargate pulls the image and starts a task in about a minute,
+/// several with a cold image cache.
+pub const START_WINDOW: Duration = Duration::from_secs(600);
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -58,6 +65,8 @@ impl Config {
                 container: var("TERRACE_ECS_CONTAINER").unwrap_or_else(|| "terrace".into()),
                 subnets: list("TERRACE_ECS_SUBNETS"),
                 security_groups: list("TERRACE_ECS_SECURITY_GROUPS"),
+                start_window: seconds("TERRACE_ECS_START_WINDOW", START_WINDOW.as_secs())?
+                    .clamp(Duration::from_secs(1), Duration::from_secs(43_200)),
             }),
             (None, None) => None,
             _ => {

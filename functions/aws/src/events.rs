@@ -146,7 +146,8 @@ async fn drift_target(
 
 /// `terrace-aws task`: one handed-off job. Exit codes: 0 the job succeeded or went back on the
 /// queue to run later, 1 it failed, 65 the message was refused, 75 it could neither run nor go
-/// back on the queue (the staged message stays for a retry of the task).
+/// back on the queue (the staged message stays, and the job's SQS message, which the task
+/// settles, comes back: see `sqs::settle`).
 pub async fn task(app: &App) -> ExitCode {
     // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout: the job ends
     // `interrupted` and goes back on the queue.
@@ -157,7 +158,21 @@ pub async fn task(app: &App) -> ExitCode {
         std::env::var("TERRACE_JOB_REF"),
         std::env::var("TERRACE_JOB"),
     ) {
-        (Ok(reference), _) => pipeline::task(app, &reference, wait, cancel).await,
+        (Ok(reference), _) => {
+            // The message the job came in, when the Lambda left it for this task to settle.
+            let receipt = serde_json::from_str::<crate::app::JobRef>(&reference)
+                .ok()
+                .and_then(|r| r.receipt);
+            let keeper = sqs::keep_invisible(app, receipt.clone());
+            let fate = pipeline::task(app, &reference, wait, cancel).await;
+            if let Some(keeper) = keeper {
+                keeper.abort();
+            }
+            if let Some(receipt) = &receipt {
+                sqs::settle(app, receipt, &fate).await;
+            }
+            fate
+        }
         (Err(_), Ok(body)) => {
             let delivery = Delivery {
                 message_id: "ecs-task",
@@ -165,6 +180,7 @@ pub async fn task(app: &App) -> ExitCode {
                 time_left: None,
                 lease_wait: wait,
                 cancel,
+                receipt: None,
             };
             pipeline::handle(app, delivery).await
         }

@@ -1,7 +1,13 @@
 //! An SQS batch on Lambda: one job per record, run side by side; the response lists only the
-//! records to see again (`batchItemFailures`), so finished, rejected and handed-off ones are
-//! deleted. While a job runs its message stays invisible; a busy workspace's message is queued
-//! again as a fresh copy, delayed until the lease holding it runs out (see `shared::pipeline`).
+//! records to see again (`batchItemFailures`), so finished and rejected ones are deleted. While
+//! a job runs its message stays invisible; a busy workspace's message is queued again as a fresh
+//! copy, delayed until the lease holding it runs out (see `shared::pipeline`).
+//!
+//! A job handed to an ECS task keeps its message: the Lambda makes it invisible for the task's
+//! start window and leaves it on the queue; the task keeps it invisible while it runs and
+//! deletes it once the job has a result or a fresh copy on the queue ([`settle`]). A task that
+//! never starts, is killed or gives up leaves the message to come back, and (past the queue's
+//! `maxReceiveCount`) to be dead-lettered: a handed-off job is never lost without a word.
 
 use std::time::Duration;
 
@@ -60,6 +66,11 @@ async fn handle_record(app: &App, message: SqsMessage, deadline: OffsetDateTime)
         .unwrap_or(Duration::ZERO)
         .saturating_sub(app.config.margin);
     let keeper = keep_invisible(app, message.receipt_handle.clone());
+    // Only with the queue's URL can the task settle the message.
+    let receipt = message
+        .receipt_handle
+        .as_deref()
+        .filter(|_| app.config.jobs_queue_url.is_some());
     let fate = pipeline::handle(
         app,
         Delivery {
@@ -68,6 +79,7 @@ async fn handle_record(app: &App, message: SqsMessage, deadline: OffsetDateTime)
             time_left: Some(left),
             lease_wait: Duration::ZERO,
             cancel: CancellationToken::new(),
+            receipt,
         },
     )
     .await;
@@ -75,7 +87,20 @@ async fn handle_record(app: &App, message: SqsMessage, deadline: OffsetDateTime)
         keeper.abort();
     }
     match fate {
-        Fate::Ran(_) | Fate::Rejected(_) | Fate::HandedOff(_) | Fate::Requeued { .. } => true,
+        Fate::HandedOff(_) => {
+            let Some(receipt) = receipt else {
+                return true;
+            };
+            // The task settles it; until it starts, it stays out of sight for the start window.
+            let window = app
+                .config
+                .handoff
+                .as_ref()
+                .map_or(crate::config::START_WINDOW, |h| h.start_window);
+            set_visibility(app, receipt, window).await;
+            false
+        }
+        Fate::Ran(_) | Fate::Rejected(_) | Fate::Requeued { .. } => true,
         Fate::Again { why, delay } => {
             tracing::warn!(message_id = %id, why, "job message returned for later");
             if let (Some(delay), Some(receipt)) = (delay, &message.receipt_handle) {
@@ -104,8 +129,37 @@ async fn set_visibility(app: &App, receipt: &str, timeout: Duration) {
     }
 }
 
-/// Extends the message's invisibility while its job runs.
-fn keep_invisible(app: &App, receipt: Option<String>) -> Option<tokio::task::JoinHandle<()>> {
+/// What a handed-off task does with the message it was given ([`shared::trigger::JobRef`]'s
+/// `receipt`) once its job ends: deleted when the job has a final result or a fresh copy on the
+/// queue, otherwise made visible again after `delay` (or at once) so it is delivered again.
+pub async fn settle(app: &App, receipt: &str, fate: &Fate) {
+    let Some(url) = &app.config.jobs_queue_url else {
+        return;
+    };
+    match fate {
+        Fate::Ran(_) | Fate::Rejected(_) | Fate::Requeued { .. } | Fate::HandedOff(_) => {
+            if let Err(e) = app
+                .sqs
+                .delete_message()
+                .queue_url(url)
+                .receipt_handle(receipt)
+                .send()
+                .await
+            {
+                // Delivered again, it finds the job's result (or its fresh copy's lease).
+                tracing::warn!(error = %state_backends::s3::brief(&e), "could not delete the job's message");
+            }
+        }
+        Fate::Again { delay, .. } => {
+            set_visibility(app, receipt, delay.unwrap_or(Duration::ZERO)).await;
+        }
+        Fate::Interrupted(_) => set_visibility(app, receipt, Duration::ZERO).await,
+    }
+}
+
+/// Extends the message's invisibility while its job runs (four times `keep_invisible_every`,
+/// renewed every `keep_invisible_every`).
+pub fn keep_invisible(app: &App, receipt: Option<String>) -> Option<tokio::task::JoinHandle<()>> {
     let receipt = receipt?;
     app.config.jobs_queue_url.as_ref()?;
     let app = app.clone();

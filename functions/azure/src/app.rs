@@ -192,6 +192,7 @@ impl App {
             time_left: Some(room),
             lease_wait: Duration::ZERO,
             cancel: self.shutdown.child_token(),
+            receipt: None,
         };
         let fate = pipeline::handle(self, delivery).await;
         keeper.cancel();

@@ -235,6 +235,7 @@ impl App {
             time_left: Some(left),
             lease_wait: Duration::ZERO,
             cancel: self.shutdown.child_token(),
+            receipt: None,
         };
         match pipeline::handle(self, delivery).await {
             Fate::Ran(body) | Fate::Rejected(body) | Fate::HandedOff(body) => {

@@ -158,6 +158,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                         time_left: None,
                         lease_wait: Duration::ZERO,
                         cancel,
+                        receipt: None,
                     };
                     settled(pipeline::handle(&*folder, delivery).await)
                 });

@@ -188,6 +188,7 @@ fn delivery<'a>(body: &'a [u8], time_left: Option<Duration>) -> Delivery<'a> {
         time_left,
         lease_wait: Duration::ZERO,
         cancel: CancellationToken::new(),
+        receipt: None,
     }
 }
 

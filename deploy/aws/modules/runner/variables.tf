@@ -68,7 +68,7 @@ variable "environment_variables" {
       "TERRACE_ECS_CLUSTER", "TERRACE_ECS_TASK_DEFINITION", "TERRACE_ECS_CONTAINER",
       "TERRACE_ECS_SUBNETS", "TERRACE_ECS_SECURITY_GROUPS",
     ])) == 0
-    error_message = "environment_variables may not set a variable the module sets (TERRACE_TENANTS, the queue URLs, TERRACE_LOG, TERRACE_ECS_*): use the module's own variables."
+    error_message = "environment_variables may not set a variable the module sets (TERRACE_TENANTS, the queue URLs, TERRACE_LOG, the TERRACE_ECS_ cluster, task definition, container, subnets and security groups): use the module's own variables."
   }
 }
 
