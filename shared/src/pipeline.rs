@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::runner::{RunOutcome, Runner};
 use crate::settings::Runtime;
 use crate::tenants::Tenants;
-use crate::terraform::{JobUser, SharedUser, TerraformConfig};
+use crate::terraform::{SharedUser, TerraformConfig};
 use crate::trigger::{JobRef, StagedError, check_job, is_final, problem, rejection};
 use crate::validate::ValidatedJob;
 
@@ -418,32 +418,19 @@ async fn run<T: Trigger + ?Sized>(
     // Terraform's user for this job: one of the job's own, or this runner's turn for the user
     // jobs share. Given back (and whatever still runs as it killed) when the last copy of the
     // configuration holding it goes: after the job's task.
-    let user = if config.terraform.per_job_users {
-        match JobUser::claim() {
-            Ok(Some(user)) => Some(user),
-            Ok(None) => return Fate::again("every terraform user of this host is taken by a job"),
-            Err(e) => return Fate::again(format!("cannot give terraform a user of its own: {e}")),
-        }
-    } else if let SharedUser::OneAtATime { sole_user } = config.terraform.shared_user {
+    let guarded = matches!(config.terraform.shared_user, SharedUser::OneAtATime { .. });
+    if config.terraform.per_job_users || guarded {
         let asked = std::time::Instant::now();
-        let user = match JobUser::take_turn(config.terraform.user, sole_user).await {
-            Ok(user) => user,
-            Err(survivors) => return Fate::again(survivors.to_string()),
-        };
+        if let Err(why) = config.terraform.take_user().await {
+            return Fate::again(why);
+        }
         // Waiting for the jobs before (of one batch, say) took time this delivery had: a job
         // that no longer fits in what is left goes to a task, as it would have at once.
         let left = d.time_left.map(|left| left.saturating_sub(asked.elapsed()));
-        if left.is_some_and(|left| job.job.timeout > left) {
-            drop(user);
+        if !config.terraform.per_job_users && left.is_some_and(|left| job.job.timeout > left) {
+            config.terraform.job_user = None;
             return hand_off(trigger, target, job, ws, d).await;
         }
-        Some(user)
-    } else {
-        None
-    };
-    if let Some(user) = user {
-        config.terraform.user = user.run_as;
-        config.terraform.job_user = Some(Arc::new(user));
     }
     let (store, keep) = tokio::join!(
         trigger.store(target, id, Some(ws)),

@@ -132,6 +132,50 @@ impl TerraformConfig {
         Ok(())
     }
 
+    /// How `terrace run` (one job, the machine's user's own) runs terraform: as
+    /// `TERRACE_TERRAFORM_USER` says, by default as the runner's own user, root included: the
+    /// job is its user's, with their credentials. Where a root CLI runs templates it does not
+    /// trust, `per-job` gives the job a user of its own, as `serve` does by default.
+    ///
+    /// # Errors
+    /// A malformed `TERRACE_TERRAFORM_USER`, or users to switch to when the runner cannot.
+    pub fn run_one(&mut self) -> Result<(), ConfigError> {
+        self.set_user(terraform_user(false)?);
+        Ok(())
+    }
+
+    /// The user this job's terraform runs as, taken: a user of its own
+    /// ([`JobUser::claim`](crate::terraform::JobUser::claim)) or its turn for the shared one
+    /// ([`JobUser::take_turn`](crate::terraform::JobUser::take_turn)); given back, with what
+    /// still runs as it killed, when the last copy of this configuration goes.
+    ///
+    /// # Errors
+    /// Why the job cannot have a user now, as a sentence: every user taken, the lock folder,
+    /// or what the job before left that cannot be killed.
+    pub async fn take_user(&mut self) -> Result<(), String> {
+        use crate::terraform::{JobUser, SharedUser};
+        let user = if self.per_job_users {
+            match JobUser::claim() {
+                Ok(Some(user)) => user,
+                Ok(None) => {
+                    return Err("every terraform user of this host is taken by a job".into());
+                }
+                Err(e) => return Err(format!("cannot give terraform a user of its own: {e}")),
+            }
+        } else {
+            let sole_user = match self.shared_user {
+                SharedUser::OneAtATime { sole_user } => sole_user,
+                SharedUser::Unguarded => false,
+            };
+            JobUser::take_turn(self.user, sole_user)
+                .await
+                .map_err(|survivors| survivors.to_string())?
+        };
+        self.user = user.run_as;
+        self.job_user = Some(std::sync::Arc::new(user));
+        Ok(())
+    }
+
     fn set_user(&mut self, who: Who) {
         (self.user, self.per_job_users) = match who {
             Who::Runner => (None, false),

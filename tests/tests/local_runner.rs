@@ -460,6 +460,20 @@ async fn a_provisioner_gets_nothing_of_the_local_runners_environment() {
         !alive,
         "what the job left running outlived `terrace run`: {report:?}"
     );
+
+    // `terrace run` as root with `TERRACE_TERRAFORM_USER=per-job`: a user of the job's own, as
+    // `serve` gives by default.
+    if root {
+        let job = sb.job("p3.yaml", &probe("p3", "local-probe-3"));
+        let out = sb
+            .terrace()
+            .env("TERRACE_TERRAFORM_USER", "per-job")
+            .args(["run", "-q", job.to_str().unwrap()])
+            .output()
+            .unwrap();
+        tests::Run(out).expect_code(0);
+        sb.assert_probe_got_nothing("local-probe-3", &[], &["TESTCLOUD_ROOT"], true);
+    }
 }
 
 /// A job whose provisioner allocates without bound meets the per-process memory limit: it fails

@@ -15,7 +15,7 @@ use shared::result::{JobResult, Status};
 use shared::runner::{RunOutcome, Runner};
 use shared::settings::Runtime;
 use shared::template::source::{Published, Templates};
-use shared::terraform::{JobUser, TerraformConfig};
+use shared::terraform::TerraformConfig;
 use shared::validate::{ValidatedJob, ValidationError, fetch_and_validate};
 use state_backends::{StateStore, WorkspaceId};
 use std::sync::Arc;
@@ -394,8 +394,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             };
             let mut config = runtime(&g, templates).runner_config();
             config.lease_wait = Duration::from_secs(wait);
-            // What the job leaves running (a detached provisioner) is killed when it ends.
-            let _leftovers = JobUser::take_turn(None, false).await?;
+            take_user(&mut config).await?;
             let runner = Runner::new(g.open_store().await?, config);
             let cancel = CancellationToken::new();
             tokio::spawn(cancel_on_signal(cancel.clone()));
@@ -502,7 +501,7 @@ async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyho
     j.operation = Operation::Plan;
     let mut config = runtime(g, templates).runner_config();
     config.lease_wait = Duration::from_secs(wait);
-    let _leftovers = JobUser::take_turn(None, false).await?;
+    take_user(&mut config).await?;
     let runner = Runner::new(g.open_store().await?, config);
     let cancel = CancellationToken::new();
     tokio::spawn(cancel_on_signal(cancel.clone()));
@@ -586,6 +585,18 @@ async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
     } else {
         exit::FAILED
     })
+}
+
+/// Terraform's user for the one job this command runs (`TERRACE_TERRAFORM_USER`: you by
+/// default, `per-job` for a user of the job's own when root). What the job leaves running (a
+/// detached provisioner) is killed when it ends, with the runner's configuration.
+async fn take_user(config: &mut shared::runner::RunnerConfig) -> anyhow::Result<()> {
+    config.terraform.run_one()?;
+    config
+        .terraform
+        .take_user()
+        .await
+        .map_err(|why| anyhow::anyhow!("{why}"))
 }
 
 /// What runs a job here, from the flags and environment.
