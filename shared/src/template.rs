@@ -159,6 +159,10 @@ pub struct Template {
     pub spec: TemplateSpec,
     /// Its pinned modules, found in the library with their pinned digests.
     pub modules: Vec<modules::Module>,
+    /// For a version fetched from a bucket, the SHA-256 of its published listing: what its
+    /// files, and each job's copy of them, are checked against (see
+    /// [`Template::copy_into`]). `None` for a folder of the operator's own.
+    pub published: Option<String>,
 }
 
 /// Why a template could not be loaded.
@@ -186,6 +190,9 @@ impl Template {
         if !dir.is_dir() {
             return Err(TemplateError::Missing(dir));
         }
+        let published = std::fs::read_to_string(source::fetched_marker(&dir))
+            .ok()
+            .map(|digest| digest.trim().to_owned());
         let dir = pinned(dir);
         let path = dir.join(SPEC_FILE);
         let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
@@ -202,7 +209,60 @@ impl Template {
         check_no_backend(&dir)?;
         sensitivity::check(&spec, &dir)?;
         let modules = modules::resolve(root, &dir, &dir.join(SPEC_FILE), &spec.modules)?;
-        Ok(Self { dir, spec, modules })
+        Ok(Self {
+            dir,
+            spec,
+            modules,
+            published,
+        })
+    }
+
+    /// Copies the template's files into a job's workdir `to` (all but `template.yaml` and any
+    /// `terraform.tfstate`). A version fetched from a bucket is checked as it is copied, as
+    /// modules are ([`modules::install`]): its files must still be the published listing, and
+    /// the copy must be exactly those files, so a cache changed since the fetch (by a job's
+    /// terraform running as the runner's own user, say) never reaches terraform. `keep`: what
+    /// the workdir held before (left out of the check).
+    ///
+    /// # Errors
+    /// A copy that fails, or files that differ from the published listing.
+    pub fn copy_into(&self, to: &Path, keep: &[&str]) -> std::io::Result<()> {
+        let skipped = |name: &std::ffi::OsStr| name == SPEC_FILE || name == "terraform.tfstate";
+        modules::copy_tree(&self.dir, to, &skipped)?;
+        let Some(published) = &self.published else {
+            return Ok(());
+        };
+        let changed = |why: String| {
+            std::io::Error::other(format!(
+                "template {} {why}; it is fetched afresh for the next job",
+                self.dir.display()
+            ))
+        };
+        let source = modules::listing(&self.dir)?;
+        let found = state_backends::sha256_hex(source.as_bytes());
+        if found != *published {
+            return Err(changed(format!(
+                "changed in the runner's cache after it was fetched (its files' digest is {found}, the published listing's {published})"
+            )));
+        }
+        let path_of = |line: &str| line.split_once("  ").map(|(_, path)| path.to_owned());
+        let last = |path: &str| path.rsplit('/').next().unwrap_or(path).to_owned();
+        let expected: Vec<String> = source
+            .lines()
+            .filter(|line| path_of(line).is_some_and(|p| !skipped(last(&p).as_ref())))
+            .map(str::to_owned)
+            .collect();
+        let copied: Vec<String> = modules::listing(to)?
+            .lines()
+            .filter(|line| path_of(line).is_some_and(|p| !keep.contains(&p.as_str())))
+            .map(str::to_owned)
+            .collect();
+        if copied != expected {
+            return Err(changed(
+                "was copied into the job's workdir other than its published listing says".into(),
+            ));
+        }
+        Ok(())
     }
 }
 

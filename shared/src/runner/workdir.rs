@@ -79,7 +79,7 @@ pub(super) fn prepare_workdir(
     let lock = std::fs::File::create(&fresh)?;
     lock.try_lock().map_err(std::io::Error::other)?;
     std::fs::rename(&fresh, dir.path().join(LOCK_FILE))?;
-    copy_template(&job.template.dir, dir.path())?;
+    job.template.copy_into(dir.path(), &[LOCK_FILE])?;
     crate::template::modules::install(&job.template.modules, dir.path())?;
     {
         use std::os::unix::fs::DirBuilderExt;
@@ -170,12 +170,6 @@ pub(super) fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     file.write_all(data)
 }
 
-pub(super) fn copy_template(from: &Path, to: &Path) -> std::io::Result<()> {
-    crate::template::modules::copy_tree(from, to, &|name| {
-        name == crate::template::SPEC_FILE || name == "terraform.tfstate"
-    })
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -226,6 +220,65 @@ pub(super) mod tests {
         assert_eq!(secret.mode() & 0o777, 0o600, "still private to its owner");
         let lock = std::fs::metadata(path.join(LOCK_FILE)).unwrap();
         assert_eq!(lock.uid(), 0, "the lock stays the runner's");
+    }
+
+    /// A version fetched from a bucket is checked as it is copied into a job's workdir: a
+    /// cache changed since the fetch (a job's terraform runs as the runner's own user on
+    /// Lambda) is refused, whatever changed, and never reaches terraform.
+    #[test]
+    fn a_fetched_template_changed_in_the_cache_never_reaches_a_workdir() {
+        use crate::template::{Template, modules};
+        let cache = tempfile::tempdir().unwrap();
+        let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates/demo/1.0.0");
+        let version = cache.path().join("demo/1.0.0");
+        std::fs::create_dir_all(&version).unwrap();
+        modules::copy_tree(&demo, &version, &|_| false).unwrap();
+        let listing = modules::listing(&version).unwrap();
+        std::fs::write(
+            cache.path().join("demo/1.0.0.fetched"),
+            state_backends::sha256_hex(listing.as_bytes()),
+        )
+        .unwrap();
+        let template = Template::load(cache.path(), "demo", "1.0.0").unwrap();
+        assert!(template.published.is_some());
+        let good = tempfile::tempdir().unwrap();
+        std::fs::write(good.path().join(LOCK_FILE), "").unwrap();
+        template.copy_into(good.path(), &[LOCK_FILE]).unwrap();
+        assert!(good.path().join("main.tf").exists());
+        assert!(!good.path().join(crate::template::SPEC_FILE).exists());
+
+        let main = version.join("main.tf");
+        let original = std::fs::read_to_string(&main).unwrap();
+        let change = |what: &str| match what {
+            "a file edited" => std::fs::write(&main, format!("{original}\n# changed\n")).unwrap(),
+            "a file added" => std::fs::write(version.join("extra.tf"), "locals {}\n").unwrap(),
+            _ => std::fs::remove_file(version.join("outputs.tf")).unwrap(),
+        };
+        for what in ["a file edited", "a file added", "a file removed"] {
+            change(what);
+            let bad = tempfile::tempdir().unwrap();
+            let err = template.copy_into(bad.path(), &[]).unwrap_err().to_string();
+            assert!(
+                err.contains("changed in the runner's cache after it was fetched"),
+                "{what}: {err}"
+            );
+            // Put back for the next case.
+            std::fs::remove_dir_all(&version).unwrap();
+            std::fs::create_dir_all(&version).unwrap();
+            modules::copy_tree(&demo, &version, &|_| false).unwrap();
+            template
+                .copy_into(tempfile::tempdir().unwrap().path(), &[])
+                .unwrap();
+        }
+
+        // A folder of the operator's own has no published listing: copied as it is.
+        let own = Template::load(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates"),
+            "demo",
+            "1.0.0",
+        )
+        .unwrap();
+        assert!(own.published.is_none());
     }
 
     #[test]

@@ -643,7 +643,7 @@ fn is_template_name(name: &str) -> bool {
 
 /// Where the cache notes the digest of the listing it fetched for `local` (`<path>.fetched`,
 /// beside the link, so a job's copy is untouched).
-fn fetched_marker(local: &Path) -> PathBuf {
+pub(crate) fn fetched_marker(local: &Path) -> PathBuf {
     let mut name = local.as_os_str().to_owned();
     name.push(".fetched");
     PathBuf::from(name)
