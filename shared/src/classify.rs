@@ -79,7 +79,7 @@ pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> Job
             "the workspace's state store failed while terraform read, locked or wrote its state through the runner (the runner's log has the store's error); running the job again may succeed",
             true,
         )
-    } else if has(crate::recover::CONFLICT_WORDS) {
+    } else if has(CONFLICT_WORDS) {
         (
             Category::ProviderConflict,
             "the object already exists in the cloud but not in the workspace's state (a create that failed after the cloud made it, or an object made outside terraform): import it into the state, or delete it, then run the job again",
@@ -169,6 +169,15 @@ pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> Job
         retryable,
     }
 }
+
+/// What a provider's "the object already exists" says, lowercased.
+pub const CONFLICT_WORDS: &[&str] = &[
+    "already exists",
+    "alreadyexists",
+    "already own",
+    "409 conflict",
+    "error 409",
+];
 
 /// What a temporary failure of a cloud API says, lowercased: the request may or may not have
 /// been carried out.

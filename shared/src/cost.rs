@@ -35,6 +35,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::job::{Budget, OnUnpriced};
+
 /// The price book format this runner reads.
 pub const FORMAT: u32 = 1;
 
@@ -335,31 +337,6 @@ fn check_date(field: &str, text: &str) -> Result<(), String> {
     } else {
         Err(format!("{field}: {text:?} is not a date (YYYY-MM-DD)"))
     }
-}
-
-/// A job's limit on what its plan may add to the monthly cost.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Budget {
-    /// The most the monthly cost may rise, in the price books' currency.
-    pub max_monthly_increase: f64,
-    /// The currency the job means; refused when the books are in another.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub currency: Option<String>,
-    /// What a resource that cannot be priced does to the budget.
-    #[serde(default)]
-    pub on_unpriced: OnUnpriced,
-}
-
-/// Whether a created or changed resource that cannot be priced stops a budgeted apply.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnUnpriced {
-    /// Counted as nothing, and listed under `not_priced`.
-    #[default]
-    Allow,
-    /// Stops the apply: the budget cannot be checked.
-    Stop,
 }
 
 /// The estimate of one plan.

@@ -22,7 +22,7 @@ use time::OffsetDateTime;
 
 use crate::job::RawJob;
 use crate::records::JobRecord;
-use crate::rollback::last_apply;
+use crate::records::last_apply;
 
 /// What one sweep found.
 #[derive(Debug, Default)]
@@ -206,12 +206,12 @@ mod tests {
             .put_artifact(
                 ws,
                 job,
-                crate::runner::JOB_FILE,
+                crate::records::JOB_FILE,
                 Bytes::from(record.to_string()),
             )
             .await
             .unwrap();
-        crate::rollback::record_last_apply(store, ws, job)
+        crate::records::record_last_apply(store, ws, job)
             .await
             .unwrap();
         if store.current(ws).await.unwrap().is_none() {

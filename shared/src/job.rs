@@ -96,7 +96,7 @@ pub struct Job {
     pub retry: RetryPolicy,
     /// The most the plan may add to the monthly cost (an apply over it stops before applying).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<crate::cost::Budget>,
+    pub budget: Option<Budget>,
 }
 
 /// How transient failures are retried: exponential backoff with full jitter. Attempt `n`
@@ -385,6 +385,31 @@ mod duration_secs {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_secs)
     }
+}
+
+/// A job's limit on what its plan may add to the monthly cost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// The most the monthly cost may rise, in the price books' currency.
+    pub max_monthly_increase: f64,
+    /// The currency the job means; refused when the books are in another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// What a resource that cannot be priced does to the budget.
+    #[serde(default)]
+    pub on_unpriced: OnUnpriced,
+}
+
+/// Whether a created or changed resource that cannot be priced stops a budgeted apply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnpriced {
+    /// Counted as nothing, and listed under `not_priced`.
+    #[default]
+    Allow,
+    /// Stops the apply: the budget cannot be checked.
+    Stop,
 }
 
 #[cfg(test)]

@@ -14,11 +14,9 @@ use state_backends::{Fence, StateStore, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 
 use crate::job::Operation;
+use crate::records::{STATUS_FILE, WORKSPACE_RECORDS};
 use crate::result::{JobResult, Status};
-use crate::rollback::WORKSPACE_RECORDS;
 
-/// The record's name under the workspace's records.
-pub const STATUS_FILE: &str = "status.json";
 /// The record's format.
 pub const STATUS_SCHEMA: u32 = 1;
 /// Transitions kept in a record's history (the oldest are dropped).

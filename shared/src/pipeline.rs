@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use base64::Engine;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -208,31 +207,10 @@ pub struct Delivery<'a> {
     pub receipt: Option<&'a str>,
 }
 
-/// A message's body as `T`: JSON, or JSON in base64 (what many senders put on queues).
-///
-/// # Errors
-/// Why it is not JSON (as read without base64).
-pub fn json_or_base64<T: DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
-    let read = |bytes: &[u8]| {
-        crate::job::strict_json(bytes).and_then(|value| serde_json::from_value::<T>(value))
-    };
-    read(body).or_else(|json_error| {
-        std::str::from_utf8(body)
-            .ok()
-            .and_then(|text| {
-                base64::engine::general_purpose::STANDARD
-                    .decode(text.trim())
-                    .ok()
-            })
-            .and_then(|bytes| read(&bytes).ok())
-            .ok_or(json_error)
-    })
-}
-
 /// The message as an envelope. The error quotes no value of the message (a job encoded twice
 /// would be quoted whole, with its secrets).
 fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, String> {
-    json_or_base64(body).map_err(|e| {
+    crate::trigger::json_or_base64(body).map_err(|e| {
         format!(
             "the message is not a job envelope: {}",
             crate::redact::unquoted(&e.to_string())
@@ -703,6 +681,46 @@ async fn put_back<T: Trigger + ?Sized>(
         }
     }
     fate
+}
+
+/// A handed-off task's exit code for its job's fate, with the record on stdout: 0 the job
+/// succeeded or went back on the queue to run later, 1 it failed, 65 the message was refused,
+/// 75 it could neither run nor go back on the queue (a retry of the task may).
+pub fn task_exit(name: &str, fate: Fate) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    match fate {
+        Fate::Ran(record) => {
+            println!("{record}");
+            if record["status"] == "succeeded" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Fate::Rejected(record) => {
+            println!("{record}");
+            ExitCode::from(65)
+        }
+        Fate::HandedOff(record) => {
+            println!("{record}");
+            ExitCode::SUCCESS
+        }
+        Fate::Requeued { why, delay } => {
+            tracing::warn!(
+                "{name}: the job is back on the queue, to run in {} s: {why}",
+                delay.as_secs()
+            );
+            ExitCode::SUCCESS
+        }
+        Fate::Again { why, .. } => {
+            tracing::error!("{name}: {why}");
+            ExitCode::from(75)
+        }
+        Fate::Interrupted(record) => {
+            println!("{record}");
+            ExitCode::from(75)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,9 +17,23 @@ use serde_json::Value;
 use crate::job::{OnFailure, Operation, TemplateRef};
 use crate::redact::{MASK, Redactor};
 use crate::validate::ValidatedJob;
+use state_backends::{StateStore, WorkspaceId};
 
 /// The format of a [`JobRecord`] written now.
 pub const JOB_RECORD_SCHEMA: u32 = 1;
+
+/// A run's record of what ran ([`JobRecord`]), in `runs/<job>/`.
+pub const JOB_FILE: &str = "job.json";
+/// A run's result ([`crate::result::JobResult`]), in `runs/<job>/`.
+pub const RESULT_FILE: &str = "result.json";
+/// The state terraform could not save to the backend, kept in `runs/<job>/` as it wrote it.
+pub const ERRORED_STATE: &str = "errored.tfstate";
+/// The pseudo-run that holds workspace-wide records (not a valid job id: `_` cannot start one).
+pub const WORKSPACE_RECORDS: &str = "_workspace";
+/// The workspace's last successful apply ([`LastApply`]), under [`WORKSPACE_RECORDS`].
+pub const LAST_APPLY: &str = "last-apply.json";
+/// The workspace's life ([`crate::lifecycle::WorkspaceStatus`]), under [`WORKSPACE_RECORDS`].
+pub const STATUS_FILE: &str = "status.json";
 
 /// Why a record cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -118,12 +132,12 @@ impl JobRecord {
     pub fn parse(bytes: &[u8]) -> Result<Self, RecordError> {
         let record: Self =
             serde_json::from_slice(bytes).map_err(|source| RecordError::Malformed {
-                name: crate::runner::JOB_FILE,
+                name: crate::records::JOB_FILE,
                 source,
             })?;
         if record.schema > JOB_RECORD_SCHEMA {
             return Err(RecordError::Newer {
-                name: crate::runner::JOB_FILE,
+                name: crate::records::JOB_FILE,
                 found: record.schema,
                 supported: JOB_RECORD_SCHEMA,
             });
@@ -170,7 +184,7 @@ impl LastApply {
     /// Bytes that are not a record.
     pub fn parse(bytes: &[u8]) -> Result<Self, RecordError> {
         serde_json::from_slice(bytes).map_err(|source| RecordError::Malformed {
-            name: crate::rollback::LAST_APPLY,
+            name: crate::records::LAST_APPLY,
             source,
         })
     }
@@ -178,6 +192,54 @@ impl LastApply {
     pub fn to_bytes(&self) -> Bytes {
         Bytes::from(serde_json::to_vec(self).unwrap_or_default())
     }
+}
+
+/// Records `job_id` as the workspace's last successful apply.
+///
+/// # Errors
+/// When the store cannot write it.
+pub async fn record_last_apply(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+) -> Result<(), state_backends::StoreError> {
+    store
+        .put_artifact(
+            ws,
+            WORKSPACE_RECORDS,
+            LAST_APPLY,
+            LastApply::new(job_id).to_bytes(),
+        )
+        .await
+}
+
+/// The workspace's last successful apply: its job id and its `job.json` record (sensitive
+/// values masked); `None` when no apply has succeeded there yet.
+///
+/// # Errors
+/// Why it cannot be read, as a sentence for a result.
+pub async fn last_apply(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+) -> Result<Option<(String, JobRecord)>, String> {
+    let read = |e: state_backends::StoreError| format!("cannot read the last apply's record: {e}");
+    let Some(pointer) = store
+        .artifact(ws, WORKSPACE_RECORDS, LAST_APPLY)
+        .await
+        .map_err(read)?
+    else {
+        return Ok(None);
+    };
+    let prev_id = LastApply::parse(&pointer)
+        .map_err(|e| e.to_string())?
+        .job_id;
+    let record = store
+        .artifact(ws, &prev_id, JOB_FILE)
+        .await
+        .map_err(read)?
+        .ok_or_else(|| format!("the last successful apply, {prev_id}, has no job record"))?;
+    let record = JobRecord::parse(&record).map_err(|e| e.to_string())?;
+    Ok(Some((prev_id, record)))
 }
 
 #[cfg(test)]

@@ -29,19 +29,12 @@ pub struct Recovery {
     pub after: String,
 }
 
-/// What a provider's "the object already exists" says, lowercased.
-pub const CONFLICT_WORDS: &[&str] = &[
-    "already exists",
-    "alreadyexists",
-    "already own",
-    "409 conflict",
-    "error 409",
-];
-
 /// Whether an error says the object already exists.
 pub fn says_already_exists(text: &str) -> bool {
     let text = text.to_lowercase();
-    CONFLICT_WORDS.iter().any(|w| text.contains(w))
+    crate::classify::CONFLICT_WORDS
+        .iter()
+        .any(|w| text.contains(w))
 }
 
 /// Whether an error leaves it unknown if the cloud carried the request out: a timeout, a 5xx,

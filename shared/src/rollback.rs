@@ -11,61 +11,8 @@ use serde_json::{Map, Value};
 use state_backends::{StateStore, WorkspaceId};
 
 use crate::job::RawJob;
-use crate::records::{JobRecord, LastApply};
+use crate::records::{JobRecord, last_apply};
 use crate::validate::{ValidatedJob, validate};
-
-/// The pseudo-run that holds workspace-wide records (not a valid job id).
-pub const WORKSPACE_RECORDS: &str = "_workspace";
-/// The record of the last successful apply.
-pub const LAST_APPLY: &str = "last-apply.json";
-
-/// Records `job_id` as the workspace's last successful apply.
-///
-/// # Errors
-/// When the store cannot write it.
-pub async fn record_last_apply(
-    store: &dyn StateStore,
-    ws: &WorkspaceId,
-    job_id: &str,
-) -> Result<(), state_backends::StoreError> {
-    store
-        .put_artifact(
-            ws,
-            WORKSPACE_RECORDS,
-            LAST_APPLY,
-            LastApply::new(job_id).to_bytes(),
-        )
-        .await
-}
-
-/// The workspace's last successful apply: its job id and its `job.json` record (sensitive
-/// values masked); `None` when no apply has succeeded there yet.
-///
-/// # Errors
-/// Why it cannot be read, as a sentence for a result.
-pub async fn last_apply(
-    store: &dyn StateStore,
-    ws: &WorkspaceId,
-) -> Result<Option<(String, JobRecord)>, String> {
-    let read = |e: state_backends::StoreError| format!("cannot read the last apply's record: {e}");
-    let Some(pointer) = store
-        .artifact(ws, WORKSPACE_RECORDS, LAST_APPLY)
-        .await
-        .map_err(read)?
-    else {
-        return Ok(None);
-    };
-    let prev_id = LastApply::parse(&pointer)
-        .map_err(|e| e.to_string())?
-        .job_id;
-    let record = store
-        .artifact(ws, &prev_id, crate::runner::JOB_FILE)
-        .await
-        .map_err(read)?
-        .ok_or_else(|| format!("the last successful apply, {prev_id}, has no job record"))?;
-    let record = JobRecord::parse(&record).map_err(|e| e.to_string())?;
-    Ok(Some((prev_id, record)))
-}
 
 /// The configuration of the workspace's last successful apply, ready to run as `job`'s
 /// rollback (same id, tenant and workspace); `None` when no apply has succeeded there yet.

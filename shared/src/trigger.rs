@@ -57,8 +57,7 @@ pub fn masked_message(text: &str, templates: &Path) -> String {
             state_backends::sha256_hex(text.as_bytes())
         )
     };
-    let Ok(Value::Object(envelope)) = crate::pipeline::json_or_base64::<Value>(text.as_bytes())
-    else {
+    let Ok(Value::Object(envelope)) = json_or_base64::<Value>(text.as_bytes()) else {
         return digest("not a job envelope");
     };
     let Some(Value::Object(job)) = envelope.get("job") else {
@@ -373,6 +372,25 @@ pub fn is_final(result: &serde_json::Value) -> bool {
     result["status"]
         .as_str()
         .is_some_and(|s| s != "interrupted")
+}
+
+/// A message's body as `T`: JSON, or JSON in base64 (what many senders put on queues).
+///
+/// # Errors
+/// Why it is not JSON (as read without base64).
+pub fn json_or_base64<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, serde_json::Error> {
+    let read = |bytes: &[u8]| {
+        crate::job::strict_json(bytes).and_then(|value| serde_json::from_value::<T>(value))
+    };
+    read(body).or_else(|json_error| {
+        std::str::from_utf8(body)
+            .ok()
+            .and_then(|text| {
+                base64::Engine::decode(&base64::engine::general_purpose::STANDARD, text.trim()).ok()
+            })
+            .and_then(|bytes| read(&bytes).ok())
+            .ok_or(json_error)
+    })
 }
 
 #[cfg(test)]

@@ -346,8 +346,8 @@ fn retry_policy(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Opt
 }
 
 /// Reads `budget: { max_monthly_increase, currency, on_unpriced }`.
-fn budget(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Option<crate::cost::Budget> {
-    use crate::cost::{Budget, OnUnpriced};
+fn budget(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Option<crate::job::Budget> {
+    use crate::job::{Budget, OnUnpriced};
     let value = value.filter(|v| !v.is_null())?;
     let Value::Object(map) = value else {
         errors.push(ValidationError::new(

@@ -191,5 +191,5 @@ pub async fn task(app: &App) -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    shared::process::task_exit("terrace-aws task", fate)
+    shared::pipeline::task_exit("terrace-aws task", fate)
 }

@@ -459,7 +459,7 @@ impl Trigger for App {
             .jobs_topic
             .as_deref()
             .ok_or("TERRACE_JOBS_TOPIC is not set")?;
-        let message: Value = pipeline::json_or_base64(body)
+        let message: Value = shared::trigger::json_or_base64(body)
             .map_err(|e| format!("the message cannot be published again: {e}"))?;
         let wait = delay.min(self.config.requeue_wait);
         tokio::select! {

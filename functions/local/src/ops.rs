@@ -11,8 +11,8 @@ use clap::Args;
 use futures::StreamExt as _;
 use serde::Serialize;
 use shared::records::JobRecord;
+use shared::records::{JOB_FILE, RESULT_FILE};
 use shared::result::JobResult;
-use shared::runner::{JOB_FILE, RESULT_FILE};
 use state_backends::{StateStore, WorkspaceId, display_time};
 use time::OffsetDateTime;
 

@@ -217,7 +217,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                     (data, file.display().to_string())
                 }
                 (None, Some(job)) => {
-                    let name = shared::runner::ERRORED_STATE;
+                    let name = shared::records::ERRORED_STATE;
                     match store.artifact(&workspace, &job, name).await? {
                         Some(data) => (data.to_vec(), format!("runs/{job}/{name}")),
                         None => {

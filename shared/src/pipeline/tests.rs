@@ -10,7 +10,7 @@ use state_backends::memory::MemoryStore;
 use state_backends::{LeaseRequest, StateStore};
 
 use super::*;
-use crate::runner::RESULT_FILE;
+use crate::records::RESULT_FILE;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -244,7 +244,7 @@ fn record_of(id: &str) -> Bytes {
 /// Stores job `id`'s records as a finished run (an apply of acme/demo) leaves them.
 async fn finish(store: &dyn StateStore, id: &str) {
     store
-        .put_artifact(&ws(), id, crate::runner::JOB_FILE, record_of(id))
+        .put_artifact(&ws(), id, crate::records::JOB_FILE, record_of(id))
         .await
         .unwrap();
     let result = Bytes::from(serde_json::to_vec(&result_of(id)).unwrap());
@@ -309,7 +309,10 @@ async fn every_problem_with_the_target_and_the_job_is_in_one_rejection() {
 #[tokio::test]
 async fn a_base64_message_is_decoded_like_a_json_one() {
     let fake = Fake::new();
-    let encoded = base64::engine::general_purpose::STANDARD.encode(message("j1", "10m"));
+    let encoded = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        message("j1", "10m"),
+    );
     finish(&*fake.store, "j1").await;
     let fate = handle(&fake, delivery(encoded.as_bytes(), None)).await;
     assert!(matches!(fate, Fate::Ran(_)), "{fate:?}");
@@ -332,7 +335,7 @@ async fn a_finished_job_delivered_again_reports_its_result_again_and_runs_nothin
     // Nothing ran: the job record is the finished run's.
     assert_eq!(
         fake.store
-            .artifact(&ws(), "j1", crate::runner::JOB_FILE)
+            .artifact(&ws(), "j1", crate::records::JOB_FILE)
             .await
             .unwrap(),
         Some(record_of("j1"))
@@ -477,7 +480,7 @@ async fn a_staged_message_changed_after_staging_is_refused_reported_and_never_ru
     assert_eq!(fake.reported(), vec![record]);
     assert!(
         fake.store
-            .artifact(&ws(), "j1", crate::runner::JOB_FILE)
+            .artifact(&ws(), "j1", crate::records::JOB_FILE)
             .await
             .unwrap()
             .is_none(),
@@ -855,7 +858,7 @@ async fn a_stored_result_that_is_not_the_jobs_own_is_never_reported_and_the_job_
         );
         if forge(&mut forged) {
             fake.store
-                .put_artifact(&ws(), "j1", crate::runner::JOB_FILE, record_of("j1"))
+                .put_artifact(&ws(), "j1", crate::records::JOB_FILE, record_of("j1"))
                 .await
                 .unwrap();
         }

@@ -47,13 +47,8 @@ use life::Life;
 use steps::*;
 use workdir::*;
 
-pub use steps::ERRORED_STATE;
+use crate::records::{ERRORED_STATE, JOB_FILE, RESULT_FILE};
 pub use workdir::{BACKEND_CONFIG, sweep_workdirs};
-
-/// The artifact names of a run.
-pub const RESULT_FILE: &str = "result.json";
-
-pub const JOB_FILE: &str = "job.json";
 
 /// How the runner works on this machine.
 #[derive(Clone, Debug)]
@@ -664,7 +659,7 @@ impl Runner {
         if !tagged || j.operation != Operation::DriftCheck {
             return j.id.clone();
         }
-        match rollback::last_apply(self.store.as_ref(), ws).await {
+        match crate::records::last_apply(self.store.as_ref(), ws).await {
             Ok(Some((id, _))) => id,
             Ok(None) => j.id.clone(),
             Err(why) => {
@@ -808,7 +803,8 @@ impl Runner {
         let result = self.steps(j.operation, j.retry, &steps, report).await;
         if result.is_ok() && j.operation == Operation::Apply {
             // What a later `on_failure: rollback` returns to.
-            if let Err(e) = rollback::record_last_apply(self.store.as_ref(), ws, &j.id).await {
+            if let Err(e) = crate::records::record_last_apply(self.store.as_ref(), ws, &j.id).await
+            {
                 logger
                     .runner(
                         "apply",

@@ -491,9 +491,6 @@ impl Runner {
 /// At most this many objects are imported after "already exists" in one job.
 pub(super) const MAX_IMPORTS: usize = 5;
 
-/// The file terraform writes its state to when it cannot save it to the backend.
-pub const ERRORED_STATE: &str = "errored.tfstate";
-
 /// Whether a diagnostic is terraform failing to save its state (and nothing else).
 pub(super) fn is_state_save_error(message: &str) -> bool {
     let m = message.to_lowercase();
@@ -569,7 +566,7 @@ pub(super) struct Steps<'a> {
 /// What a job's plans are priced with.
 pub(super) struct Costing {
     pub(super) books: cost::PriceBooks,
-    pub(super) budget: Option<cost::Budget>,
+    pub(super) budget: Option<crate::job::Budget>,
 }
 
 /// A regular file in a workdir, read without following a link and only up to `cap` bytes;
