@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use shared::state_server::{Config, StateServer};
+use shared::run::state_server::{Config, StateServer};
 use state_backends::fs::FsStore;
 use state_backends::{LeaseRequest, StateStore, WorkspaceId};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -97,11 +97,11 @@ async fn main() {
         store,
         ws,
         fence: lease.fence(),
-        password: shared::state_server::random_secret(),
+        password: shared::run::state_server::random_secret(),
         logger: None,
         lease_lost: tokio_util::sync::CancellationToken::new(),
-        max_body: shared::state_server::MAX_STATE_BYTES,
-        header_read_timeout: shared::state_server::HEADER_READ_TIMEOUT,
+        max_body: shared::run::state_server::MAX_STATE_BYTES,
+        header_read_timeout: shared::run::state_server::HEADER_READ_TIMEOUT,
     })
     .await
     .unwrap();

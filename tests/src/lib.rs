@@ -61,7 +61,7 @@ pub async fn leased_state_server(
     store: std::sync::Arc<dyn StateStore>,
     ws: &WorkspaceId,
     owner: &str,
-) -> shared::state_server::StateServer {
+) -> shared::run::state_server::StateServer {
     let lease = store
         .acquire_lease(
             ws,
@@ -73,22 +73,22 @@ pub async fn leased_state_server(
         )
         .await
         .expect("a free workspace's lease");
-    shared::state_server::StateServer::start(shared::state_server::Config {
+    shared::run::state_server::StateServer::start(shared::run::state_server::Config {
         store,
         ws: ws.clone(),
         fence: lease.fence(),
-        password: shared::state_server::random_secret(),
+        password: shared::run::state_server::random_secret(),
         logger: None,
         lease_lost: tokio_util::sync::CancellationToken::new(),
-        max_body: shared::state_server::MAX_STATE_BYTES,
-        header_read_timeout: shared::state_server::HEADER_READ_TIMEOUT,
+        max_body: shared::run::state_server::MAX_STATE_BYTES,
+        header_read_timeout: shared::run::state_server::HEADER_READ_TIMEOUT,
     })
     .await
     .expect("the state server starts")
 }
 
 /// The `-backend-config` file of terraform's `http` backend for a state server.
-pub fn http_backend_config(ep: &shared::state_server::Endpoint) -> String {
+pub fn http_backend_config(ep: &shared::run::state_server::Endpoint) -> String {
     format!(
         "address = {a:?}\nlock_address = {a:?}\nunlock_address = {a:?}\nlock_method = \"LOCK\"\n\
          unlock_method = \"UNLOCK\"\nusername = {u:?}\npassword = {p:?}\n",
@@ -296,14 +296,14 @@ impl Sandbox {
 
     /// A runner in this process over `store`, set up like the sandbox's `terrace` (same
     /// terraform, provider mirror, test cloud and grace period).
-    pub fn runner(&self, store: std::sync::Arc<dyn StateStore>) -> shared::runner::Runner {
-        shared::runner::Runner::new(store, self.runner_config())
+    pub fn runner(&self, store: std::sync::Arc<dyn StateStore>) -> shared::run::runner::Runner {
+        shared::run::runner::Runner::new(store, self.runner_config())
     }
 
     /// The settings of [`Sandbox::runner`], to change before making a runner.
-    pub fn runner_config(&self) -> shared::runner::RunnerConfig {
-        use shared::runner::RunnerConfig;
-        use shared::terraform::TerraformConfig;
+    pub fn runner_config(&self) -> shared::run::runner::RunnerConfig {
+        use shared::run::runner::RunnerConfig;
+        use shared::run::terraform::TerraformConfig;
         let mut env = vec![(
             "TESTCLOUD_ROOT".to_owned(),
             self.cloud.display().to_string(),
@@ -318,15 +318,17 @@ impl Sandbox {
                 ..TerraformConfig::default()
             },
             console: false,
-            templates: Some(shared::template::source::Templates::folder(&self.templates)),
+            templates: Some(shared::job::template::source::Templates::folder(
+                &self.templates,
+            )),
             ..RunnerConfig::default()
         }
     }
 
     /// Validates a job text against the sandbox's templates.
-    pub fn validated(&self, text: &str) -> shared::validate::ValidatedJob {
+    pub fn validated(&self, text: &str) -> shared::job::validate::ValidatedJob {
         let raw = shared::job::RawJob::parse(text).expect("job parses");
-        shared::validate::validate(&raw, &self.templates).expect("job is valid")
+        shared::job::validate::validate(&raw, &self.templates).expect("job is valid")
     }
 
     pub fn fs_store(&self) -> FsStore {
@@ -482,7 +484,7 @@ impl Sandbox {
             "terraform read the runner's environment: {report:?}"
         );
         if runner_root {
-            let first = shared::terraform::FIRST_JOB_UID;
+            let first = shared::run::terraform::FIRST_JOB_UID;
             assert!(
                 (first..first + 64).contains(&uid),
                 "a runner running as root runs terraform as a user of the job's own: {report:?}"
@@ -500,7 +502,10 @@ impl Sandbox {
             own.contains(&"PATH"),
             "the probe recorded its variables: {report:?}"
         );
-        for name in shared::settings::RUNNER_CREDENTIALS.iter().chain(secrets) {
+        for name in shared::host::settings::RUNNER_CREDENTIALS
+            .iter()
+            .chain(secrets)
+        {
             assert!(
                 customers.contains(name) || !own.contains(name),
                 "terraform's environment holds {name}: {own:?}"

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use shared::backup::{Retention, sweep};
+use shared::sweeps::backup::{Retention, sweep};
 use state_backends::objects::{Bucket, BucketStore};
 use state_backends::{NewState, PutMode, StateStore, WorkspaceId, tfstate::empty_state};
 

@@ -982,7 +982,7 @@ async fn terraform_gets_a_session_of_its_own_through_credential_process_never_st
         let text = String::from_utf8_lossy(&bytes);
         assert!(!text.contains(secret), "{key} holds the session's secret");
         assert!(!text.contains(token), "{key} holds the session's token");
-        masked |= key.contains("/log/") && text.contains(shared::redact::MASK);
+        masked |= key.contains("/log/") && text.contains(shared::job::redact::MASK);
     }
     assert!(masked, "the printed session was logged, masked");
 }

@@ -262,7 +262,7 @@ async fn a_false_failure_is_retried_then_imported_and_no_duplicate_exists() {
         .find(|i| i["index_key"] == "c")
         .expect("c in the state");
     assert_eq!(c["attributes"]["id"], id.as_str());
-    let log = shared::logs::read_log(&sb.fs_store(), &"acme/fleet".parse().unwrap(), "ff1")
+    let log = shared::run::logs::read_log(&sb.fs_store(), &"acme/fleet".parse().unwrap(), "ff1")
         .await
         .unwrap();
     assert!(

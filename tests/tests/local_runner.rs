@@ -40,7 +40,7 @@ async fn demo_job_applies_records_versions_and_a_repeat_changes_nothing() {
     assert_eq!(result["terraform"]["flavour"], "terraform");
     assert_eq!(
         result["schema"],
-        shared::result::RESULT_SCHEMA,
+        shared::run::result::RESULT_SCHEMA,
         "results carry their format"
     );
     assert!(
@@ -251,7 +251,7 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
     );
     let kept = std::fs::read_to_string(sb.queue.join("failed/x-unknown.yaml")).unwrap();
     assert!(!kept.contains("s3cr3t-value-1"), "{kept}");
-    assert!(kept.contains(shared::redact::MASK), "{kept}");
+    assert!(kept.contains(shared::job::redact::MASK), "{kept}");
     for name in ["x-twice.yaml", "x-misspelt.yaml"] {
         for file in [name.to_owned(), format!("{name}.result.json")] {
             let kept = std::fs::read_to_string(sb.queue.join("failed").join(&file)).unwrap();
@@ -311,7 +311,7 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
     // A job file done with keeps its identifiers, not its secrets.
     let kept = std::fs::read_to_string(sb.queue.join("done/b1.yaml")).unwrap();
     assert!(!kept.contains("correct-horse-battery-staple"), "{kept}");
-    assert!(kept.contains(shared::redact::MASK), "{kept}");
+    assert!(kept.contains(shared::job::redact::MASK), "{kept}");
     let kept = shared::job::RawJob::parse(&kept).unwrap();
     assert_eq!(kept.0["id"], "b1");
     assert_eq!(kept.0["variables"]["cluster_name"], "beta");
@@ -360,7 +360,7 @@ async fn a_second_process_finds_the_workspace_busy_and_can_wait_for_it() {
         "{}",
         duplicate.stdout()
     );
-    let logs = shared::logs::read_log(&sb.fs_store(), &"acme/shared".parse().unwrap(), "p1")
+    let logs = shared::run::logs::read_log(&sb.fs_store(), &"acme/shared".parse().unwrap(), "p1")
         .await
         .unwrap();
     let inits = logs.iter().filter(|l| l.text == "terraform init").count();
@@ -708,7 +708,7 @@ async fn sensitive_values_appear_in_no_log_line_and_no_result() {
     );
 
     let ws: state_backends::WorkspaceId = "acme/leak".parse().unwrap();
-    let logs = shared::logs::read_log(&sb.fs_store(), &ws, "leak-1")
+    let logs = shared::run::logs::read_log(&sb.fs_store(), &ws, "leak-1")
         .await
         .unwrap();
     assert!(logs.len() > 20, "the log is stored");
@@ -809,7 +809,7 @@ async fn a_job_past_its_timeout_is_interrupted_reported_and_releases_its_lease()
         sb.fs_store().lease(&ws).await.unwrap().is_none(),
         "the lease was not released"
     );
-    let logs = shared::logs::read_log(&sb.fs_store(), &ws, "slow-1")
+    let logs = shared::run::logs::read_log(&sb.fs_store(), &ws, "slow-1")
         .await
         .unwrap();
     assert!(

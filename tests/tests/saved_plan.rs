@@ -6,12 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use shared::classify::classify;
-use shared::logs;
-use shared::redact::Redactor;
-use shared::result::Category;
-use shared::state_server::StateServer;
-use shared::terraform::{self, Command, Outcome, PlanMode, TerraformConfig};
+use shared::job::redact::Redactor;
+use shared::run::classify::classify;
+use shared::run::logs;
+use shared::run::result::Category;
+use shared::run::state_server::StateServer;
+use shared::run::terraform::{self, Command, Outcome, PlanMode, TerraformConfig};
 use state_backends::fs::FsStore;
 use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared::runner::{RunOutcome, Runner};
+use shared::run::runner::{RunOutcome, Runner};
 use state_backends::memory::{MemoryStore, Renewals};
 use state_backends::{LeaseRequest, StateStore, WorkspaceId};
 use tests::{Sandbox, demo_job};

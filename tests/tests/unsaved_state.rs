@@ -5,13 +5,13 @@
 
 use std::sync::Arc;
 
-use shared::runner::RunOutcome;
+use shared::run::runner::RunOutcome;
 use state_backends::{StateStore, WorkspaceId};
 use tests::failing::FailingPuts;
 use tests::{Sandbox, demo_job};
 use tokio_util::sync::CancellationToken;
 
-async fn run(sb: &Sandbox, store: Arc<dyn StateStore>, id: &str) -> shared::result::JobResult {
+async fn run(sb: &Sandbox, store: Arc<dyn StateStore>, id: &str) -> shared::run::result::JobResult {
     let runner = sb.runner(store);
     let job = sb.validated(&demo_job(id, "unsaved", "apply", "cl1", 1));
     match runner.run(&job, CancellationToken::new()).await.unwrap() {

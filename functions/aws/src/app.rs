@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use shared::pipeline::{Keep, Trigger};
-use shared::settings::Runtime;
-use shared::template::source::Location;
-use shared::tenants::Tenants;
-use shared::terraform::TerraformConfig;
-use shared::trigger;
-use shared::validate::ValidatedJob;
+use shared::host::pipeline::{Keep, Trigger};
+use shared::host::settings::Runtime;
+use shared::host::tenants::Tenants;
+use shared::host::trigger;
+use shared::job::template::source::Location;
+use shared::job::validate::ValidatedJob;
+use shared::run::terraform::TerraformConfig;
 use state_backends::objects::Bucket;
 use state_backends::s3::{LeaseMode, S3Config, S3Store};
 use state_backends::{StateStore, WorkspaceId};
@@ -44,7 +44,7 @@ impl App {
     ///
     /// # Errors
     /// `TERRACE_TEMPLATES` naming a place that is not an S3 bucket or a folder.
-    pub async fn new(mut config: Config) -> Result<Self, shared::settings::ConfigError> {
+    pub async fn new(mut config: Config) -> Result<Self, shared::host::settings::ConfigError> {
         // Every AWS call gives up in time: a store that stops answering must not hold a job
         // (its result, its lease's release, its message's return) forever. The runner fences
         // itself long before, whatever the calls do.

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use shared::settings::{ConfigError, Runtime, flag, list, seconds, var};
-use shared::tenants::Tenants;
+use shared::host::settings::{ConfigError, Runtime, flag, list, seconds, var};
+use shared::host::tenants::Tenants;
 
 use crate::access::Target;
 
@@ -28,7 +28,7 @@ pub const START_WINDOW: Duration = Duration::from_secs(600);
 #[derive(Clone, Debug)]
 pub struct Config {
     pub runtime: Runtime,
-    /// `TERRACE_TENANTS`: each tenant's role, ExternalId and bucket (see `shared::tenants`).
+    /// `TERRACE_TENANTS`: each tenant's role, ExternalId and bucket (see `shared::host::tenants`).
     pub tenants: Tenants<Target>,
     /// The jobs queue, to keep a running job's message invisible and to delay a busy one.
     pub jobs_queue_url: Option<String>,
@@ -78,7 +78,7 @@ impl Config {
         Ok(Self {
             runtime: Runtime::from_env()?
                 .isolate_terraform()?
-                .metrics_default(shared::metrics::Format::Emf)
+                .metrics_default(shared::run::metrics::Format::Emf)
                 .on_cloud("aws"),
             tenants: Tenants::from_env(
                 |t: &Target| t.check().err().map(|e| e.to_string()).into_iter().collect(),
@@ -92,7 +92,7 @@ impl Config {
             keep_invisible_every: seconds("TERRACE_KEEP_INVISIBLE_EVERY", 30)?
                 .max(Duration::from_secs(1)),
             refresh_credentials_before: seconds("TERRACE_REFRESH_CREDENTIALS_BEFORE", 600)?,
-            call_timeout: shared::settings::call_timeout()?,
+            call_timeout: shared::host::settings::call_timeout()?,
         })
     }
 }

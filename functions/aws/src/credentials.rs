@@ -45,7 +45,7 @@ struct Broker {
     refresh_before: Duration,
     current: Mutex<Option<Issued>>,
     /// Every session's secrets, for the job's redactor.
-    late: shared::redact::LateSecrets,
+    late: shared::job::redact::LateSecrets,
 }
 
 /// How long a new session should last: until the job's deadline plus 5 minutes, within what
@@ -114,7 +114,9 @@ async fn serve(State(broker): State<Arc<Broker>>, headers: HeaderMap) -> (Status
     let authorized = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| shared::state_server::constant_time_eq(v.as_bytes(), expected.as_bytes()));
+        .is_some_and(|v| {
+            shared::run::state_server::constant_time_eq(v.as_bytes(), expected.as_bytes())
+        });
     if !authorized {
         return (StatusCode::UNAUTHORIZED, "wrong or missing token\n".into());
     }
@@ -132,7 +134,7 @@ pub struct ForTerraform {
     /// Not secret: the config file's path, the region.
     pub settings: Vec<(String, String)>,
     /// The sessions' secrets, as the broker hands them out, for the job's redactor.
-    pub late: shared::redact::LateSecrets,
+    pub late: shared::job::redact::LateSecrets,
     server: tokio::task::JoinHandle<()>,
     dir: tempfile::TempDir,
 }
@@ -170,10 +172,10 @@ pub async fn for_terraform(
         target: target.clone(),
         job_id: job_id.to_owned(),
         deadline: OffsetDateTime::now_utc() + timeout,
-        token: shared::state_server::random_secret(),
+        token: shared::run::state_server::random_secret(),
         refresh_before,
         current: Mutex::new(None),
-        late: shared::redact::LateSecrets::default(),
+        late: shared::job::redact::LateSecrets::default(),
     });
     broker.credentials().await?;
 

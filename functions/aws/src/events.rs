@@ -8,7 +8,7 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use shared::pipeline::{self, Delivery};
+use shared::host::pipeline::{self, Delivery};
 use time::OffsetDateTime;
 
 use crate::access::Target;
@@ -60,7 +60,8 @@ async fn backup_sweep(app: &App, targets: &Targets) -> Value {
     for (target, _) in targets {
         let store = app.store_for(target, "backup-sweep").await;
         let report =
-            shared::backup::bucket_report(&target.bucket, store, OffsetDateTime::now_utc()).await;
+            shared::sweeps::backup::bucket_report(&target.bucket, store, OffsetDateTime::now_utc())
+                .await;
         tracing::info!(report = %report, "backup sweep");
         reports.push(report);
     }
@@ -91,7 +92,7 @@ async fn drift_target(
         return Err("TERRACE_JOBS_QUEUE_URL is not set: the drift checks have no queue".into());
     };
     let store = app.store_for(target, "drift-sweep").await?;
-    let mut plan = shared::drift::plan(
+    let mut plan = shared::sweeps::drift::plan(
         &*store,
         OffsetDateTime::now_utc(),
         app.config.runtime.drift_per_tenant,
@@ -151,7 +152,7 @@ async fn drift_target(
 pub async fn task(app: &App) -> ExitCode {
     // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout: the job ends
     // `interrupted` and goes back on the queue.
-    shared::process::cancel_on_sigterm(&app.shutdown, "interrupting the job");
+    shared::host::process::cancel_on_sigterm(&app.shutdown, "interrupting the job");
     let cancel = app.shutdown.child_token();
     let wait = app.config.runtime.task_lease_wait;
     let fate = match (
@@ -191,5 +192,5 @@ pub async fn task(app: &App) -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    shared::pipeline::task_exit("terrace-aws task", fate)
+    shared::host::pipeline::task_exit("terrace-aws task", fate)
 }

@@ -12,8 +12,8 @@ async fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("credentials") {
         return credentials::print().await;
     }
-    shared::process::init_json_logs();
-    shared::process::harden();
+    shared::host::process::init_json_logs();
+    shared::host::process::harden();
     let config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {

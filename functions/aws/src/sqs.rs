@@ -1,7 +1,7 @@
 //! An SQS batch on Lambda: one job per record, run side by side; the response lists only the
 //! records to see again (`batchItemFailures`), so finished and rejected ones are deleted. While
 //! a job runs its message stays invisible; a busy workspace's message is queued again as a fresh
-//! copy, delayed until the lease holding it runs out (see `shared::pipeline`).
+//! copy, delayed until the lease holding it runs out (see `shared::host::pipeline`).
 //!
 //! A job handed to an ECS task keeps its message: the Lambda makes it invisible for the task's
 //! start window and leaves it on the queue; the task keeps it invisible while it runs and
@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
-use shared::pipeline::{self, Delivery, Fate};
+use shared::host::pipeline::{self, Delivery, Fate};
 
 pub async fn handle_batch(
     app: &App,
@@ -129,7 +129,7 @@ async fn set_visibility(app: &App, receipt: &str, timeout: Duration) {
     }
 }
 
-/// What a handed-off task does with the message it was given ([`shared::trigger::JobRef`]'s
+/// What a handed-off task does with the message it was given ([`shared::host::trigger::JobRef`]'s
 /// `receipt`) once its job ends: deleted when the job has a final result or a fresh copy on the
 /// queue, otherwise made visible again after `delay` (or at once) so it is delivered again.
 pub async fn settle(app: &App, receipt: &str, fate: &Fate) {

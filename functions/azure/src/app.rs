@@ -14,13 +14,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
 use serde_json::{Value, json};
-use shared::pipeline::{self, Delivery, Fate, Keep, Trigger};
-use shared::settings::Runtime;
-use shared::template::source::Location;
-use shared::tenants::Tenants;
-use shared::terraform::TerraformConfig;
-use shared::trigger;
-use shared::validate::ValidatedJob;
+use shared::host::pipeline::{self, Delivery, Fate, Keep, Trigger};
+use shared::host::settings::Runtime;
+use shared::host::tenants::Tenants;
+use shared::host::trigger;
+use shared::job::template::source::Location;
+use shared::job::validate::ValidatedJob;
+use shared::run::terraform::TerraformConfig;
 use state_backends::azure::{AzureConfig, AzureStore};
 use state_backends::objects::Bucket;
 use state_backends::{StateStore, WorkspaceId};
@@ -253,8 +253,10 @@ impl App {
     ) -> Result<Outcome, String> {
         record["dequeue_count"] = json!(message.dequeue_count);
         // Identifiers and errors stay; the job's secrets do not.
-        let text =
-            shared::trigger::masked_message(&message.text, self.config.runtime.templates.root());
+        let text = shared::host::trigger::masked_message(
+            &message.text,
+            self.config.runtime.templates.root(),
+        );
         let poisoned = poison_record(&record, &text);
         let poison = self.queue(&self.config.poison_queue_url)?;
         poison.send(&poisoned, Duration::ZERO).await?;
@@ -310,7 +312,7 @@ impl App {
         let mut reports = Vec::new();
         for (target, _) in targets {
             let store = self.store_for(target);
-            let report = shared::backup::bucket_report(
+            let report = shared::sweeps::backup::bucket_report(
                 &target.container_url,
                 store,
                 time::OffsetDateTime::now_utc(),
@@ -343,7 +345,7 @@ impl App {
         tenants: &BTreeSet<String>,
     ) -> Result<Value, String> {
         let store = self.store_for(target)?;
-        let mut plan = shared::drift::plan(
+        let mut plan = shared::sweeps::drift::plan(
             &*store,
             time::OffsetDateTime::now_utc(),
             self.config.runtime.drift_per_tenant,

@@ -31,7 +31,7 @@ struct Broker {
     /// The secret part of the endpoint's path.
     secret: String,
     /// Every token handed out, for the job's redactor.
-    late: shared::redact::LateSecrets,
+    late: shared::job::redact::LateSecrets,
 }
 
 #[derive(Deserialize)]
@@ -51,7 +51,7 @@ async fn serve(
     headers: HeaderMap,
 ) -> (StatusCode, axum::Json<serde_json::Value>) {
     let refuse = |status, why: &str| (status, axum::Json(json!({ "error": why })));
-    if !shared::state_server::constant_time_eq(secret.as_bytes(), broker.secret.as_bytes()) {
+    if !shared::run::state_server::constant_time_eq(secret.as_bytes(), broker.secret.as_bytes()) {
         return refuse(StatusCode::NOT_FOUND, "no such endpoint");
     }
     // What the managed identity endpoints require, against request forgery.
@@ -104,7 +104,7 @@ pub struct ForTerraform {
     /// managed identity protocol.
     pub settings: Vec<(String, String)>,
     /// The tokens handed out, for the job's redactor.
-    pub late: shared::redact::LateSecrets,
+    pub late: shared::job::redact::LateSecrets,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -134,8 +134,8 @@ pub async fn for_terraform(
     let broker = Arc::new(Broker {
         customer,
         client_id: client_id.to_owned(),
-        secret: shared::state_server::random_secret(),
-        late: shared::redact::LateSecrets::default(),
+        secret: shared::run::state_server::random_secret(),
+        late: shared::job::redact::LateSecrets::default(),
     });
     let endpoint = format!(
         "http://{address}/{}/metadata/identity/oauth2/token",
@@ -256,7 +256,7 @@ mod tests {
             ["https://management.azure.com/.default"]
         );
         // The token handed out is masked in the job's log from then on.
-        let redactor = shared::redact::Redactor::default().with_late(access.late.clone());
+        let redactor = shared::job::redact::Redactor::default().with_late(access.late.clone());
         let line = redactor.redact("got token-for-https://management.azure.com/.default");
         assert!(!line.contains("token-for"), "{line}");
 

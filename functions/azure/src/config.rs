@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use shared::settings::{ConfigError, Runtime, list, seconds, var};
-use shared::tenants::Tenants;
+use shared::host::settings::{ConfigError, Runtime, list, seconds, var};
+use shared::host::tenants::Tenants;
 
 use crate::access::Target;
 
@@ -11,7 +11,7 @@ use crate::access::Target;
 pub struct Config {
     pub runtime: Runtime,
     /// `TERRACE_TENANTS`: each tenant's container, tenant ID and app registration (see
-    /// `shared::tenants`).
+    /// `shared::host::tenants`).
     pub tenants: Tenants<Target>,
     /// `TERRACE_SWEEP_TENANTS`: the registered tenants a scheduled sweep covers (all when unset).
     pub sweep_tenants: Vec<String>,

@@ -40,7 +40,7 @@ pub async fn sweep(app: &App, kind: &str) -> ExitCode {
         "{}",
         serde_json::json!({ "sweep": kind, "targets": reports })
     );
-    if reports.iter().any(shared::backup::report_failed) {
+    if reports.iter().any(shared::sweeps::backup::report_failed) {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -9,8 +9,8 @@ use azure::{access, config};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    shared::process::init_json_logs();
-    shared::process::harden();
+    shared::host::process::init_json_logs();
+    shared::host::process::harden();
     let mut config = match config::Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -41,7 +41,7 @@ async fn main() -> ExitCode {
         return ExitCode::from(78);
     }
     let shutdown = CancellationToken::new();
-    shared::process::cancel_on_sigterm(&shutdown, "interrupting the job");
+    shared::host::process::cancel_on_sigterm(&shutdown, "interrupting the job");
     let app = App {
         config,
         own,

@@ -1,7 +1,7 @@
 //! One request: a Pub/Sub push of a job message, or a Cloud Scheduler call of a sweep.
 //!
 //! Pub/Sub takes any 2xx as an acknowledgement and redelivers after anything else, so the
-//! answer is the message's fate (see `shared::pipeline`): 200 when the job finished (or had
+//! answer is the message's fate (see `shared::host::pipeline`): 200 when the job finished (or had
 //! already), the message is rejected for good (with the rejection in the body and the log), it
 //! was handed off, or its workspace is busy and a fresh copy went back on the jobs topic; 429
 //! when it is busy and no copy could be published; 503 for trouble that may pass (and when this
@@ -19,13 +19,13 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use shared::pipeline::{self, Delivery, Fate, Keep, Trigger};
-use shared::settings::Runtime;
-use shared::template::source::Location;
-use shared::tenants::Tenants;
-use shared::terraform::TerraformConfig;
-use shared::trigger;
-use shared::validate::ValidatedJob;
+use shared::host::pipeline::{self, Delivery, Fate, Keep, Trigger};
+use shared::host::settings::Runtime;
+use shared::host::tenants::Tenants;
+use shared::host::trigger;
+use shared::job::template::source::Location;
+use shared::job::validate::ValidatedJob;
+use shared::run::terraform::TerraformConfig;
 use state_backends::gcs::{GcsConfig, GcsStore};
 use state_backends::objects::Bucket;
 use state_backends::{StateStore, WorkspaceId};
@@ -321,7 +321,7 @@ impl App {
             .as_deref()
             .ok_or("TERRACE_JOBS_TOPIC is not set: the drift checks have no topic")?;
         let store = self.store_for(target).await?;
-        let mut plan = shared::drift::plan(
+        let mut plan = shared::sweeps::drift::plan(
             &*store,
             time::OffsetDateTime::now_utc(),
             self.config.runtime.drift_per_tenant,
@@ -381,7 +381,7 @@ impl App {
         let mut reports = Vec::new();
         for (target, _) in &targets {
             let store = self.store_for(target).await;
-            let report = shared::backup::bucket_report(
+            let report = shared::sweeps::backup::bucket_report(
                 &target.bucket,
                 store,
                 time::OffsetDateTime::now_utc(),
@@ -459,7 +459,7 @@ impl Trigger for App {
             .jobs_topic
             .as_deref()
             .ok_or("TERRACE_JOBS_TOPIC is not set")?;
-        let message: Value = shared::trigger::json_or_base64(body)
+        let message: Value = shared::host::trigger::json_or_base64(body)
             .map_err(|e| format!("the message cannot be published again: {e}"))?;
         let wait = delay.min(self.config.requeue_wait);
         tokio::select! {
@@ -520,7 +520,7 @@ impl Trigger for App {
 /// A sweep's answer: 500 when any bucket's report says something was not done (Cloud
 /// Scheduler then retries by its own policy).
 fn sweep_answer(name: &str, reports: Vec<Value>) -> Response {
-    let status = if reports.iter().any(shared::backup::report_failed) {
+    let status = if reports.iter().any(shared::sweeps::backup::report_failed) {
         StatusCode::INTERNAL_SERVER_ERROR
     } else {
         StatusCode::OK

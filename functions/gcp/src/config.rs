@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use shared::settings::{ConfigError, Runtime, flag, list, seconds, var};
-use shared::tenants::Tenants;
+use shared::host::settings::{ConfigError, Runtime, flag, list, seconds, var};
+use shared::host::tenants::Tenants;
 
 use crate::access::Target;
 
@@ -12,7 +12,7 @@ use crate::oidc::OidcConfig;
 #[derive(Clone, Debug)]
 pub struct Config {
     pub runtime: Runtime,
-    /// `TERRACE_TENANTS`: each tenant's service account and bucket (see `shared::tenants`).
+    /// `TERRACE_TENANTS`: each tenant's service account and bucket (see `shared::host::tenants`).
     pub tenants: Tenants<Target>,
     /// `PORT`, set by Cloud Run (default 8080).
     pub port: u16,

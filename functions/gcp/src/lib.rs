@@ -64,5 +64,5 @@ pub async fn task(app: &App) -> ExitCode {
         );
         return ExitCode::from(64);
     };
-    shared::pipeline::task_exit("terrace-gcp task", app.task(&reference).await)
+    shared::host::pipeline::task_exit("terrace-gcp task", app.task(&reference).await)
 }

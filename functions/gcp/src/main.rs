@@ -12,8 +12,8 @@ use gcp::{config, google, oidc};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    shared::process::init_json_logs();
-    shared::process::harden();
+    shared::host::process::init_json_logs();
+    shared::host::process::harden();
     let serving = std::env::args().nth(1).as_deref() != Some("task");
     let mut config = match config::Config::from_env(serving) {
         Ok(c) => c,
@@ -49,7 +49,10 @@ async fn main() -> ExitCode {
         config,
         shutdown: shutdown.clone(),
     });
-    shared::process::cancel_on_sigterm(&shutdown, "no new requests; interrupting running jobs");
+    shared::host::process::cancel_on_sigterm(
+        &shutdown,
+        "no new requests; interrupting running jobs",
+    );
     if !serving {
         return gcp::task(&app).await;
     }

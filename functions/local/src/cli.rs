@@ -9,14 +9,14 @@ use anyhow::Context as _;
 use crate::store::{self, StoreUrl};
 use crate::{ops, serve, state_cmd, template_cmd};
 use clap::{Args, Parser, Subcommand};
-use shared::cost;
+use shared::host::settings::Runtime;
+use shared::job::template::source::{Published, Templates};
+use shared::job::validate::{ValidatedJob, ValidationError, fetch_and_validate};
 use shared::job::{Operation, RawJob};
-use shared::result::{JobResult, Status};
-use shared::runner::{RunOutcome, Runner};
-use shared::settings::Runtime;
-use shared::template::source::{Published, Templates};
-use shared::terraform::TerraformConfig;
-use shared::validate::{ValidatedJob, ValidationError, fetch_and_validate};
+use shared::run::cost;
+use shared::run::result::{JobResult, Status};
+use shared::run::runner::{RunOutcome, Runner};
+use shared::run::terraform::TerraformConfig;
 use state_backends::{StateStore, WorkspaceId};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -133,17 +133,17 @@ pub(crate) struct Global {
     pub(crate) cache_dir: Option<PathBuf>,
     /// The largest state, in bytes, the runner's state server accepts from terraform.
     #[arg(long, env = "TERRACE_MAX_STATE_BYTES", global = true,
-          default_value_t = shared::state_server::MAX_STATE_BYTES as u64,
+          default_value_t = shared::run::state_server::MAX_STATE_BYTES as u64,
           value_parser = clap::value_parser!(u64).range(1024..))]
     pub(crate) max_state_bytes: u64,
     /// The address space each process of a job may use (terraform, providers, provisioners):
     /// `4g`, `512m`, bytes, or `off`.
     #[arg(long, env = "TERRACE_JOB_MEMORY", global = true, default_value = "8g",
-          value_parser = |v: &str| shared::settings::memory_limit(v).map(Limit))]
+          value_parser = |v: &str| shared::host::settings::memory_limit(v).map(Limit))]
     pub(crate) job_memory: Limit,
     /// The CPU time each process of a job may use, in seconds, or `off`.
     #[arg(long, env = "TERRACE_JOB_CPU_SECONDS", global = true, default_value = "3600",
-          value_parser = |v: &str| shared::settings::cpu_limit(v).map(Limit))]
+          value_parser = |v: &str| shared::host::settings::cpu_limit(v).map(Limit))]
     pub(crate) job_cpu_seconds: Limit,
     /// A key file (32 bytes, base64: `openssl rand -base64 32`) whose key seals every state
     /// before it leaves this machine, and opens what it sealed (docs/SECURITY.md).
@@ -159,7 +159,7 @@ pub(crate) struct Global {
     pub(crate) state_old_key_files: Vec<PathBuf>,
     /// Which of a template's per-cloud `defaults` apply here.
     #[arg(long, env = "TERRACE_CLOUD", default_value = "local", global = true,
-          value_parser = clap::builder::PossibleValuesParser::new(shared::template::CLOUDS))]
+          value_parser = clap::builder::PossibleValuesParser::new(shared::job::template::CLOUDS))]
     pub(crate) cloud: String,
     /// Print only the summary, not the live log.
     #[arg(long, short, global = true)]
@@ -299,7 +299,7 @@ pub fn main() -> ExitCode {
         .init();
     // Terraform runs as this process's user here: its provisioners must not read this
     // process's environment (the store's credentials), and what they leave running is found.
-    shared::process::harden();
+    shared::host::process::harden();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -310,7 +310,9 @@ pub fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             // A malformed setting (`TERRACE_CALL_TIMEOUT=abc`) is the caller's to fix, as a
             // malformed flag is: trying again cannot pass.
-            if e.downcast_ref::<shared::settings::ConfigError>().is_some() {
+            if e.downcast_ref::<shared::host::settings::ConfigError>()
+                .is_some()
+            {
                 ExitCode::from(exit::USAGE)
             } else {
                 ExitCode::from(exit::INTERNAL)
@@ -357,8 +359,10 @@ impl Global {
             .store
             .parse()
             .map_err(|e| anyhow::anyhow!("--store: {e}"))?;
-        let keys =
-            shared::settings::keyring(self.state_key_file.as_deref(), &self.state_old_key_files)?;
+        let keys = shared::host::settings::keyring(
+            self.state_key_file.as_deref(),
+            &self.state_old_key_files,
+        )?;
         store::open(&url, keys).await
     }
 }
@@ -443,9 +447,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Drift { queue } => drift(&g, &queue).await,
         Cmd::Backup { hourly, daily } => {
             let store = g.open_store().await?;
-            let keep = shared::backup::Retention { hourly, daily };
+            let keep = shared::sweeps::backup::Retention { hourly, daily };
             let report =
-                shared::backup::sweep(&*store, time::OffsetDateTime::now_utc(), keep).await?;
+                shared::sweeps::backup::sweep(&*store, time::OffsetDateTime::now_utc(), keep)
+                    .await?;
             for (ws, b) in &report.backed_up {
                 outln!("{ws}: backed up version {} as {}", b.version, b.label);
             }
@@ -551,7 +556,8 @@ async fn estimate(g: &Global, path: &Path, wait: u64, out: ops::Output) -> anyho
 
 async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
     let store = g.open_store().await?;
-    let plan = shared::drift::plan(&*store, time::OffsetDateTime::now_utc(), usize::MAX).await?;
+    let plan =
+        shared::sweeps::drift::plan(&*store, time::OffsetDateTime::now_utc(), usize::MAX).await?;
     std::fs::create_dir_all(queue)
         .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
     for (ws, job) in &plan.jobs {
@@ -590,7 +596,7 @@ async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
 /// Terraform's user for the one job this command runs (`TERRACE_TERRAFORM_USER`: you by
 /// default, `per-job` for a user of the job's own when root). What the job leaves running (a
 /// detached provisioner) is killed when it ends, with the runner's configuration.
-async fn take_user(config: &mut shared::runner::RunnerConfig) -> anyhow::Result<()> {
+async fn take_user(config: &mut shared::run::runner::RunnerConfig) -> anyhow::Result<()> {
     config.terraform.run_one()?;
     config
         .terraform
@@ -607,7 +613,7 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         price_books: g.price_books.clone(),
         // The CLI seals in `Global::open_store`, which every command opens its store with.
         keys: None,
-        cloud: shared::template::CLOUDS
+        cloud: shared::job::template::CLOUDS
             .iter()
             .copied()
             .find(|c| *c == g.cloud),
@@ -623,13 +629,13 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
                 .collect(),
             env: Vec::new(),
             settings: Vec::new(),
-            late_secrets: shared::redact::LateSecrets::default(),
+            late_secrets: shared::job::redact::LateSecrets::default(),
             grace: Duration::from_secs(g.grace),
             // On one machine terraform runs as you, with your own credentials.
             user: None,
             per_job_users: false,
-            shared_user: shared::terraform::SharedUser::Unguarded,
-            limits: shared::terraform::Limits {
+            shared_user: shared::run::terraform::SharedUser::Unguarded,
+            limits: shared::run::terraform::Limits {
                 memory_bytes: g.job_memory.0,
                 cpu_seconds: g.job_cpu_seconds.0,
             },
@@ -655,8 +661,8 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
 ///
 /// # Errors
 /// The run's error, when it is neither.
-fn unrecorded(e: &shared::runner::RunError) -> anyhow::Result<u8> {
-    use shared::runner::RunError;
+fn unrecorded(e: &shared::run::runner::RunError) -> anyhow::Result<u8> {
+    use shared::run::runner::RunError;
     use state_backends::StoreError;
     match e {
         RunError::Store(lost @ StoreError::LeaseLost { .. }) => {
@@ -801,7 +807,7 @@ pub(crate) fn print_summary(r: &JobResult) {
             (true, true) => "yes: the infrastructure differs from the template",
         };
         outln!("drift:      {what}");
-        let redactor = shared::redact::Redactor::default();
+        let redactor = shared::job::redact::Redactor::default();
         for resource in &r.drifted {
             outln!("  {}", resource.describe(&redactor));
         }

@@ -10,9 +10,9 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt as _;
 use serde::Serialize;
-use shared::records::JobRecord;
-use shared::records::{JOB_FILE, RESULT_FILE};
-use shared::result::JobResult;
+use shared::run::records::JobRecord;
+use shared::run::records::{JOB_FILE, RESULT_FILE};
+use shared::run::result::JobResult;
 use state_backends::{StateStore, WorkspaceId, display_time};
 use time::OffsetDateTime;
 
@@ -138,10 +138,10 @@ async fn read_run(
             run.started_at = Some(display_time(r.started_at));
             run.finished_at = Some(display_time(r.finished_at));
             run.duration_ms = Some(r.duration_ms);
-            run.error = r.error.as_ref().map(shared::result::JobError::summary);
+            run.error = r.error.as_ref().map(shared::run::result::JobError::summary);
             // An interrupted job runs again under its own id: it is running if it holds the
             // workspace now.
-            if r.status == shared::result::Status::Interrupted
+            if r.status == shared::run::result::Status::Interrupted
                 && live_owner == Some(run.job_id.as_str())
             {
                 run.status = "running".into();
@@ -156,7 +156,10 @@ async fn read_run(
         None if record.is_some() => run.status = "unfinished".into(),
         None => {
             let names = store.artifacts(ws, &run.job_id).await?;
-            run.status = if names.iter().any(|n| shared::trigger::is_staged_name(n)) {
+            run.status = if names
+                .iter()
+                .any(|n| shared::host::trigger::is_staged_name(n))
+            {
                 "queued".into()
             } else {
                 "unknown".into()
@@ -357,7 +360,7 @@ pub async fn status(
     history: usize,
     out: Output,
 ) -> anyhow::Result<u8> {
-    let Some(record) = shared::lifecycle::read(store, ws).await? else {
+    let Some(record) = shared::run::lifecycle::read(store, ws).await? else {
         // No record: no apply or destroy has started since runners kept one. A workspace with
         // a state is older than records; one with runs only is waiting for its first.
         let (has_state, runs) = (
@@ -478,19 +481,19 @@ pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8>
     let mut stopped_polls = 0;
     loop {
         let names = store.artifacts(&a.ws, &job_id).await?;
-        for name in names.iter().filter(|n| shared::logs::is_chunk(n)) {
+        for name in names.iter().filter(|n| shared::run::logs::is_chunk(n)) {
             if seen.contains(name) {
                 continue;
             }
             if let Some(chunk) = store.artifact(&a.ws, &job_id, name).await? {
-                for line in shared::logs::parse_chunk(name, &chunk)? {
+                for line in shared::run::logs::parse_chunk(name, &chunk)? {
                     if json {
                         outln!(
                             "{}",
                             serde_json::to_string(&line).expect("log lines serialize")
                         );
                     } else {
-                        outln!("{}", shared::logs::render(&line));
+                        outln!("{}", shared::run::logs::render(&line));
                     }
                 }
                 if crate::stdout_closed() {

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use clap::Args;
 use serde_json::Value;
-use shared::pipeline::{self, Delivery, Envelope, Fate, Keep, Trigger};
-use shared::settings::Runtime;
-use shared::terraform::TerraformConfig;
-use shared::trigger::JobRef;
-use shared::validate::ValidatedJob;
+use shared::host::pipeline::{self, Delivery, Envelope, Fate, Keep, Trigger};
+use shared::host::settings::Runtime;
+use shared::host::trigger::JobRef;
+use shared::job::validate::ValidatedJob;
+use shared::run::terraform::TerraformConfig;
 use state_backends::{StateStore, WorkspaceId};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -283,7 +283,7 @@ impl Trigger for Folder {
     }
 
     /// The target is this machine: there is no other account a message could name.
-    fn tenants(&self) -> Option<&shared::tenants::Tenants<Here>> {
+    fn tenants(&self) -> Option<&shared::host::tenants::Tenants<Here>> {
         None
     }
 
@@ -372,7 +372,7 @@ fn finish(
     Ok(())
 }
 
-/// A job file's text with what a record must not keep masked ([`shared::trigger::mask_job`]),
+/// A job file's text with what a record must not keep masked ([`shared::host::trigger::mask_job`]),
 /// as JSON for a `.json` file, YAML otherwise; `None` when nothing is to be masked. A file that
 /// is not a job Terrace can read (a key given twice, not YAML) cannot be searched for secrets:
 /// only a note with its size and SHA-256 stays.
@@ -380,7 +380,7 @@ fn masked_job(text: &str, templates: &Path, path: &Path) -> Option<String> {
     let Ok(mut job) = shared::job::RawJob::parse(text) else {
         return Some(unreadable(text.as_bytes()));
     };
-    if !shared::trigger::mask_job(&mut job.0, templates) {
+    if !shared::host::trigger::mask_job(&mut job.0, templates) {
         return None;
     }
     let doc = Value::Object(job.0);

@@ -217,7 +217,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                     (data, file.display().to_string())
                 }
                 (None, Some(job)) => {
-                    let name = shared::records::ERRORED_STATE;
+                    let name = shared::run::records::ERRORED_STATE;
                     match store.artifact(&workspace, &job, name).await? {
                         Some(data) => (data.to_vec(), format!("runs/{job}/{name}")),
                         None => {
@@ -233,17 +233,18 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 return Ok(exit::BUSY);
             };
             // The state server's own write path: the same checks as a write from terraform.
-            let server = shared::state_server::StateServer::start(shared::state_server::Config {
-                store: store.clone(),
-                ws: workspace.clone(),
-                fence: lease.fence(),
-                password: shared::state_server::random_secret(),
-                logger: None,
-                lease_lost: tokio_util::sync::CancellationToken::new(),
-                max_body: shared::state_server::MAX_STATE_BYTES,
-                header_read_timeout: shared::state_server::HEADER_READ_TIMEOUT,
-            })
-            .await?;
+            let server =
+                shared::run::state_server::StateServer::start(shared::run::state_server::Config {
+                    store: store.clone(),
+                    ws: workspace.clone(),
+                    fence: lease.fence(),
+                    password: shared::run::state_server::random_secret(),
+                    logger: None,
+                    lease_lost: tokio_util::sync::CancellationToken::new(),
+                    max_body: shared::run::state_server::MAX_STATE_BYTES,
+                    header_read_timeout: shared::run::state_server::HEADER_READ_TIMEOUT,
+                })
+                .await?;
             let pushed = server.push(data.into()).await;
             server.shutdown().await;
             store.release_lease(&workspace, &lease).await?;

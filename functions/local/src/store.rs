@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use shared::template::source::Location;
+use shared::job::template::source::Location;
 use state_backends::StateStore;
 use state_backends::objects::Bucket;
 use state_backends::sealed::{Keyring, SealedStore};
@@ -160,7 +160,7 @@ impl FromStr for StoreUrl {
                     None => host.clone(),
                 };
                 let (container_url, prefix) =
-                    shared::template::source::azure_container(scheme, &host_port, &path)?;
+                    shared::job::template::source::azure_container(scheme, &host_port, &path)?;
                 let client_id = query.take("client_id")?;
                 let identity = match query.take("identity")?.as_deref() {
                     None | Some("cli") if client_id.is_none() => AzureIdentity::DeveloperTools,
@@ -344,7 +344,7 @@ async fn s3_store(
 ) -> anyhow::Result<(state_backends::s3::S3Store, aws_config::SdkConfig)> {
     use aws_config::{BehaviorVersion, Region};
     use state_backends::s3::{LeaseMode, S3Config, S3Store};
-    let timeouts = state_backends::s3::timeouts(shared::settings::call_timeout()?);
+    let timeouts = state_backends::s3::timeouts(shared::host::settings::call_timeout()?);
     let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
     if let Some(region) = &s3.region {
         loader = loader.region(Region::new(region.clone()));
@@ -377,7 +377,7 @@ async fn s3_store(
     }
     let store = S3Store::from_sdk(
         &config,
-        shared::settings::flag("TERRACE_S3_FORCE_PATH_STYLE"),
+        shared::host::settings::flag("TERRACE_S3_FORCE_PATH_STYLE"),
         S3Config {
             bucket: s3.bucket.clone(),
             prefix: s3.prefix.clone(),
@@ -396,7 +396,7 @@ async fn gcs_store(gcs: &GcsUrl) -> anyhow::Result<state_backends::gcs::GcsStore
         .ok()
         .filter(|e| !e.is_empty())
         .unwrap_or_else(|| GcsConfig::ENDPOINT.to_owned());
-    let credentials = if shared::settings::flag("TERRACE_GCS_ANONYMOUS") {
+    let credentials = if shared::host::settings::flag("TERRACE_GCS_ANONYMOUS") {
         credentials::anonymous::Builder::new().build()
     } else {
         let own = credentials::Builder::default().build().map_err(|e| {
@@ -413,7 +413,7 @@ async fn gcs_store(gcs: &GcsUrl) -> anyhow::Result<state_backends::gcs::GcsStore
             None => own,
         }
     };
-    let call_timeout = shared::settings::call_timeout()?;
+    let call_timeout = shared::host::settings::call_timeout()?;
     let storage = google_cloud_storage::client::Storage::builder()
         .with_retry_policy(state_backends::gcs::retry_policy())
         .with_endpoint(&endpoint)
@@ -473,7 +473,7 @@ fn azure_store(azure: &AzureUrl) -> anyhow::Result<state_backends::azure::AzureS
         &AzureConfig {
             container_url,
             prefix: azure.prefix.clone(),
-            call_timeout: shared::settings::call_timeout()?,
+            call_timeout: shared::host::settings::call_timeout()?,
         },
         credential,
     )

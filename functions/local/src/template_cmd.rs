@@ -5,13 +5,13 @@ use std::path::Path;
 
 use clap::Subcommand;
 use serde_json::json;
-use shared::template::{Template, TemplateError, modules};
+use shared::job::template::{Template, TemplateError, modules};
 
 use crate::Global;
 use crate::cli::exit;
 use crate::ops::{JSON_SCHEMA, Output, print_json};
 use crate::store::{self, StoreUrl};
-use shared::template::source::{Publication, Published, SourceError};
+use shared::job::template::source::{Publication, Published, SourceError};
 
 #[derive(Subcommand, Debug)]
 pub enum TemplateCmd {
@@ -155,7 +155,7 @@ pub async fn run(g: &Global, cmd: TemplateCmd) -> anyhow::Result<u8> {
             let tags = t
                 .spec
                 .variables
-                .contains_key(shared::template::TAGS_VARIABLE);
+                .contains_key(shared::job::template::TAGS_VARIABLE);
             if out.json {
                 print_json(&json!({
                     "schema": JSON_SCHEMA,
@@ -175,7 +175,7 @@ pub async fn run(g: &Global, cmd: TemplateCmd) -> anyhow::Result<u8> {
             }
             outln!("variables:");
             for (var, v) in &t.spec.variables {
-                if var == shared::template::TAGS_VARIABLE {
+                if var == shared::job::template::TAGS_VARIABLE {
                     continue;
                 }
                 let mut facts = vec![v.var_type.name().to_owned()];

@@ -45,7 +45,7 @@ pub fn job(data: &[u8]) {
         }
         _ => false,
     };
-    match shared::validate::validate(&raw, &templates(&raw)) {
+    match shared::job::validate::validate(&raw, &templates(&raw)) {
         Ok(job) => {
             WorkspaceId::new(&job.job.tenant, &job.job.workspace)
                 .expect("a valid job's workspace is one every store accepts");
@@ -119,7 +119,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 /// A state server of its own for one input: a workspace leased to it in a new in-memory store,
 /// so no input's lock or writes carry over to the next.
 async fn serve() -> (
-    shared::state_server::StateServer,
+    shared::run::state_server::StateServer,
     Arc<dyn StateStore>,
     WorkspaceId,
 ) {
@@ -136,7 +136,7 @@ async fn serve() -> (
         )
         .await
         .expect("the lease");
-    let server = shared::state_server::StateServer::start(shared::state_server::Config {
+    let server = shared::run::state_server::StateServer::start(shared::run::state_server::Config {
         store: store.clone(),
         ws: ws.clone(),
         fence: lease.fence(),

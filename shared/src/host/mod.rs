@@ -1,0 +1,12 @@
+//! What hosts the runner in a function or on a machine: one message's way from a queue to a
+//! result ([`pipeline`], over the [`trigger::Trigger`]s the functions implement), the tenant
+//! registry ([`tenants`]), the settings from the environment ([`settings`]) and the process's
+//! own setup and telemetry ([`process`]).
+//!
+//! The top layer: uses [`crate::sweeps`], [`crate::run`] and [`crate::job`].
+
+pub mod pipeline;
+pub mod process;
+pub mod settings;
+pub mod tenants;
+pub mod trigger;

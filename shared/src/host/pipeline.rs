@@ -1,0 +1,727 @@
+//! One pipeline for every trigger's job messages: decode → check the target → validate the job →
+//! does it fit in the time left here? (else hand it off) → open the customer's store → run →
+//! report. A trigger (SQS on Lambda, a Pub/Sub push, a Storage Queue message, a handed-off task)
+//! supplies only what is its own through [`Trigger`], and turns the message's [`Fate`] into its
+//! queue's verbs (delete, return, answer 200 or 503, move to the poison queue).
+//!
+//! What every trigger gets the same way:
+//! - every delivery of a job that has a final result reports that result, whether it ran now
+//!   or before (a job id runs once): a platform never misses a result because an earlier
+//!   delivery's report or acknowledgement was lost;
+//! - a message whose workspace is busy goes back on the queue as a fresh copy, delayed until the
+//!   lease holding it should end ([`Fate::Requeued`]): waiting behind another job is never a
+//!   failed delivery, so it never counts towards a dead-letter limit;
+//! - a handed-off task ([`task`]) reads only a staged message whose digest matches its reference,
+//!   waits for a busy workspace, and puts its job back on the queue for any end that is not
+//!   final: it ends with a reported result or its job goes back on the queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use state_backends::{StateStore, WorkspaceId};
+use tokio_util::sync::CancellationToken;
+
+use crate::host::settings::Runtime;
+use crate::host::tenants::Tenants;
+use crate::host::trigger::{JobRef, StagedError, check_job, is_final, problem, rejection};
+use crate::job::validate::ValidatedJob;
+use crate::run::runner::{RunOutcome, Runner};
+use crate::run::terraform::{SharedUser, TerraformConfig};
+
+/// A job message: the job, and the customer's side it runs against.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope<T> {
+    pub job: Map<String, Value>,
+    /// The customer's side: from the runner's tenant registry for the job's tenant when the
+    /// trigger has one (a target here must then agree with it), else required.
+    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    pub target: Option<T>,
+    /// How many times a handed-off task has put this job back on the queue after trouble that
+    /// may pass (waiting for a busy workspace does not count). Set by Terrace, not by senders.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requeued: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A task puts its job back for trouble that may pass at most this many times; then the job
+/// ends with an error record (and the platform decides).
+pub const MAX_TASK_REQUEUES: u32 = 5;
+
+/// How many times a task tries to read its staged job, or to put it back on the queue.
+const TASK_TRIES: u64 = 3;
+
+/// How long a task waits before its job is delivered again after trouble that may pass.
+const TROUBLE_DELAY: Duration = Duration::from_secs(60);
+
+/// What must live until a job ends (e.g. the broker terraform asks for sessions).
+pub type Keep = Option<Box<dyn std::any::Any + Send + Sync>>;
+
+/// What is a trigger's own: its target type, how it reaches the customer, where results go,
+/// how a message goes back on its queue, and how a long job is handed off.
+#[async_trait]
+pub trait Trigger: Send + Sync {
+    /// The customer's side a message names (a role and bucket, a service account, a container).
+    type Target: DeserializeOwned + Serialize + Clone + Send + Sync + 'static;
+
+    /// The shape of a job message, for the rejection of one that is not.
+    fn envelope_fix(&self) -> &'static str;
+
+    /// The message as an envelope: by default JSON, or base64 of it.
+    ///
+    /// # Errors
+    /// Why it is not one, as a sentence.
+    fn decode(&self, body: &[u8]) -> Result<Envelope<Self::Target>, String> {
+        decode(body)
+    }
+
+    /// Every problem with a message's target, as [`problem`]s.
+    fn check_target(&self, target: &Self::Target) -> Vec<Value>;
+
+    /// The operator's tenant registry, which chooses each job's target. `None` only where the
+    /// target is this host itself (the local queue): anywhere else, whoever can enqueue would
+    /// choose the customer's account.
+    fn tenants(&self) -> Option<&Tenants<Self::Target>>;
+
+    /// The fields of a target that only the registry may give (AWS: the ExternalId); a message
+    /// that carries one is rejected.
+    fn registry_only(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// What runs a job here (the templates, terraform, the lease's TTL).
+    fn runtime(&self) -> &Runtime;
+
+    /// Cancelled when this host is shutting down: a job stopped by it ends `interrupted`.
+    fn shutdown(&self) -> Option<&CancellationToken> {
+        None
+    }
+
+    /// The customer's store. `ws` is given when a job is about to run there, so the trigger
+    /// may start reaching it (AWS reads its lease, assuming the role meanwhile).
+    ///
+    /// # Errors
+    /// Why it cannot be reached now, as a sentence (the message is delivered again).
+    async fn store(
+        &self,
+        target: &Self::Target,
+        session: &str,
+        ws: Option<&WorkspaceId>,
+    ) -> Result<Arc<dyn StateStore>, String>;
+
+    /// Gives terraform access to the customer for `job` (its settings and secrets in
+    /// `terraform`), and what must live as long as the job.
+    ///
+    /// # Errors
+    /// Why terraform cannot be given access now, as a sentence.
+    async fn terraform_access(
+        &self,
+        target: &Self::Target,
+        job: &ValidatedJob,
+        terraform: &mut TerraformConfig,
+    ) -> Result<Keep, String>;
+
+    /// Sends a record (a result, a rejection, a hand-off) to the results channel, if any.
+    async fn report(&self, record: &Value);
+
+    /// Puts a fresh copy of `body` on the jobs queue, to be delivered no sooner than `delay`
+    /// where the queue can delay it.
+    ///
+    /// # Errors
+    /// Why not (no jobs queue configured, the queue refused it), as a sentence.
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String>;
+
+    /// `None` when a job too long for this host can be handed off; otherwise the fix to put
+    /// in its rejection.
+    fn cannot_hand_off(&self) -> Option<String>;
+
+    /// Starts a task (of the same image) for the job staged under `reference`.
+    ///
+    /// # Errors
+    /// Why it was not started, as a sentence (the message is delivered again).
+    async fn start_task(
+        &self,
+        reference: &JobRef<Self::Target>,
+        timeout: Duration,
+    ) -> Result<Value, String>;
+}
+
+/// What became of one message, for the trigger to carry out. Every record here has been
+/// reported already when the fate says so.
+#[derive(Debug)]
+pub enum Fate {
+    /// The job has a final result, from this delivery or an earlier one: acknowledge.
+    /// Reported.
+    Ran(Value),
+    /// The message can never be a job: acknowledge it, or dead-letter it where the trigger
+    /// keeps those. Reported.
+    Rejected(Value),
+    /// Staged and handed to a task: acknowledge. Reported.
+    HandedOff(Value),
+    /// A fresh copy is on the queue (a busy workspace, or a task's job put back): acknowledge
+    /// this one.
+    Requeued { why: String, delay: Duration },
+    /// Deliver this message again: trouble that may pass, or a busy workspace whose copy
+    /// could not be queued (`delay`: when to try again, if known).
+    Again {
+        why: String,
+        delay: Option<Duration>,
+    },
+    /// Stopped by this host's shutdown: not the job's fault, deliver it again at once. The
+    /// `interrupted` result (not reported: the job runs again).
+    Interrupted(Value),
+}
+
+impl Fate {
+    fn again(why: impl Into<String>) -> Self {
+        Fate::Again {
+            why: why.into(),
+            delay: None,
+        }
+    }
+}
+
+/// One delivery of a message.
+#[derive(Clone, Debug)]
+pub struct Delivery<'a> {
+    /// The queue's id of the message, for rejections and logs.
+    pub message_id: &'a str,
+    /// The message as it came (JSON, or base64 of it).
+    pub body: &'a [u8],
+    /// The time this host has left for a job; a longer job is handed off (or rejected).
+    pub time_left: Option<Duration>,
+    /// How long to wait for a busy workspace before the message goes back on the queue.
+    pub lease_wait: Duration,
+    /// Cancels the job (its runner ends it `cancelled`, or `interrupted` on shutdown).
+    pub cancel: CancellationToken,
+    /// The queue's handle on the message, for a task the job is handed to that settles the
+    /// message itself ([`JobRef::receipt`]); `None` where the message is settled once the task
+    /// is started.
+    pub receipt: Option<&'a str>,
+}
+
+/// The message as an envelope. The error quotes no value of the message (a job encoded twice
+/// would be quoted whole, with its secrets).
+fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, String> {
+    crate::host::trigger::json_or_base64(body).map_err(|e| {
+        format!(
+            "the message is not a job envelope: {}",
+            crate::job::redact::unquoted(&e.to_string())
+        )
+    })
+}
+
+/// The target a message's job runs against: the registry's for its tenant, else the message's.
+///
+/// # Errors
+/// Every problem, as a rejection lists them.
+fn target_of<T: Trigger + ?Sized>(
+    trigger: &T,
+    envelope: &Envelope<T::Target>,
+) -> Result<Option<T::Target>, Vec<Value>> {
+    match (
+        trigger.tenants(),
+        envelope.job.get("tenant").and_then(Value::as_str),
+    ) {
+        (Some(tenants), Some(tenant)) => tenants
+            .resolve(tenant, envelope.target.as_ref(), trigger.registry_only())
+            .map(Some),
+        // The job's validation says what is wrong with its tenant.
+        (Some(_), None) => Ok(None),
+        (None, _) => match &envelope.target {
+            Some(target) => Ok(Some(target.clone())),
+            None => Err(vec![problem(
+                "target",
+                "is missing",
+                trigger.envelope_fix(),
+            )]),
+        },
+    }
+}
+
+/// Checks a message: its envelope, target and job, and whether it fits in the time left.
+/// Every problem at once.
+///
+/// # Errors
+/// The problems, or [`Fate::Again`] when the job's template could not be fetched from its
+/// bucket for a reason that may pass.
+async fn check<T: Trigger + ?Sized>(
+    trigger: &T,
+    d: &Delivery<'_>,
+) -> Result<(T::Target, ValidatedJob), Result<Vec<Value>, Fate>> {
+    let envelope = trigger
+        .decode(d.body)
+        .map_err(|e| Ok(vec![problem("", e, trigger.envelope_fix())]))?;
+    let (target, mut problems) = match target_of(trigger, &envelope) {
+        Ok(target) => (target, Vec::new()),
+        Err(problems) => (None, problems),
+    };
+    if let Some(target) = &target {
+        problems.extend(trigger.check_target(target));
+    }
+    let job = match check_job(
+        &envelope.job,
+        &trigger.runtime().templates,
+        trigger.runtime().cloud,
+    )
+    .await
+    {
+        Ok(Ok(job)) => Some(job),
+        Ok(Err(more)) => {
+            problems.extend(more);
+            None
+        }
+        // Nothing to retry for when the message can never be a job anyway.
+        Err(e) if problems.is_empty() => {
+            tracing::warn!(error = %e, "the job's template cannot be fetched");
+            return Err(Err(Fate::again(e.to_string())));
+        }
+        Err(e) => {
+            problems.push(problem("template", &e, &e.fix()));
+            None
+        }
+    };
+    if let (Some(job), Some(left), Some(fix)) = (&job, d.time_left, trigger.cannot_hand_off())
+        && job.job.timeout > left
+    {
+        problems.push(problem(
+            "timeout",
+            format!(
+                "{} s is longer than this runner can run a job ({} s), and no task is configured to run longer ones",
+                job.job.timeout.as_secs(),
+                left.as_secs()
+            ),
+            &fix,
+        ));
+    }
+    match (target, job) {
+        (Some(target), Some(job)) if problems.is_empty() => Ok((target, job)),
+        _ => Err(Ok(problems)),
+    }
+}
+
+/// Sees one message through: check, hand off or run, report; then sends its spans, when they
+/// are exported, before the platform may freeze or stop the process.
+pub async fn handle<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
+    let fate = handle_one(trigger, d).await;
+    crate::host::process::flush_telemetry().await;
+    fate
+}
+
+async fn handle_one<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
+    let (target, job) = match check(trigger, &d).await {
+        Ok(checked) => checked,
+        Err(Ok(problems)) => return reject(trigger, rejection(d.message_id, problems)).await,
+        Err(Err(again)) => return again,
+    };
+    let ws = match WorkspaceId::new(&job.job.tenant, &job.job.workspace) {
+        Ok(ws) => ws,
+        Err(e) => {
+            let record = rejection(d.message_id, vec![problem("workspace", e, "")]);
+            return reject(trigger, record).await;
+        }
+    };
+    if d.time_left.is_some_and(|left| job.job.timeout > left) {
+        return hand_off(trigger, &target, &job, &ws, &d).await;
+    }
+    run(trigger, &target, &job, &ws, &d).await
+}
+
+async fn reject<T: Trigger + ?Sized>(trigger: &T, record: Value) -> Fate {
+    tracing::warn!(record = %record, "job message rejected");
+    trigger.report(&record).await;
+    Fate::Rejected(record)
+}
+
+/// Stages the message in the customer's store and starts a task for it.
+async fn hand_off<T: Trigger + ?Sized>(
+    trigger: &T,
+    target: &T::Target,
+    job: &ValidatedJob,
+    ws: &WorkspaceId,
+    d: &Delivery<'_>,
+) -> Fate {
+    let id = &job.job.id;
+    let store = match trigger.store(target, id, None).await {
+        Ok(store) => store,
+        Err(why) => return Fate::again(why),
+    };
+    // A finished job delivered again gets its result, not a task.
+    if let Some(result) = final_result(&*store, ws, id, Some(job.job.operation)).await {
+        trigger.report(&result).await;
+        return Fate::Ran(result);
+    }
+    // The task reads what only the registry gives from its own registry: none of it travels
+    // through the platform's API with the reference.
+    let shown = crate::host::tenants::without(target, trigger.registry_only());
+    let mut reference = match JobRef::stage(shown, ws, id, d.body, &*store).await {
+        Ok(reference) => reference,
+        Err(why) => return Fate::again(why),
+    };
+    reference.receipt = d.receipt.map(str::to_owned);
+    match trigger.start_task(&reference, job.job.timeout).await {
+        Ok(record) => {
+            tracing::info!(job_id = %id, record = %record, "job handed off to a task");
+            trigger.report(&record).await;
+            Fate::HandedOff(record)
+        }
+        // No task will read it: the next delivery stages it afresh under a name of its own.
+        Err(why) => {
+            reference.unstage(&*store).await;
+            Fate::again(format!("could not hand the job off: {why}"))
+        }
+    }
+}
+
+/// Runs a checked job against the customer's store.
+async fn run<T: Trigger + ?Sized>(
+    trigger: &T,
+    target: &T::Target,
+    job: &ValidatedJob,
+    ws: &WorkspaceId,
+    d: &Delivery<'_>,
+) -> Fate {
+    let id = &job.job.id;
+    // The store and terraform's access are made side by side (each may be a role to assume).
+    let mut config = trigger.runtime().runner_config();
+    config.lease_wait = d.lease_wait;
+    config.shutdown = trigger.shutdown().cloned();
+    // Terraform's user for this job: one of the job's own, or this runner's turn for the user
+    // jobs share. Given back (and whatever still runs as it killed) when the last copy of the
+    // configuration holding it goes: after the job's task.
+    let guarded = matches!(config.terraform.shared_user, SharedUser::OneAtATime { .. });
+    if config.terraform.per_job_users || guarded {
+        let asked = std::time::Instant::now();
+        if let Err(why) = config.terraform.take_user().await {
+            return Fate::again(why);
+        }
+        // Waiting for the jobs before (of one batch, say) took time this delivery had: a job
+        // that no longer fits in what is left goes to a task, as it would have at once.
+        let left = d.time_left.map(|left| left.saturating_sub(asked.elapsed()));
+        if !config.terraform.per_job_users && left.is_some_and(|left| job.job.timeout > left) {
+            config.terraform.job_user = None;
+            return hand_off(trigger, target, job, ws, d).await;
+        }
+    }
+    let (store, keep) = tokio::join!(
+        trigger.store(target, id, Some(ws)),
+        trigger.terraform_access(target, job, &mut config.terraform),
+    );
+    let (store, keep) = match (store, keep) {
+        (Ok(store), Ok(keep)) => (store, keep),
+        (Err(why), _) | (_, Err(why)) => return Fate::again(why),
+    };
+    let runner = Runner::new(store, config);
+    let outcome = runner.run(job, d.cancel.clone()).await;
+    drop(keep);
+    match outcome {
+        Ok(RunOutcome::Finished(result) | RunOutcome::AlreadyDone(result)) => {
+            let record = serde_json::to_value(&*result).unwrap_or(Value::Null);
+            if is_final(&record) {
+                trigger.report(&record).await;
+                Fate::Ran(record)
+            } else {
+                Fate::Interrupted(record)
+            }
+        }
+        Ok(RunOutcome::Busy { holder }) => {
+            let wait = (holder.expires_at - time::OffsetDateTime::now_utc())
+                .whole_seconds()
+                .clamp(5, 900);
+            let delay = Duration::from_secs(wait.unsigned_abs());
+            let why = format!(
+                "workspace busy: job {} holds it until {}",
+                holder.owner,
+                state_backends::display_time(holder.expires_at)
+            );
+            match trigger.requeue(d.body, delay).await {
+                Ok(()) => {
+                    tracing::info!(job_id = %id, why, delay_s = delay.as_secs(), "job queued again for later");
+                    Fate::Requeued { why, delay }
+                }
+                Err(e) => {
+                    tracing::warn!(job_id = %id, error = %e, "could not queue the job again; it is delivered again instead");
+                    Fate::Again {
+                        why,
+                        delay: Some(delay),
+                    }
+                }
+            }
+        }
+        // Nothing will change by trying again (a record in the store Terrace cannot read): the
+        // job ends here, with a record that says why, rather than being delivered until it is
+        // dead-lettered without a word.
+        Err(e) if e.is_permanent() => {
+            let record = json!({
+                "schema": crate::run::result::RESULT_SCHEMA,
+                "status": "failed",
+                "job_id": id, "tenant": ws.tenant(), "workspace": ws.workspace(),
+                "operation": job.job.operation,
+                "error": {
+                    "category": "internal", "step": "prepare", "message": e.to_string(),
+                    "hint": "fix or move aside the record named in the message, then send the job again",
+                    "retryable": false,
+                },
+            });
+            tracing::error!(record = %record, "the job cannot run");
+            trigger.report(&record).await;
+            Fate::Ran(record)
+        }
+        Err(e) => Fate::again(e.to_string()),
+    }
+}
+
+/// Runs the job a task was handed by `reference` (see [`JobRef`]), waiting up to `lease_wait`
+/// for a busy workspace. A staged message that is not the one staged is refused and reported.
+/// Any end that is not final (busy, trouble, shutdown) puts the job back on the jobs queue as a
+/// fresh copy ([`Fate::Requeued`]), so a handed-off job ends with a reported result or runs
+/// again; only when even that fails is it [`Fate::Again`] (the task's own retry, if any).
+pub async fn task<T: Trigger + ?Sized>(
+    trigger: &T,
+    reference: &str,
+    lease_wait: Duration,
+    cancel: CancellationToken,
+) -> Fate {
+    let fate = task_one(trigger, reference, lease_wait, cancel).await;
+    crate::host::process::flush_telemetry().await;
+    fate
+}
+
+async fn task_one<T: Trigger + ?Sized>(
+    trigger: &T,
+    reference: &str,
+    lease_wait: Duration,
+    cancel: CancellationToken,
+) -> Fate {
+    let r: JobRef<T::Target> = match serde_json::from_str(reference) {
+        Ok(r) => r,
+        Err(e) => {
+            let record = rejection(
+                "task",
+                vec![problem(
+                    "TERRACE_JOB_REF",
+                    format!("not a job reference: {e}"),
+                    "start tasks only through the runner's hand-off",
+                )],
+            );
+            return reject(trigger, record).await;
+        }
+    };
+    let ws = match WorkspaceId::new(&r.tenant, &r.workspace) {
+        Ok(ws) => ws,
+        Err(e) => {
+            let record = rejection("task", vec![problem("TERRACE_JOB_REF.workspace", e, "")]);
+            return reject(trigger, record).await;
+        }
+    };
+    // The runner made the reference from its registry: a target that is not the registry's
+    // was not made by it.
+    let target = match trigger.tenants() {
+        None => r.target.clone(),
+        Some(tenants) => match tenants.resolve(&r.tenant, Some(&r.target), trigger.registry_only())
+        {
+            Ok(target) => target,
+            Err(problems) => return reject(trigger, rejection("task", problems)).await,
+        },
+    };
+    // A task is not retried by every platform (ECS runs it once): trouble reading its job is
+    // tried a few times here before it gives up.
+    let mut tries = 0;
+    let (store, staged) = loop {
+        tries += 1;
+        let store = match trigger.store(&target, &r.job_id, None).await {
+            Ok(store) => store,
+            Err(why) if tries < TASK_TRIES => {
+                tracing::warn!(error = %why, tries, "cannot reach the store; trying again");
+                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+                continue;
+            }
+            Err(why) => return Fate::again(format!("cannot read the staged job: {why}")),
+        };
+        match r.staged(&*store).await {
+            Err(StagedError::Unavailable(why)) if tries < TASK_TRIES => {
+                tracing::warn!(error = %why, tries, "cannot read the staged job; trying again");
+                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+            }
+            staged => break (store, staged),
+        }
+    };
+    let body = match staged {
+        Ok(body) => body,
+        Err(StagedError::Refused(record)) => {
+            // A task run again after its job finished (its staged copy is gone by then) gets
+            // the job's result, like any delivery of a finished job.
+            if let Some(result) = final_result(&*store, &ws, &r.job_id, None).await {
+                trigger.report(&result).await;
+                return Fate::Ran(result);
+            }
+            return reject(trigger, record).await;
+        }
+        Err(StagedError::Unavailable(why)) => {
+            return Fate::again(format!("cannot read the staged job: {why}"));
+        }
+    };
+    let message_id = format!("task-{}", r.job_id);
+    let fate = handle(
+        trigger,
+        Delivery {
+            message_id: &message_id,
+            body: &body,
+            time_left: None,
+            lease_wait,
+            cancel,
+            receipt: None,
+        },
+    )
+    .await;
+    let fate = match fate {
+        // `handle` queued a fresh copy of the message already.
+        Fate::Requeued { .. } | Fate::Ran(_) | Fate::Rejected(_) | Fate::HandedOff(_) => fate,
+        Fate::Interrupted(_) => put_back(trigger, &body, Duration::ZERO, false, fate).await,
+        Fate::Again { ref why, delay } => {
+            let busy = delay.is_some();
+            let delay = delay.unwrap_or(TROUBLE_DELAY);
+            let why = why.clone();
+            put_back(
+                trigger,
+                &body,
+                delay,
+                !busy,
+                Fate::Again { why, delay: None },
+            )
+            .await
+        }
+    };
+    // The staged copy holds the job's variables: it goes once the job has a final result, or
+    // once a fresh copy is on the queue (a later hand-off stages it again).
+    match fate {
+        // Final: every staging of the job goes, earlier ones whose task never ran included.
+        Fate::Ran(_) | Fate::Rejected(_) => r.unstage_all(&*store).await,
+        Fate::Requeued { .. } => r.unstage(&*store).await,
+        _ => {}
+    }
+    fate
+}
+
+/// The final result of `job_id` (of `operation`, when known), if it has one.
+async fn final_result(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+    operation: Option<crate::job::Operation>,
+) -> Option<Value> {
+    let result = crate::run::runner::previous_result(store, ws, job_id, operation)
+        .await
+        .ok()??;
+    serde_json::to_value(result).ok()
+}
+
+/// Puts a task's job back on the queue after an end that is not final; `trouble` counts
+/// towards [`MAX_TASK_REQUEUES`], after which the job ends with a reported error record.
+async fn put_back<T: Trigger + ?Sized>(
+    trigger: &T,
+    body: &[u8],
+    delay: Duration,
+    trouble: bool,
+    fate: Fate,
+) -> Fate {
+    let why = match &fate {
+        Fate::Again { why, .. } => why.clone(),
+        _ => "interrupted by the task's shutdown".to_owned(),
+    };
+    let Ok(mut envelope) = decode::<Value>(body) else {
+        return fate;
+    };
+    if trouble {
+        envelope.requeued += 1;
+        if envelope.requeued > MAX_TASK_REQUEUES {
+            let record = json!({
+                "status": "failed",
+                "job_id": envelope.job.get("id"),
+                "error": {
+                    "category": "transient",
+                    "step": "prepare",
+                    "message": format!("a task could not run the job in {} tries: {why}", MAX_TASK_REQUEUES + 1),
+                    "hint": "see the tasks' logs; send the job again once the cause is fixed",
+                    "retryable": true,
+                },
+            });
+            tracing::error!(record = %record, "giving up on a handed-off job");
+            trigger.report(&record).await;
+            return Fate::Ran(record);
+        }
+    }
+    let Ok(copy) = serde_json::to_vec(&envelope) else {
+        return fate;
+    };
+    for tries in 1..=TASK_TRIES {
+        match trigger.requeue(&copy, delay).await {
+            Ok(()) => {
+                tracing::info!(
+                    why,
+                    delay_s = delay.as_secs(),
+                    "the task's job is queued again"
+                );
+                return Fate::Requeued { why, delay };
+            }
+            Err(e) if tries < TASK_TRIES => {
+                tracing::warn!(error = %e, tries, "could not queue the task's job again; trying again");
+                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, why, "the task's job could not be queued again");
+            }
+        }
+    }
+    fate
+}
+
+/// A handed-off task's exit code for its job's fate, with the record on stdout: 0 the job
+/// succeeded or went back on the queue to run later, 1 it failed, 65 the message was refused,
+/// 75 it could neither run nor go back on the queue (a retry of the task may).
+pub fn task_exit(name: &str, fate: Fate) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    match fate {
+        Fate::Ran(record) => {
+            println!("{record}");
+            if record["status"] == "succeeded" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Fate::Rejected(record) => {
+            println!("{record}");
+            ExitCode::from(65)
+        }
+        Fate::HandedOff(record) => {
+            println!("{record}");
+            ExitCode::SUCCESS
+        }
+        Fate::Requeued { why, delay } => {
+            tracing::warn!(
+                "{name}: the job is back on the queue, to run in {} s: {why}",
+                delay.as_secs()
+            );
+            ExitCode::SUCCESS
+        }
+        Fate::Again { why, .. } => {
+            tracing::error!("{name}: {why}");
+            ExitCode::from(75)
+        }
+        Fate::Interrupted(record) => {
+            println!("{record}");
+            ExitCode::from(75)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,700 @@
+//! Settings every function reads from its environment (set by its deployment), and the helpers
+//! that read them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use state_backends::StateStore;
+
+use crate::job::template::source::{Location, Published, Templates};
+use crate::run::runner::RunnerConfig;
+use crate::run::terraform::{RunAs, TerraformConfig};
+
+/// The variables that hold a cloud function's own credentials, or lead to them (an endpoint,
+/// a token file): a function refuses to pass any of them to terraform, which gets the
+/// customer's access from the runner instead.
+pub const RUNNER_CREDENTIALS: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_LAMBDA_RUNTIME_API",
+    "IDENTITY_ENDPOINT",
+    "IDENTITY_HEADER",
+    "MSI_ENDPOINT",
+    "MSI_SECRET",
+    "AZURE_CLIENT_ID",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_CLIENT_CERTIFICATE_PATH",
+    "AZURE_FEDERATED_TOKEN_FILE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE",
+    "CLOUDSDK_AUTH_CREDENTIAL_FILE_OVERRIDE",
+];
+
+/// Who terraform runs as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    /// The runner's own user.
+    Runner,
+    /// One user for every job.
+    One(RunAs),
+    /// A user of each job's own (see [`crate::run::terraform::JobUser`]).
+    PerJob,
+}
+
+/// `TERRACE_TERRAFORM_USER`: who terraform runs as: `per-job`, `UID[:GID]`, or `root` (the
+/// runner's own). Unset: `default_unprivileged` gives `per-job` when the runner is root.
+///
+/// # Errors
+/// A value that is not one, or users to switch to when the runner cannot switch.
+fn terraform_user(default_unprivileged: bool) -> Result<Who, ConfigError> {
+    user_from(
+        var("TERRACE_TERRAFORM_USER").as_deref(),
+        default_unprivileged,
+        nix::unistd::geteuid().as_raw(),
+    )
+}
+
+/// [`terraform_user`] for the setting `value` and a runner running as `euid`.
+fn user_from(
+    value: Option<&str>,
+    default_unprivileged: bool,
+    euid: u32,
+) -> Result<Who, ConfigError> {
+    let root = euid == 0;
+    let Some(value) = value else {
+        return Ok(if default_unprivileged && root {
+            Who::PerJob
+        } else {
+            Who::Runner
+        });
+    };
+    let value = value.trim();
+    let who = match value {
+        "root" => return Ok(Who::Runner),
+        "per-job" => Who::PerJob,
+        _ => {
+            let malformed = || ConfigError::Malformed {
+                name: "TERRACE_TERRAFORM_USER".into(),
+                value: value.to_owned(),
+                expected: "per-job, UID[:GID] (e.g. 65534:65534), or root",
+            };
+            let (uid, gid) = match value.split_once(':') {
+                Some((u, g)) => (
+                    u.parse().map_err(|_| malformed())?,
+                    g.parse().map_err(|_| malformed())?,
+                ),
+                None => {
+                    let uid = value.parse().map_err(|_| malformed())?;
+                    (uid, uid)
+                }
+            };
+            if uid == 0 {
+                return Ok(Who::Runner);
+            }
+            Who::One(RunAs { uid, gid })
+        }
+    };
+    if !root {
+        return Err(format!(
+            "TERRACE_TERRAFORM_USER={value} needs the runner to run as root, to switch users; it runs as uid {euid}: unset it (terraform runs as the runner's own, unprivileged user)"
+        )
+        .into());
+    }
+    Ok(who)
+}
+
+impl TerraformConfig {
+    /// How a runner that serves jobs, of several tenants, runs terraform: as
+    /// `TERRACE_TERRAFORM_USER` says, by default as a user of each job's own when the runner
+    /// is root; jobs that share a user run one at a time, and what each leaves running is
+    /// killed before the next starts ([`crate::run::terraform::JobUser`]). `sole_user`: nothing but
+    /// the runner runs as its uid here (a cloud function's container), so every other process
+    /// of that uid counts as a job's leftover when the runner is not root.
+    ///
+    /// # Errors
+    /// A malformed `TERRACE_TERRAFORM_USER`, or users to switch to when the runner cannot.
+    pub fn serve_jobs(&mut self, sole_user: bool) -> Result<(), ConfigError> {
+        self.set_user(terraform_user(true)?);
+        self.shared_user = crate::run::terraform::SharedUser::OneAtATime {
+            sole_user: sole_user && !nix::unistd::geteuid().is_root(),
+        };
+        Ok(())
+    }
+
+    /// How `terrace run` (one job, the machine's user's own) runs terraform: as
+    /// `TERRACE_TERRAFORM_USER` says, by default as the runner's own user, root included: the
+    /// job is its user's, with their credentials. Where a root CLI runs templates it does not
+    /// trust, `per-job` gives the job a user of its own, as `serve` does by default.
+    ///
+    /// # Errors
+    /// A malformed `TERRACE_TERRAFORM_USER`, or users to switch to when the runner cannot.
+    pub fn run_one(&mut self) -> Result<(), ConfigError> {
+        self.set_user(terraform_user(false)?);
+        Ok(())
+    }
+
+    /// The user this job's terraform runs as, taken: a user of its own
+    /// ([`JobUser::claim`](crate::run::terraform::JobUser::claim)) or its turn for the shared one
+    /// ([`JobUser::take_turn`](crate::run::terraform::JobUser::take_turn)); given back, with what
+    /// still runs as it killed, when the last copy of this configuration goes.
+    ///
+    /// # Errors
+    /// Why the job cannot have a user now, as a sentence: every user taken, the lock folder,
+    /// or what the job before left that cannot be killed.
+    pub async fn take_user(&mut self) -> Result<(), String> {
+        use crate::run::terraform::{JobUser, SharedUser};
+        let user = if self.per_job_users {
+            match JobUser::claim() {
+                Ok(Some(user)) => user,
+                Ok(None) => {
+                    return Err("every terraform user of this host is taken by a job".into());
+                }
+                Err(e) => return Err(format!("cannot give terraform a user of its own: {e}")),
+            }
+        } else {
+            let sole_user = match self.shared_user {
+                SharedUser::OneAtATime { sole_user } => sole_user,
+                SharedUser::Unguarded => false,
+            };
+            JobUser::take_turn(self.user, sole_user)
+                .await
+                .map_err(|survivors| survivors.to_string())?
+        };
+        self.user = user.run_as;
+        self.job_user = Some(std::sync::Arc::new(user));
+        Ok(())
+    }
+
+    fn set_user(&mut self, who: Who) {
+        (self.user, self.per_job_users) = match who {
+            Who::Runner => (None, false),
+            Who::One(user) => (Some(user), false),
+            Who::PerJob => (None, true),
+        };
+    }
+}
+
+/// `TERRACE_JOB_MEMORY` (address space per process: `8g`, `512m`, bytes, or `off`; default 8
+/// GiB) and `TERRACE_JOB_CPU_SECONDS` (CPU time per process, or `off`; default 3600): what each
+/// process of a job may use.
+///
+/// # Errors
+/// A value that is none of these, named.
+pub fn job_limits() -> Result<crate::run::terraform::Limits, ConfigError> {
+    let mut limits = crate::run::terraform::Limits::default();
+    if let Some(v) = var("TERRACE_JOB_MEMORY") {
+        limits.memory_bytes = memory_limit(&v).map_err(|expected| ConfigError::Malformed {
+            name: "TERRACE_JOB_MEMORY".into(),
+            value: v.clone(),
+            expected,
+        })?;
+    }
+    if let Some(v) = var("TERRACE_JOB_CPU_SECONDS") {
+        limits.cpu_seconds = cpu_limit(&v).map_err(|expected| ConfigError::Malformed {
+            name: "TERRACE_JOB_CPU_SECONDS".into(),
+            value: v.clone(),
+            expected,
+        })?;
+    }
+    Ok(limits)
+}
+
+/// A memory limit: `4g`, `512m`, `65536k` or bytes, at least 64 MiB (less cannot start
+/// terraform); `off` for none.
+///
+/// # Errors
+/// What is expected, when `text` is not one.
+pub fn memory_limit(text: &str) -> Result<Option<u64>, &'static str> {
+    let text = text.trim().to_ascii_lowercase();
+    if text == "off" {
+        return Ok(None);
+    }
+    let (number, shift) = match text.as_bytes().last() {
+        Some(b'k') => (&text[..text.len() - 1], 10),
+        Some(b'm') => (&text[..text.len() - 1], 20),
+        Some(b'g') => (&text[..text.len() - 1], 30),
+        _ => (text.as_str(), 0),
+    };
+    number
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .filter(|b| *b >= 64 << 20)
+        .map(Some)
+        .ok_or("at least 64 MiB, as bytes or a number with k, m or g (e.g. 4g), or off")
+}
+
+/// A CPU time limit in seconds; `off` for none.
+///
+/// # Errors
+/// What is expected, when `text` is not one.
+pub fn cpu_limit(text: &str) -> Result<Option<u64>, &'static str> {
+    match text.trim() {
+        "off" => Ok(None),
+        n => n
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(Some)
+            .ok_or("a number of seconds, or off"),
+    }
+}
+
+/// An on/off setting: `1` or `true` is on; anything else, unset or blank, is off.
+pub fn flag(name: &str) -> bool {
+    var(name).is_some_and(|v| v == "1" || v == "true")
+}
+
+/// A variable's value; unset and blank are the same.
+pub fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A comma-separated list.
+pub fn list(name: &str) -> Vec<String> {
+    var(name)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The keys states are sealed with (see [`state_backends::sealed`]): `key_file` seals, `old`
+/// (after a rotation) still open what they sealed. None without a key file.
+///
+/// # Errors
+/// A key file that cannot be read or is not a key, named by its setting; old keys without a
+/// current one.
+pub fn keyring(
+    key_file: Option<&std::path::Path>,
+    old: &[PathBuf],
+) -> Result<Option<state_backends::sealed::Keyring>, ConfigError> {
+    use state_backends::sealed::{KeyFile, KeySource, Keyring};
+    let read = |name: &str, path: &std::path::Path| {
+        KeyFile::read(path)
+            .map(|k| std::sync::Arc::new(k) as std::sync::Arc<dyn KeySource>)
+            .map_err(|e| ConfigError::Invalid(format!("{name}: {e}")))
+    };
+    let Some(current) = key_file else {
+        if old.is_empty() {
+            return Ok(None);
+        }
+        return Err(
+            "TERRACE_STATE_OLD_KEY_FILES needs TERRACE_STATE_KEY_FILE: the key new states are sealed with"
+                .into(),
+        );
+    };
+    let mut keys = Keyring::new(read("TERRACE_STATE_KEY_FILE", current)?);
+    for path in old {
+        keys.older.push(read("TERRACE_STATE_OLD_KEY_FILES", path)?);
+    }
+    Ok(Some(keys))
+}
+
+/// A setting that is missing, malformed, or at odds with another; each names its variable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name}={value:?} is not {expected}")]
+    Malformed {
+        name: String,
+        value: String,
+        expected: &'static str,
+    },
+    /// Anything else, as a sentence that names the variable and the fix.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<String> for ConfigError {
+    fn from(why: String) -> Self {
+        ConfigError::Invalid(why)
+    }
+}
+
+impl From<&str> for ConfigError {
+    fn from(why: &str) -> Self {
+        ConfigError::Invalid(why.to_owned())
+    }
+}
+
+/// `TERRACE_CALL_TIMEOUT` ([`state_backends::CALL_TIMEOUT`], at least 1 s): how long one
+/// attempt of a call to the store (and, in the AWS function, to any AWS service) may take before
+/// its client gives it up and tries again.
+///
+/// # Errors
+/// A value that is not a number of seconds, named.
+pub fn call_timeout() -> Result<Duration, ConfigError> {
+    Ok(seconds(
+        "TERRACE_CALL_TIMEOUT",
+        state_backends::CALL_TIMEOUT.as_secs(),
+    )?
+    .max(Duration::from_secs(1)))
+}
+
+/// A number of seconds, `default` when unset.
+///
+/// # Errors
+/// A value that is not a number, named.
+pub fn seconds(name: &str, default: u64) -> Result<Duration, ConfigError> {
+    match var(name) {
+        None => Ok(Duration::from_secs(default)),
+        Some(v) => v
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| ConfigError::Malformed {
+                name: name.to_owned(),
+                value: v,
+                expected: "a number of seconds",
+            }),
+    }
+}
+
+/// What runs a job, in every function.
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    /// `TERRACE_TEMPLATES` (default `/opt/terrace/templates`): a folder, or a bucket whose
+    /// published templates are copied into `TERRACE_TEMPLATE_CACHE` (default
+    /// `/tmp/terrace/templates`) as jobs need them.
+    pub templates: Templates,
+    /// The bucket `TERRACE_TEMPLATES` names, until the function opens it with its own
+    /// identity ([`Runtime::templates_from`]).
+    pub templates_bucket: Option<Location>,
+    /// `TERRACE_PRICE_BOOKS` (default `/opt/terrace/price-books`): plans are estimated when the
+    /// folder exists.
+    pub price_books: PathBuf,
+    /// `TERRACE_TERRAFORM`, `TERRACE_PLUGIN_CACHE`, `TERRACE_TF_CLI_CONFIG`, `TERRACE_PASS_ENV`,
+    /// `TERRACE_GRACE` (30 s).
+    pub terraform: TerraformConfig,
+    /// `TERRACE_LEASE_TTL` (60 s).
+    pub lease_ttl: Duration,
+    /// [`call_timeout`]: one attempt of a store call.
+    pub call_timeout: Duration,
+    /// `TERRACE_TASK_LEASE_WAIT` (240 s): how long a handed-off task waits for a busy
+    /// workspace before its job goes back on the queue.
+    pub task_lease_wait: Duration,
+    /// `TERRACE_CACHE_DIR`: where terraform's `version -json` answer is kept between jobs
+    /// (none: read once per process).
+    pub client_cache: Option<PathBuf>,
+    /// Print each job's log on the console as well (the functions log JSON instead).
+    pub console: bool,
+    /// `TERRACE_MAX_STATE_BYTES` (256 MiB): the largest state the state server accepts.
+    pub max_state_bytes: usize,
+    /// `TERRACE_DRIFT_PER_TENANT` (100): the most workspaces of one tenant a drift sweep
+    /// checks; the others wait for later sweeps, in turn ([`crate::sweeps::drift::plan`]).
+    pub drift_per_tenant: usize,
+    /// `TERRACE_METRICS` (`emf`, `json` or `off`; the function's default): one metrics record
+    /// per job on stderr.
+    pub metrics: Option<crate::run::metrics::Format>,
+    /// `TERRACE_STATE_KEY_FILE` and `TERRACE_STATE_OLD_KEY_FILES`: the keys states are sealed
+    /// with before they leave the runner (none: states are stored as terraform wrote them).
+    pub keys: Option<state_backends::sealed::Keyring>,
+    /// Where this runner runs (`aws`, `gcp`, `azure`, `local`): which of a template's
+    /// per-cloud `defaults` apply.
+    pub cloud: Option<&'static str>,
+}
+
+impl Runtime {
+    /// Reads the settings.
+    ///
+    /// # Errors
+    /// A setting that is present but malformed, named.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let who = terraform_user(false)?;
+        let location = Location::parse(
+            &var("TERRACE_TEMPLATES").unwrap_or_else(|| "/opt/terrace/templates".into()),
+        )
+        .map_err(|why| ConfigError::Invalid(format!("TERRACE_TEMPLATES: {why}")))?;
+        let (templates, templates_bucket) = match location {
+            Location::Folder(path) => (Templates::folder(path), None),
+            bucket => (
+                Templates::folder(
+                    var("TERRACE_TEMPLATE_CACHE")
+                        .unwrap_or_else(|| "/tmp/terrace/templates".into()),
+                ),
+                Some(bucket),
+            ),
+        };
+        let mut runtime = Self {
+            templates,
+            templates_bucket,
+            price_books: var("TERRACE_PRICE_BOOKS")
+                .unwrap_or_else(|| "/opt/terrace/price-books".into())
+                .into(),
+            terraform: TerraformConfig {
+                binary: var("TERRACE_TERRAFORM")
+                    .unwrap_or_else(|| "terraform".into())
+                    .into(),
+                plugin_cache: var("TERRACE_PLUGIN_CACHE").map(Into::into),
+                cli_config: var("TERRACE_TF_CLI_CONFIG").map(Into::into),
+                pass_env: list("TERRACE_PASS_ENV"),
+                env: Vec::new(),
+                settings: Vec::new(),
+                late_secrets: crate::job::redact::LateSecrets::default(),
+                grace: seconds("TERRACE_GRACE", 30)?,
+                user: None,
+                per_job_users: false,
+                shared_user: crate::run::terraform::SharedUser::Unguarded,
+                limits: job_limits()?,
+                job_user: None,
+            },
+            lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
+            call_timeout: call_timeout()?,
+            task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
+            client_cache: var("TERRACE_CACHE_DIR").map(Into::into),
+            console: false,
+            metrics: match var("TERRACE_METRICS").as_deref() {
+                None | Some("json") => Some(crate::run::metrics::Format::Json),
+                Some("emf") => Some(crate::run::metrics::Format::Emf),
+                Some("off") => None,
+                Some(other) => {
+                    return Err(ConfigError::Malformed {
+                        name: "TERRACE_METRICS".into(),
+                        value: other.into(),
+                        expected: "emf, json or off",
+                    });
+                }
+            },
+            max_state_bytes: match var("TERRACE_MAX_STATE_BYTES") {
+                None => crate::run::state_server::MAX_STATE_BYTES,
+                Some(v) => v.parse().map_err(|_| ConfigError::Malformed {
+                    name: "TERRACE_MAX_STATE_BYTES".into(),
+                    value: v,
+                    expected: "a number of bytes",
+                })?,
+            },
+            drift_per_tenant: match var("TERRACE_DRIFT_PER_TENANT") {
+                None => crate::sweeps::drift::PER_TENANT,
+                Some(v) => v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or(ConfigError::Malformed {
+                        name: "TERRACE_DRIFT_PER_TENANT".into(),
+                        value: v,
+                        expected: "a number of workspaces, at least 1",
+                    })?,
+            },
+            keys: None,
+            cloud: None,
+        };
+        runtime.terraform.set_user(who);
+        let old: Vec<PathBuf> = list("TERRACE_STATE_OLD_KEY_FILES")
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        runtime.keys = keyring(
+            var("TERRACE_STATE_KEY_FILE").map(PathBuf::from).as_deref(),
+            &old,
+        )?;
+        Ok(runtime)
+    }
+
+    /// What a cloud function (whose identity can reach every customer) requires of how
+    /// terraform runs: as `nobody` when the runner is root (unless `TERRACE_TERRAFORM_USER`
+    /// says otherwise), and with none of the function's own credentials passed through.
+    ///
+    /// # Errors
+    /// `TERRACE_PASS_ENV` naming a credential, or a plugin cache terraform's user cannot be
+    /// given.
+    pub fn isolate_terraform(mut self) -> Result<Self, ConfigError> {
+        if let Some(name) = self
+            .terraform
+            .pass_env
+            .iter()
+            .find(|n| RUNNER_CREDENTIALS.contains(&n.as_str()))
+        {
+            return Err(format!(
+                "TERRACE_PASS_ENV names {name}, which holds or leads to this function's own credentials: remove it (terraform gets the customer's access from the runner, never the function's)"
+            )
+            .into());
+        }
+        // A function's container runs nothing but the function.
+        self.terraform.serve_jobs(true)?;
+        // A cache written by one job's user and run by another's would let a job plant code for
+        // the next: with terraform as users of their own, providers come from a read-only
+        // mirror (the images' `/opt/terrace/providers`, through `TERRACE_TF_CLI_CONFIG`).
+        if let Some(cache) = &self.terraform.plugin_cache
+            && (self.terraform.user.is_some() || self.terraform.per_job_users)
+        {
+            return Err(format!(
+                "TERRACE_PLUGIN_CACHE={} cannot be shared by terraform's users: unset it and install the providers as a filesystem mirror named in TERRACE_TF_CLI_CONFIG (as the images do)",
+                cache.display()
+            )
+            .into());
+        }
+        Ok(self)
+    }
+
+    /// `format` for the metrics records unless `TERRACE_METRICS` chose.
+    #[must_use]
+    pub fn metrics_default(mut self, format: crate::run::metrics::Format) -> Self {
+        if var("TERRACE_METRICS").is_none() {
+            self.metrics = Some(format);
+        }
+        self
+    }
+
+    /// Opens the bucket `TERRACE_TEMPLATES` names, if it names one, with `open` (the
+    /// function's own identity): `open` answers the bucket, or why this runner cannot read
+    /// that kind of place.
+    ///
+    /// # Errors
+    /// `open`'s refusal, naming the setting.
+    pub async fn templates_from<F, Opened>(&mut self, open: F) -> Result<(), ConfigError>
+    where
+        F: FnOnce(Location) -> Opened,
+        Opened: std::future::Future<
+                Output = Result<std::sync::Arc<dyn state_backends::objects::Bucket>, String>,
+            >,
+    {
+        let Some(location) = self.templates_bucket.take() else {
+            return Ok(());
+        };
+        let bucket = open(location.clone())
+            .await
+            .map_err(|why| ConfigError::Invalid(format!("TERRACE_TEMPLATES={location}: {why}")))?;
+        let prefix = match &location {
+            Location::S3 { prefix, .. }
+            | Location::Gcs { prefix, .. }
+            | Location::Azure { prefix, .. } => prefix.clone(),
+            Location::Folder(_) => String::new(),
+        };
+        self.templates = Templates::published(Published::new(
+            bucket,
+            &prefix,
+            self.templates.root().to_owned(),
+            location.to_string(),
+        ));
+        Ok(())
+    }
+
+    /// This runtime on `cloud`, whose template defaults apply.
+    #[must_use]
+    pub fn on_cloud(mut self, cloud: &'static str) -> Self {
+        self.cloud = Some(cloud);
+        self
+    }
+
+    /// `store`, sealing states with this runtime's keys (and refusing sealed ones without).
+    pub fn seal(&self, store: std::sync::Arc<dyn StateStore>) -> std::sync::Arc<dyn StateStore> {
+        state_backends::sealed::SealedStore::wrap(store, self.keys.clone())
+    }
+
+    /// A runner's settings: these, with the function's own defaults for the rest.
+    pub fn runner_config(&self) -> RunnerConfig {
+        RunnerConfig {
+            terraform: self.terraform.clone(),
+            lease_ttl: self.lease_ttl,
+            templates: Some(self.templates.clone()),
+            price_books: Some(self.price_books.clone()),
+            client_cache: self.client_cache.clone(),
+            console: self.console,
+            max_state_bytes: self.max_state_bytes,
+            metrics: self.metrics,
+            ..RunnerConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_function_running_as_root_gives_each_job_a_user_unless_told() {
+        assert_eq!(user_from(None, true, 0).unwrap(), Who::PerJob);
+        assert_eq!(
+            user_from(None, true, 1000).unwrap(),
+            Who::Runner,
+            "not root: its own user"
+        );
+        assert_eq!(
+            user_from(None, false, 0).unwrap(),
+            Who::Runner,
+            "the local runner: you"
+        );
+        assert_eq!(
+            user_from(Some("1001:1002"), true, 0).unwrap(),
+            Who::One(RunAs {
+                uid: 1001,
+                gid: 1002
+            })
+        );
+        assert_eq!(
+            user_from(Some("1001"), true, 0).unwrap(),
+            Who::One(RunAs {
+                uid: 1001,
+                gid: 1001
+            })
+        );
+        assert_eq!(user_from(Some("per-job"), false, 0).unwrap(), Who::PerJob);
+        assert_eq!(user_from(Some("root"), true, 0).unwrap(), Who::Runner);
+        let bad = user_from(Some("nobody"), true, 0).unwrap_err().to_string();
+        assert!(
+            bad.contains("TERRACE_TERRAFORM_USER") && bad.contains("UID[:GID]"),
+            "{bad}"
+        );
+        let unswitchable = user_from(Some("per-job"), true, 1000)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unswitchable.contains("needs the runner to run as root"),
+            "{unswitchable}"
+        );
+    }
+
+    #[test]
+    fn a_function_refuses_to_pass_its_own_credentials_to_terraform() {
+        let mut runtime = Runtime {
+            templates: Templates::folder(PathBuf::new()),
+            templates_bucket: None,
+            price_books: PathBuf::new(),
+            keys: None,
+            cloud: None,
+            terraform: TerraformConfig {
+                pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
+                ..TerraformConfig::default()
+            },
+            lease_ttl: Duration::from_secs(60),
+            call_timeout: state_backends::CALL_TIMEOUT,
+            task_lease_wait: Duration::from_secs(1),
+            client_cache: None,
+            console: false,
+            metrics: None,
+            max_state_bytes: 1,
+            drift_per_tenant: 1,
+        };
+        let e = runtime.clone().isolate_terraform().unwrap_err().to_string();
+        assert!(
+            e.contains("TERRACE_PASS_ENV names AWS_SECRET_ACCESS_KEY"),
+            "{e}"
+        );
+        runtime.terraform.pass_env = vec!["TESTCLOUD_ROOT".into()];
+        assert!(runtime.clone().isolate_terraform().is_ok());
+        // As root, jobs run as users of their own: a plugin cache they all write is refused.
+        runtime.terraform.plugin_cache = Some("/tmp/terrace-plugin-cache-test".into());
+        let cached = runtime.isolate_terraform();
+        if nix::unistd::geteuid().is_root() {
+            let e = cached.unwrap_err().to_string();
+            assert!(e.contains("cannot be shared by terraform's users"), "{e}");
+        } else {
+            assert!(cached.is_ok());
+        }
+    }
+}

@@ -1,0 +1,528 @@
+//! Which terraform client a runner drives, and whether Terrace supports it: Terraform 1.5 and
+//! later, OpenTofu 1.6 and later. Read once per runner from `version -json`, recorded in every
+//! result, and checked before a job touches its workspace's state.
+//!
+//! Both clients print the same `version -json` shape (`terraform_version`, `platform`,
+//! `provider_selections`); OpenTofu is told apart by its binary's name (`tofu`) or by providers
+//! from its registry.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::run::terraform::{self, TerraformConfig};
+
+/// The oldest supported Terraform: `-json` plan and apply UI with `resource_drift`,
+/// `plan -refresh-only`, saved-plan apply, `terraform_data`, and flags before positionals.
+pub const TERRAFORM_FLOOR: Version = Version::new(1, 5, 0);
+/// The oldest supported OpenTofu (its first stable release).
+pub const OPENTOFU_FLOOR: Version = Version::new(1, 6, 0);
+
+/// How long `version -json` may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Terraform or OpenTofu.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flavour {
+    Terraform,
+    #[serde(rename = "opentofu")]
+    OpenTofu,
+}
+
+impl Flavour {
+    /// The product's name, as its users write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::Terraform => "Terraform",
+            Flavour::OpenTofu => "OpenTofu",
+        }
+    }
+
+    /// The oldest version Terrace supports.
+    pub fn floor(self) -> Version {
+        match self {
+            Flavour::Terraform => TERRAFORM_FLOOR,
+            Flavour::OpenTofu => OPENTOFU_FLOOR,
+        }
+    }
+}
+
+/// A release number, `MAJOR.MINOR.PATCH[-PRE]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub major: u64,
+    pub minor: u64,
+    pub patch: u64,
+    /// A pre-release (`-rc2`, `-alpha20240101`): sorts before the release of the same number.
+    pub pre_release: bool,
+}
+
+impl Version {
+    pub const fn new(major: u64, minor: u64, patch: u64) -> Self {
+        Self {
+            major,
+            minor,
+            patch,
+            pre_release: false,
+        }
+    }
+
+    /// Parses `1.11.4`, `v1.6.0`, `0.15.0-rc2`, `1.9.0-beta1+build`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim().trim_start_matches('v');
+        let (numbers, pre) = match text.split_once(['-', '+']) {
+            Some((numbers, rest)) => (
+                numbers,
+                text[numbers.len()..].starts_with('-') && !rest.is_empty(),
+            ),
+            None => (text, false),
+        };
+        let mut parts = numbers.split('.').map(str::parse::<u64>);
+        let version = Self {
+            major: parts.next()?.ok()?,
+            minor: parts.next()?.ok()?,
+            patch: parts.next().unwrap_or(Ok(0)).ok()?,
+            pre_release: pre,
+        };
+        parts.next().is_none().then_some(version)
+    }
+
+    /// Whether this is `floor` or later (a pre-release of the floor itself is not).
+    pub fn at_least(&self, floor: &Version) -> bool {
+        let (a, b) = (
+            (self.major, self.minor, self.patch),
+            (floor.major, floor.minor, floor.patch),
+        );
+        a > b || (a == b && !self.pre_release)
+    }
+}
+
+/// The client a runner drives, as recorded in `result.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Client {
+    pub flavour: Flavour,
+    /// As the binary prints it (`1.11.4`).
+    pub version: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub platform: String,
+}
+
+/// `version -json`, as Terraform and OpenTofu print it.
+#[derive(Deserialize)]
+struct VersionJson {
+    terraform_version: String,
+    #[serde(default)]
+    platform: String,
+    #[serde(default)]
+    provider_selections: std::collections::BTreeMap<String, String>,
+}
+
+/// Why a client cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot run `{binary} version -json`: {reason}")]
+    Unavailable { binary: String, reason: String },
+    #[error("`{binary} version -json` printed something that is not a version: {output}")]
+    Unreadable { binary: String, output: String },
+    #[error(
+        "{name} {found} is not supported: Terrace needs {name} {floor} or later (Terraform >= {tf}, OpenTofu >= {tofu})",
+        name = flavour.name(),
+        tf = TERRAFORM_FLOOR,
+        tofu = OPENTOFU_FLOOR
+    )]
+    Unsupported {
+        flavour: Flavour,
+        found: String,
+        floor: Version,
+    },
+}
+
+impl ClientError {
+    /// What the operator does about it.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            ClientError::Unavailable { .. } | ClientError::Unreadable { .. } => {
+                "install Terraform >= 1.5 or OpenTofu >= 1.6 and point the runner at it (TERRACE_TERRAFORM)"
+            }
+            ClientError::Unsupported { .. } => {
+                "upgrade the runner's terraform (Terraform >= 1.5 or OpenTofu >= 1.6) and point TERRACE_TERRAFORM at it; nothing ran and no state was touched"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// Reads the client from its `version -json` output; `binary` tells OpenTofu apart.
+///
+/// # Errors
+/// Output that is not a version, or a version below its floor.
+pub fn parse(binary: &Path, output: &[u8]) -> Result<Client, ClientError> {
+    let unreadable = || ClientError::Unreadable {
+        binary: binary.display().to_string(),
+        output: String::from_utf8_lossy(output).chars().take(200).collect(),
+    };
+    let json: VersionJson = serde_json::from_slice(output).map_err(|_| unreadable())?;
+    let version = Version::parse(&json.terraform_version).ok_or_else(unreadable)?;
+    let named_tofu = binary
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("tofu"));
+    let tofu_registry = json
+        .provider_selections
+        .keys()
+        .any(|p| p.starts_with("registry.opentofu.org/"));
+    let flavour = if named_tofu || tofu_registry {
+        Flavour::OpenTofu
+    } else {
+        Flavour::Terraform
+    };
+    if !version.at_least(&flavour.floor()) {
+        return Err(ClientError::Unsupported {
+            flavour,
+            found: json.terraform_version,
+            floor: flavour.floor(),
+        });
+    }
+    Ok(Client {
+        flavour,
+        version: json.terraform_version,
+        platform: json.platform,
+    })
+}
+
+/// Runs `version -json` with terraform's scrubbed environment and reads the client.
+///
+/// # Errors
+/// See [`ClientError`].
+pub async fn probe(config: &TerraformConfig) -> Result<Client, ClientError> {
+    let output = version_output(config).await?;
+    parse(&config.binary, &output)
+}
+
+/// What `version -json` prints.
+async fn version_output(config: &TerraformConfig) -> Result<Vec<u8>, ClientError> {
+    let binary = config.binary.display().to_string();
+    let unavailable = |reason: String| ClientError::Unavailable {
+        binary: binary.clone(),
+        reason,
+    };
+    let home = std::env::temp_dir();
+    let mut cmd = tokio::process::Command::new(&config.binary);
+    cmd.args(["version", "-json"])
+        .current_dir(&home)
+        .env_clear()
+        .envs(terraform::environment(config, &home))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(PROBE_TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| unavailable(format!("no answer within {PROBE_TIMEOUT:?}")))?
+        .map_err(|e| unavailable(e.to_string()))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(unavailable(format!(
+            "{} ({})",
+            output.status,
+            stderr.lines().next().unwrap_or_default()
+        )));
+    }
+    Ok(output.stdout)
+}
+
+/// [`probe`], remembered between processes in `cache` (a folder) for as long as the binary's
+/// file is the same one: same path, device, inode, size, and change and modification times. A
+/// one-job process (`terrace run`) then does not pay for a `version -json` per job. The saved
+/// answer is terraform's own output, checked against the floors again on every read.
+///
+/// # Errors
+/// See [`ClientError`]; a cache that cannot be read or written is only a cache miss.
+pub async fn probe_cached(
+    config: &TerraformConfig,
+    cache: Option<&Path>,
+) -> Result<Client, ClientError> {
+    let entry = cache.and_then(|dir| CacheEntry::for_binary(dir, &config.binary));
+    if let Some(output) = entry.as_ref().and_then(CacheEntry::read) {
+        return parse(&config.binary, &output);
+    }
+    let output = version_output(config).await?;
+    let client = parse(&config.binary, &output);
+    if let Some(entry) = entry
+        && !matches!(client, Err(ClientError::Unreadable { .. }))
+    {
+        entry.write(&output);
+    }
+    client
+}
+
+/// Where one binary's `version -json` answer is kept, and what makes it still valid.
+struct CacheEntry {
+    path: PathBuf,
+    /// The binary's identity; the entry is used only when it is the same.
+    identity: String,
+}
+
+impl CacheEntry {
+    fn for_binary(dir: &Path, binary: &Path) -> Option<Self> {
+        use std::hash::{Hash, Hasher};
+        use std::os::unix::fs::MetadataExt;
+        let resolved = resolve(binary)?;
+        let real = std::fs::canonicalize(&resolved).ok()?;
+        let meta = std::fs::metadata(&real).ok()?;
+        let identity = format!(
+            "{}\n{}\n{}:{}:{}:{}.{}:{}.{}",
+            binary.display(),
+            real.display(),
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec()
+        );
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        identity.hash(&mut hasher);
+        Some(Self {
+            path: dir.join(format!("client-{:016x}.json", hasher.finish())),
+            identity,
+        })
+    }
+
+    fn read(&self) -> Option<Vec<u8>> {
+        let saved: CachedVersion = serde_json::from_slice(&std::fs::read(&self.path).ok()?).ok()?;
+        (saved.identity == self.identity).then(|| saved.output.into_bytes())
+    }
+
+    /// Best effort: written whole (a temporary file renamed into place) or not at all.
+    fn write(&self, output: &[u8]) {
+        let Ok(output) = std::str::from_utf8(output) else {
+            return;
+        };
+        let saved = CachedVersion {
+            identity: self.identity.clone(),
+            output: output.to_owned(),
+        };
+        let written = (|| {
+            let dir = self.path.parent().expect("an entry is in its folder");
+            std::fs::create_dir_all(dir)?;
+            let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+            std::io::Write::write_all(&mut tmp, &serde_json::to_vec(&saved)?)?;
+            tmp.persist(&self.path)?;
+            std::io::Result::Ok(())
+        })();
+        if let Err(e) = written {
+            tracing::debug!(path = %self.path.display(), error = %e, "could not remember terraform's version");
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct CachedVersion {
+    identity: String,
+    output: String,
+}
+
+/// The file `binary` names: itself when it has a folder, else the first executable file of
+/// that name on `PATH`, as the process is started.
+fn resolve(binary: &Path) -> Option<PathBuf> {
+    resolve_in(binary, &std::env::var_os("PATH")?)
+}
+
+fn resolve_in(binary: &Path, path: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if binary.components().count() > 1 {
+        return Some(binary.to_owned());
+    }
+    std::env::split_paths(path)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_as(binary: &str, json: &str) -> Result<Client, ClientError> {
+        parse(Path::new(binary), json.as_bytes())
+    }
+
+    #[test]
+    fn terraform_1_11_is_read_from_its_own_output() {
+        // `terraform version -json` of the binary on these machines, as printed.
+        let out = r#"{
+  "terraform_version": "1.11.4",
+  "platform": "linux_amd64",
+  "provider_selections": {},
+  "terraform_outdated": false
+}"#;
+        let client = parse_as("/usr/local/bin/terraform", out).unwrap();
+        assert_eq!(client.flavour, Flavour::Terraform);
+        assert_eq!(client.version, "1.11.4");
+        assert_eq!(client.platform, "linux_amd64");
+    }
+
+    #[test]
+    fn opentofu_is_told_apart_by_its_binary_or_its_registry() {
+        // The shape OpenTofu's docs show for `tofu version -json`.
+        let docs = r#"{"terraform_version": "1.6.0", "platform": "darwin_amd64",
+            "provider_selections": {"registry.opentofu.org/opentofu/null": "3.0.0"}}"#;
+        assert_eq!(
+            parse_as("terraform", docs).unwrap().flavour,
+            Flavour::OpenTofu
+        );
+        let bare = r#"{"terraform_version": "1.8.3", "platform": "linux_arm64", "provider_selections": {}}"#;
+        let tofu = parse_as("/opt/bin/tofu", bare).unwrap();
+        assert_eq!(
+            (tofu.flavour, tofu.version.as_str()),
+            (Flavour::OpenTofu, "1.8.3")
+        );
+        assert_eq!(
+            parse_as("terraform", bare).unwrap().flavour,
+            Flavour::Terraform
+        );
+    }
+
+    #[test]
+    fn versions_below_the_floor_are_refused_naming_what_was_found() {
+        let old = parse_as("terraform", r#"{"terraform_version": "0.15.0-rc2"}"#).unwrap_err();
+        assert_eq!(
+            old.to_string(),
+            "Terraform 0.15.0-rc2 is not supported: Terrace needs Terraform 1.5.0 or later (Terraform >= 1.5.0, OpenTofu >= 1.6.0)"
+        );
+        assert!(parse_as("terraform", r#"{"terraform_version": "1.4.7"}"#).is_err());
+        assert!(parse_as("terraform", r#"{"terraform_version": "1.5.0-rc1"}"#).is_err());
+        assert!(parse_as("terraform", r#"{"terraform_version": "1.5.0"}"#).is_ok());
+        // OpenTofu's floor is its own: 1.5.x was never an OpenTofu release.
+        let tofu = parse_as("tofu", r#"{"terraform_version": "1.6.0-alpha1"}"#).unwrap_err();
+        assert!(
+            tofu.to_string().starts_with(
+                "OpenTofu 1.6.0-alpha1 is not supported: Terrace needs OpenTofu 1.6.0 or later"
+            ),
+            "{tofu}"
+        );
+        assert!(parse_as("tofu", r#"{"terraform_version": "1.10.2"}"#).is_ok());
+    }
+
+    #[test]
+    fn output_that_is_not_a_version_is_named() {
+        // What the 0.15 vendor build printed on stdout, with its prefix.
+        let e = parse_as("terraform", r#"o:{"terraform_version":"0.15.0-rc2"}"#).unwrap_err();
+        assert!(matches!(e, ClientError::Unreadable { .. }), "{e:?}");
+        assert!(e.to_string().contains("o:{"), "{e}");
+        assert!(parse_as("terraform", r#"{"terraform_version": "one.two"}"#).is_err());
+    }
+
+    #[test]
+    fn version_numbers_parse_and_order() {
+        let v = |s| Version::parse(s).unwrap();
+        assert_eq!(v("v1.6.0"), Version::new(1, 6, 0));
+        assert!(v("1.9.0-beta1+build").pre_release);
+        assert!(!v("1.9.0+build").pre_release);
+        assert!(v("1.10.0").at_least(&Version::new(1, 9, 5)));
+        assert!(v("2.0.0").at_least(&TERRAFORM_FLOOR));
+        assert!(!v("1.4.99").at_least(&TERRAFORM_FLOOR));
+        assert_eq!(Version::parse("1.2.3.4"), None);
+        assert_eq!(Version::parse(""), None);
+    }
+
+    /// A fake client that prints `version` and counts its runs in `<dir>/runs`.
+    fn fake_client(dir: &Path, version: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("terraform");
+        let script = format!(
+            "#!/bin/sh\necho x >> '{}'\necho '{{\"terraform_version\":\"{version}\",\"platform\":\"linux_amd64\",\"provider_selections\":{{}}}}'\n",
+            dir.join("runs").display()
+        );
+        let tmp = dir.join("terraform.tmp");
+        std::fs::write(&tmp, script).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &bin).unwrap();
+        bin
+    }
+
+    fn runs(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("runs"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_cached_version_is_used_while_the_binary_is_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let config = TerraformConfig {
+            binary: fake_client(dir.path(), "1.11.4"),
+            ..TerraformConfig::default()
+        };
+        let first = probe_cached(&config, Some(&cache)).await.unwrap();
+        assert_eq!(first.version, "1.11.4");
+        assert_eq!(runs(dir.path()), 1);
+        let again = probe_cached(&config, Some(&cache)).await.unwrap();
+        assert_eq!(again, first);
+        assert_eq!(runs(dir.path()), 1, "the cached answer was not used");
+
+        // Another binary at the same path (an upgrade, a downgrade) is read again.
+        std::thread::sleep(Duration::from_millis(20));
+        fake_client(dir.path(), "0.15.0-rc2");
+        let err = probe_cached(&config, Some(&cache)).await.unwrap_err();
+        assert!(matches!(err, ClientError::Unsupported { .. }), "{err}");
+        assert_eq!(runs(dir.path()), 2);
+        // A refused version is refused from the cache too, without running it.
+        let err = probe_cached(&config, Some(&cache)).await.unwrap_err();
+        assert!(matches!(err, ClientError::Unsupported { .. }), "{err}");
+        assert_eq!(runs(dir.path()), 2);
+
+        // A damaged cache is a miss, not an error.
+        for entry in std::fs::read_dir(&cache).unwrap() {
+            std::fs::write(entry.unwrap().path(), b"{not json").unwrap();
+        }
+        fake_client(dir.path(), "1.11.4");
+        let client = probe_cached(&config, Some(&cache)).await.unwrap();
+        assert_eq!(client.version, "1.11.4");
+        assert_eq!(runs(dir.path()), 3);
+        // Without a cache folder every read runs the binary.
+        probe_cached(&config, None).await.unwrap();
+        assert_eq!(runs(dir.path()), 4);
+    }
+
+    #[test]
+    fn a_bare_name_is_the_first_executable_of_that_name_on_the_path() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
+        for d in [&a, &b, &c] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(a.join("terraform"), "not executable").unwrap();
+        std::fs::write(b.join("terraform"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(b.join("terraform"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        let path = std::env::join_paths([&c, &a, &b]).unwrap();
+        assert_eq!(
+            resolve_in(Path::new("terraform"), &path),
+            Some(b.join("terraform"))
+        );
+        assert_eq!(resolve_in(Path::new("tofu"), &path), None);
+        assert_eq!(
+            resolve_in(Path::new("./terraform"), &path),
+            Some(PathBuf::from("./terraform"))
+        );
+    }
+}

@@ -1,0 +1,641 @@
+//! The per-job state server: terraform's `http` backend, served on 127.0.0.1 on a random port
+//! with a random per-job credential, backed by a [`StateStore`] and the job's lease.
+//!
+//! | terraform sends | we do |
+//! |---|---|
+//! | `GET` | the current state (204 when there is none) |
+//! | `POST ?ID=<lock>` | check the write (format 4, same lineage, serial not going back), then a fenced compare-and-swap: a new version |
+//! | `DELETE` | remove the current state (history kept) |
+//! | `LOCK` / `UNLOCK` | terraform's lock, held inside the job's lease; refused once the lease is lost |
+//!
+//! A refused write gets a 4xx with a one-line reason, is logged to the job's log, and changes
+//! nothing. Only this module knows HTTP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde::Deserialize;
+use state_backends::tfstate::{StateMeta, WriteCheck, check_successor};
+use state_backends::{CurrentState, Fence, NewState, PutMode, StateStore, StoreError, WorkspaceId};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::run::logs::Logger;
+
+mod connections;
+
+/// The user name terraform presents; the password is random per job.
+pub const USERNAME: &str = "terrace";
+
+/// How to reach a running state server, for terraform's backend configuration.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub address: String,
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &"(redacted)")
+            .finish()
+    }
+}
+
+/// What the server did, for the job's result.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Numbers of the versions accepted during the job.
+    pub versions: Vec<u64>,
+    /// Writes refused, with the reason.
+    pub refused: Vec<String>,
+    /// Bytes of the last version accepted.
+    pub state_bytes: Option<u64>,
+    /// Requests answered 503 because the store failed with an error that may pass (it did
+    /// not answer, throttled, broke the connection).
+    pub store_failures: u64,
+}
+
+/// What the server needs: the store, the workspace, the job's fence, the password terraform
+/// must present (see [`random_secret`]; the caller adds it to the job's redactor) and a logger.
+pub struct Config {
+    pub store: Arc<dyn StateStore>,
+    pub ws: WorkspaceId,
+    pub fence: Fence,
+    pub password: String,
+    pub logger: Option<Logger>,
+    /// Fired when the job's lease is lost or cannot be confirmed: every write is refused from
+    /// then on (terraform gets 423), whatever the store would say.
+    pub lease_lost: CancellationToken,
+    /// The largest request body accepted (413 beyond it).
+    pub max_body: usize,
+    /// A connection whose next request's head has not arrived within this is closed
+    /// ([`HEADER_READ_TIMEOUT`]).
+    pub header_read_timeout: std::time::Duration,
+}
+
+/// The default largest state the server accepts: the largest real states are tens of MB.
+pub const MAX_STATE_BYTES: usize = 256 << 20;
+
+/// At most this many connections at once (terraform keeps one or two); more wait to be
+/// accepted, so a flood cannot grow the server's memory.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// A connection whose next request's head has not arrived within this is closed, so one that
+/// never sends a request, or idles, cannot hold a place for long.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+struct Shared {
+    config: Config,
+    password: String,
+    /// terraform's lock: its lock info JSON, while held.
+    lock: Mutex<Option<serde_json::Value>>,
+    activity: std::sync::Mutex<Activity>,
+    /// The workspace's current state as this server last read it: within the job's lease
+    /// nobody else writes (every other writer is fenced out), so terraform's repeated reads
+    /// are served from here. Empty until read, and again after every write, deletion or
+    /// refused write, which read afresh.
+    current: std::sync::Mutex<Option<Option<CurrentState>>>,
+}
+
+impl Shared {
+    async fn current(&self) -> Result<Option<CurrentState>, StoreError> {
+        if let Some(cached) = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Ok(cached);
+        }
+        let fresh = self.config.store.current(&self.config.ws).await?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    fn forget_current(&self) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// A running state server; stops when dropped or [`StateServer::shutdown`] is called.
+pub struct StateServer {
+    endpoint: Endpoint,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl StateServer {
+    /// Binds 127.0.0.1 on a random port and serves until shut down.
+    ///
+    /// # Errors
+    /// When the socket cannot be bound.
+    pub async fn start(config: Config) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr: SocketAddr = listener.local_addr()?;
+        let password = config.password.clone();
+        let shared = Arc::new(Shared {
+            config,
+            password: password.clone(),
+            lock: Mutex::new(None),
+            activity: std::sync::Mutex::new(Activity::default()),
+            current: std::sync::Mutex::new(None),
+        });
+        let stop = CancellationToken::new();
+        let app = router(shared.clone());
+        let stopped = stop.clone();
+        let timeout = shared.config.header_read_timeout;
+        let task = tokio::spawn(connections::serve(listener, app, timeout, stopped));
+        Ok(Self {
+            endpoint: Endpoint {
+                address: format!("http://{addr}/state"),
+                username: USERNAME.to_owned(),
+                password,
+            },
+            shared,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The workspace's current state, read through the server's view of it: the read
+    /// terraform's first GET is then served from.
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn current(&self) -> Result<Option<CurrentState>, StoreError> {
+        self.shared.current().await
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Writes a state on the runner's own behalf, such as the `errored.tfstate` terraform left
+    /// when it could not save, with the checks and the fence of a write from terraform.
+    /// `Ok(None)`: the store already holds exactly this state.
+    ///
+    /// # Errors
+    /// Why the write was refused or failed, as a sentence, and whether trying again may help
+    /// (the store failed, rather than refused).
+    pub async fn push(&self, body: Bytes) -> Result<Option<u64>, (String, bool)> {
+        if self.shared.config.lease_lost.is_cancelled() {
+            return Err((
+                "the job's lease is lost or could not be confirmed: no more writes".into(),
+                false,
+            ));
+        }
+        write_state(&self.shared, body)
+            .await
+            .map_err(|r| (r.message, r.status == StatusCode::SERVICE_UNAVAILABLE))
+    }
+
+    /// What was accepted and refused so far.
+    pub fn activity(&self) -> Activity {
+        self.shared
+            .activity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether terraform still holds its lock (it should not after a clean exit).
+    pub async fn terraform_lock(&self) -> Option<serde_json::Value> {
+        self.shared.lock.lock().await.clone()
+    }
+
+    /// Stops serving and waits for in-flight requests.
+    pub async fn shutdown(mut self) -> Activity {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        self.activity()
+    }
+}
+
+impl Drop for StateServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// 32 random bytes, hex.
+pub fn random_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The router, without a socket, for tests.
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/state", axum::routing::any(handle))
+        .with_state(shared)
+}
+
+#[derive(Deserialize)]
+struct LockQuery {
+    #[serde(rename = "ID")]
+    id: Option<String>,
+}
+
+/// Checks the credentials before anything else, the body included: an unauthenticated
+/// request is answered without its body being read, and an authenticated one may send at most
+/// `max_body` bytes.
+async fn handle(State(shared): State<Arc<Shared>>, request: axum::extract::Request) -> Response {
+    let (parts, body) = request.into_parts();
+    if !authorized(&parts.headers, &shared.password) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [
+                (header::WWW_AUTHENTICATE, "Basic realm=\"terrace\""),
+                (header::CONNECTION, "close"),
+            ],
+            "missing or wrong credentials\n",
+        )
+            .into_response();
+    }
+    let max = shared.config.max_body;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request is larger than the state server accepts ({max} bytes; TERRACE_MAX_STATE_BYTES)"
+            ),
+        )
+        .into_response()
+    };
+    if declared.is_some_and(|n| n > max as u64) {
+        return too_large();
+    }
+    let Ok(body) = axum::body::to_bytes(body, max).await else {
+        return too_large();
+    };
+    let lock_id = Query::<LockQuery>::try_from_uri(&parts.uri)
+        .ok()
+        .and_then(|q| q.0.id);
+    let method = parts.method;
+    let started = std::time::Instant::now();
+    let response = answer(&shared, &method, lock_id.as_deref(), body).await;
+    tracing::debug!(
+        method = %method,
+        status = response.status().as_u16(),
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "state request"
+    );
+    response
+}
+
+async fn answer(shared: &Shared, method: &Method, lock_id: Option<&str>, body: Bytes) -> Response {
+    let writes = matches!(method.as_str(), "POST" | "DELETE" | "LOCK");
+    let result = if writes && shared.config.lease_lost.is_cancelled() {
+        Err(Refusal::new(
+            StatusCode::LOCKED,
+            "the job's lease is lost or could not be confirmed: no more writes",
+        ))
+    } else {
+        route(shared, method, lock_id, body).await
+    };
+    respond(shared, method, result).await
+}
+
+async fn route(shared: &Shared, method: &Method, lock_id: Option<&str>, body: Bytes) -> Handled {
+    match method.as_str() {
+        "GET" => get(shared).await,
+        "POST" => post(shared, lock_id, body).await,
+        "DELETE" => delete(shared).await,
+        "LOCK" => lock(shared, body).await,
+        "UNLOCK" => unlock(shared, body).await,
+        other => Err(Refusal::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("method {other} is not part of terraform's http backend"),
+        )),
+    }
+}
+
+async fn respond(shared: &Shared, method: &Method, result: Handled) -> Response {
+    match result {
+        Ok(response) => response,
+        Err(refusal) => {
+            if let Some(logger) = &shared.config.logger {
+                logger
+                    .runner(
+                        "",
+                        &format!("state server refused {method}: {}", refusal.message),
+                    )
+                    .await;
+            }
+            let mut activity = shared.activity.lock().unwrap_or_else(|e| e.into_inner());
+            if refusal.status.is_client_error() && method.as_str() == "POST" {
+                activity.refused.push(refusal.message.clone());
+            }
+            if refusal.store_may_pass {
+                activity.store_failures += 1;
+            }
+            drop(activity);
+            refusal.into_response()
+        }
+    }
+}
+
+fn authorized(headers: &HeaderMap, password: &str) -> bool {
+    let Some(value) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some(encoded) = value.strip_prefix("Basic ") else {
+        return false;
+    };
+    let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {
+        return false;
+    };
+    let expected = format!("{USERNAME}:{password}");
+    constant_time_eq(&decoded, expected.as_bytes())
+}
+
+/// Compares secrets in time that depends on their length only.
+#[must_use]
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A refused request: a status and a one-line reason for the person reading terraform's log.
+struct Refusal {
+    status: StatusCode,
+    message: String,
+    body: Option<serde_json::Value>,
+    /// The store failed with an error that may pass (counted in [`Activity::store_failures`]).
+    store_may_pass: bool,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            body: None,
+            store_may_pass: false,
+        }
+    }
+
+    fn from_store(e: &StoreError) -> Self {
+        let status = match e {
+            StoreError::Conflict { .. } => StatusCode::CONFLICT,
+            StoreError::LeaseLost { .. } | StoreError::LeaseHeld { .. } => StatusCode::LOCKED,
+            StoreError::InvalidState(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // Internals (paths, backend messages) go to our log, not to the client.
+            tracing::error!(error = %e, "state store failed");
+            return Self {
+                store_may_pass: e.is_retryable(),
+                ..Self::new(status, "the state store failed; see the runner's log")
+            };
+        }
+        Self::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self.body {
+            Some(body) => (self.status, axum::Json(body)).into_response(),
+            None => (self.status, format!("{}\n", self.message)).into_response(),
+        }
+    }
+}
+
+type Handled = Result<Response, Refusal>;
+
+async fn get(shared: &Shared) -> Handled {
+    match shared.current().await {
+        Ok(Some(current)) => Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            current.data,
+        )
+            .into_response()),
+        Ok(None) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Err(e) => Err(Refusal::from_store(&e)),
+    }
+}
+
+/// Checks that a write names terraform's current lock, when one is held.
+async fn check_lock_id(shared: &Shared, id: Option<&str>) -> Result<(), Refusal> {
+    let lock = shared.lock.lock().await;
+    if let Some(held) = lock.as_ref() {
+        let held_id = held.get("ID").and_then(|v| v.as_str()).unwrap_or_default();
+        if id != Some(held_id) {
+            return Err(Refusal::new(
+                StatusCode::CONFLICT,
+                format!("the state is locked by terraform lock {held_id}, the write names {id:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn post(shared: &Shared, lock_id: Option<&str>, body: Bytes) -> Handled {
+    check_lock_id(shared, lock_id).await?;
+    write_state(shared, body).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// A checked, fenced write: the version it made, `None` when the state was already current.
+async fn write_state(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refusal> {
+    let written = checked_write(shared, body).await;
+    if !matches!(written, Ok(None)) {
+        // Written, or refused (perhaps on a stale view): read afresh next time.
+        shared.forget_current();
+    }
+    written
+}
+
+async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refusal> {
+    let c = &shared.config;
+    let meta = StateMeta::parse(&body)
+        .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, format!("state write refused: {e}")))?;
+    let current = shared
+        .current()
+        .await
+        .map_err(|e| Refusal::from_store(&e))?;
+    let current_meta = match &current {
+        Some(cur) => Some(StateMeta::parse(&cur.data).map_err(|e| {
+            Refusal::new(
+                StatusCode::CONFLICT,
+                format!("the current state is unreadable: {e}"),
+            )
+        })?),
+        None => None,
+    };
+    let check = check_successor(
+        current
+            .as_ref()
+            .zip(current_meta.as_ref())
+            .map(|(cur, m)| (m, &cur.data[..])),
+        &meta,
+        &body,
+    )
+    .map_err(|e| Refusal::new(StatusCode::CONFLICT, format!("state write refused: {e}")))?;
+    if check == WriteCheck::Unchanged {
+        // Nothing to write, but a writer without the lease is still told so.
+        check_lease(shared).await?;
+        return Ok(None);
+    }
+    if let Some(logger) = &c.logger {
+        // A create's start is stored as it happens, as evidence for the next run if this one
+        // dies before its state is saved (`recover`). The state that follows the create must
+        // not reach the store before that evidence does: a run killed while the write is on
+        // its way would leave an object in the cloud that neither the state nor the log
+        // names, and the next run could not tell it from another's.
+        logger.caught_up().await;
+    }
+    let mode = current.map_or(PutMode::Create, |cur| PutMode::Update(cur.token));
+    let state = NewState {
+        data: body,
+        serial: meta.serial,
+        lineage: meta.lineage,
+    };
+    let info = c
+        .store
+        .put(&c.ws, state, mode, Some(&c.fence))
+        .await
+        .map_err(|e| Refusal::from_store(&e))?;
+    {
+        let mut activity = shared.activity.lock().unwrap_or_else(|e| e.into_inner());
+        activity.versions.push(info.number);
+        activity.state_bytes = Some(info.size);
+    }
+    if let Some(logger) = &c.logger {
+        logger
+            .runner(
+                "",
+                &format!(
+                    "state version {} saved (serial {})",
+                    info.number, info.serial
+                ),
+            )
+            .await;
+    }
+    Ok(Some(info.number))
+}
+
+async fn delete(shared: &Shared) -> Handled {
+    let c = &shared.config;
+    let Some(current) = shared
+        .current()
+        .await
+        .map_err(|e| Refusal::from_store(&e))?
+    else {
+        return Ok(StatusCode::OK.into_response());
+    };
+    let deleted = c
+        .store
+        .delete_current(&c.ws, &current.token, Some(&c.fence))
+        .await;
+    shared.forget_current();
+    deleted.map_err(|e| Refusal::from_store(&e))?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// Whether the job's lease is still the live one; terraform must not lock without it.
+async fn check_lease(shared: &Shared) -> Result<(), Refusal> {
+    let c = &shared.config;
+    let lease = c
+        .store
+        .lease(&c.ws)
+        .await
+        .map_err(|e| Refusal::from_store(&e))?;
+    match lease {
+        Some(l)
+            if l.owner == c.fence.owner
+                && l.fence == c.fence.token
+                && !l.is_expired_at(time::OffsetDateTime::now_utc()) =>
+        {
+            Ok(())
+        }
+        other => {
+            let holder = other.map_or_else(
+                || "nobody".to_owned(),
+                |l| format!("{} (fence {})", l.owner, l.fence),
+            );
+            let mut refusal = Refusal::new(
+                StatusCode::LOCKED,
+                format!(
+                    "the job's lease on {} is lost; it is now held by {holder}",
+                    c.ws
+                ),
+            );
+            refusal.body = Some(serde_json::json!({
+                "ID": "lease-lost",
+                "Operation": "lease",
+                "Info": refusal.message,
+                "Who": holder,
+            }));
+            Err(refusal)
+        }
+    }
+}
+
+async fn lock(shared: &Shared, body: Bytes) -> Handled {
+    let info: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!("lock info is not JSON: {e}"),
+        )
+    })?;
+    let Some(id) = info.get("ID").and_then(|v| v.as_str()).map(str::to_owned) else {
+        return Err(Refusal::new(StatusCode::BAD_REQUEST, "lock info has no ID"));
+    };
+    check_lease(shared).await?;
+    let mut lock = shared.lock.lock().await;
+    if let Some(held) = lock.as_ref()
+        && held.get("ID").and_then(|v| v.as_str()) != Some(id.as_str())
+    {
+        let mut refusal = Refusal::new(StatusCode::LOCKED, "the state is already locked");
+        refusal.body = Some(held.clone());
+        return Err(refusal);
+    }
+    *lock = Some(info);
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn unlock(shared: &Shared, body: Bytes) -> Handled {
+    let id = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("ID").and_then(|v| v.as_str()).map(str::to_owned));
+    let mut lock = shared.lock.lock().await;
+    match (lock.as_ref(), id) {
+        (None, _) => Ok(StatusCode::OK.into_response()),
+        (Some(held), Some(id)) if held.get("ID").and_then(|v| v.as_str()) == Some(id.as_str()) => {
+            *lock = None;
+            Ok(StatusCode::OK.into_response())
+        }
+        (Some(held), _) => {
+            let mut refusal = Refusal::new(StatusCode::CONFLICT, "unlock names another lock");
+            refusal.body = Some(held.clone());
+            Err(refusal)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
