@@ -28,6 +28,7 @@ fmt:
 lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 deny: ## licenses, bans and sources of every dependency (deny.toml); offline-safe
 	scripts/install-cargo-deny.sh

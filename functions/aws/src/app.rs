@@ -263,7 +263,7 @@ impl Trigger for App {
     }
 
     /// The customer's store. For a job's workspace, its lease is read at once: the role is
-    /// assumed then, side by side with terraform's own session (see [`Self::runner_config`]),
+    /// assumed then, side by side with terraform's own session (see [`Self::terraform_access`]),
     /// instead of on the job's path.
     async fn store(
         &self,

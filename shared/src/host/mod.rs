@@ -1,5 +1,5 @@
 //! What hosts the runner in a function or on a machine: one message's way from a queue to a
-//! result ([`pipeline`], over the [`trigger::Trigger`]s the functions implement), the tenant
+//! result ([`pipeline`], over the [`pipeline::Trigger`]s the functions implement), the tenant
 //! registry ([`tenants`]), the settings from the environment ([`settings`]) and the process's
 //! own setup and telemetry ([`process`]).
 //!

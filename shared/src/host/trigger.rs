@@ -203,7 +203,7 @@ fn staged_name() -> String {
     format!("request-{hex}.json")
 }
 
-/// Whether `name` is one [`staged_name`] makes (a reference names nothing else), or the
+/// Whether `name` is one `staged_name` makes (a reference names nothing else), or the
 /// [`REQUEST`] of older references: a staged job message.
 pub fn is_staged_name(name: &str) -> bool {
     if name == REQUEST {
