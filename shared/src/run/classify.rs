@@ -160,14 +160,7 @@ pub fn classify_after(step: &str, outcome: &Outcome, store_failures: u64) -> Job
             false,
         )
     };
-    JobError {
-        category,
-        step: step.into(),
-        address,
-        message,
-        hint: hint.into(),
-        retryable,
-    }
+    JobError::new(category, step, message, hint, retryable).at(address)
 }
 
 /// What a provider's "the object already exists" says, lowercased.

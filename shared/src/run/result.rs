@@ -78,6 +78,47 @@ impl Category {
 }
 
 impl JobError {
+    /// A failure at `step` that names no resource.
+    pub fn new(
+        category: Category,
+        step: impl Into<String>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+        retryable: bool,
+    ) -> Self {
+        Self {
+            category,
+            step: step.into(),
+            address: None,
+            message: message.into(),
+            hint: hint.into(),
+            retryable,
+        }
+    }
+
+    /// The same failure, naming the resource terraform names (or none).
+    #[must_use]
+    pub fn at(mut self, address: Option<String>) -> Self {
+        self.address = address;
+        self
+    }
+
+    /// A fault of the runner or its machine at `step`: worth trying again.
+    pub fn internal(step: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(
+            Category::Internal,
+            step,
+            message,
+            "this is a fault of the runner or its machine; see the runner's log",
+            true,
+        )
+    }
+
+    /// A job stopped by its budget, or a budget that cannot be checked: never retried.
+    pub fn budget(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        Self::new(Category::Budget, "estimate", message, hint, false)
+    }
+
     /// `category at step: message`, as a status or a listing shows it in one line.
     pub fn summary(&self) -> String {
         format!(

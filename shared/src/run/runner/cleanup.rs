@@ -139,17 +139,16 @@ impl Runner {
             .map(|r| r.address.as_str())
             .collect();
         if !beyond.is_empty() {
-            return Err(JobError {
-                category: Category::Internal,
-                step: "cleanup".into(),
-                address: None,
-                message: format!(
+            return Err(JobError::new(
+                Category::Internal,
+                "cleanup",
+                format!(
                     "the cleanup would also change {}, which existed before the run; nothing was destroyed",
                     beyond.join(", ")
                 ),
-                hint: "clean up by hand, or change the template so nothing older depends on what the run created".into(),
-                retryable: false,
-            });
+                "clean up by hand, or change the template so nothing older depends on what the run created",
+                false,
+            ));
         }
         s.run(&Command::Apply, report).await?.ok()?;
         Ok(())

@@ -66,17 +66,16 @@ impl Runner {
             cleanup: None,
             recovered: Vec::new(),
             unsaved_state: None,
-            error: Some(JobError {
-                category: Category::Internal,
-                step: "unknown".into(),
-                address: None,
-                message: format!(
+            error: Some(JobError::new(
+                Category::Internal,
+                "unknown",
+                format!(
                     "the runner stopped without finishing (killed or crashed); its lease (fence {}) expired at {expired}",
                     prev.fence
                 ),
-                hint: "every state version it wrote is kept; check `terrace state versions`, then run the job again".into(),
-                retryable: true,
-            }),
+                "every state version it wrote is kept; check `terrace state versions`, then run the job again",
+                true,
+            )),
             lifecycle: None,
             attention: Vec::new(),
         };

@@ -619,11 +619,11 @@ impl Runner {
                     .await;
                 Ok(None)
             }
-            (Ok(None), Some(_)) => Err(budget_error(
-                "the job sets a budget, but this runner has no price books to estimate its cost with".into(),
+            (Ok(None), Some(_)) => Err(JobError::budget(
+                "the job sets a budget, but this runner has no price books to estimate its cost with",
                 "set TERRACE_PRICE_BOOKS (terrace: --price-books) to a folder of price books, or remove the job's budget",
             )),
-            (Err(why), Some(_)) => Err(budget_error(
+            (Err(why), Some(_)) => Err(JobError::budget(
                 format!("the job sets a budget, but the price books cannot be read: {why}"),
                 FIX_BOOKS,
             )),
@@ -631,7 +631,7 @@ impl Runner {
                 if let Some(currency) = budget.as_ref().and_then(|b| b.currency.as_deref())
                     && currency != books.currency
                 {
-                    return Err(budget_error(
+                    return Err(JobError::budget(
                         format!(
                             "budget.currency is {currency}, but this runner's price books are in {}",
                             books.currency
@@ -699,13 +699,8 @@ impl Runner {
         // and the state read (the read that terraform's first GET is then served from).
         let prepare = async {
             // Refused before anything touches the workspace's state.
-            let client = self.client().await.map_err(|e| JobError {
-                category: Category::Internal,
-                step: "prepare".into(),
-                address: None,
-                message: e.to_string(),
-                hint: e.hint().into(),
-                retryable: true,
+            let client = self.client().await.map_err(|e| {
+                JobError::new(Category::Internal, "prepare", e.to_string(), e.hint(), true)
             })?;
             logger
                 .runner(
@@ -724,37 +719,38 @@ impl Runner {
                 header_read_timeout: crate::run::state_server::HEADER_READ_TIMEOUT,
             })
             .await
-            .map_err(|e| internal("prepare", format!("cannot start the state server: {e}")))?;
+            .map_err(|e| {
+                JobError::internal("prepare", format!("cannot start the state server: {e}"))
+            })?;
             let current = server.current().await;
             // A sealed state this runner cannot open: said here, before terraform, which would
             // only see its state server fail.
             if let Err(e @ StoreError::Sealed { .. }) = &current {
-                return Err(JobError {
-                    category: Category::Auth,
-                    step: "prepare".into(),
-                    address: None,
-                    message: e.to_string(),
-                    hint: "give the runner the key that sealed the workspace's state (TERRACE_STATE_KEY_FILE, TERRACE_STATE_OLD_KEY_FILES for a key rotated out, or the target's client_side_kms_key); nothing was changed".into(),
-                    retryable: false,
-                });
+                return Err(JobError::new(
+                    Category::Auth,
+                    "prepare",
+                    e.to_string(),
+                    "give the runner the key that sealed the workspace's state (TERRACE_STATE_KEY_FILE, TERRACE_STATE_OLD_KEY_FILES for a key rotated out, or the target's client_side_kms_key); nothing was changed",
+                    false,
+                ));
             }
             // A job that may change infrastructure first proves it can seal the state it will
             // write: an apply whose state could not be saved must never start.
             if j.operation.mutates()
                 && let Err(e) = self.store.check_keys(ws).await
             {
-                return Err(JobError {
-                    category: if e.is_retryable() {
-                        Category::Transient
-                    } else {
-                        Category::Auth
-                    },
-                    step: "prepare".into(),
-                    address: None,
-                    message: e.to_string(),
-                    hint: "the runner must be able to seal this workspace's states before it changes anything (a KMS key: kms:GenerateDataKey and kms:Decrypt for the runner's role, with the encryption context terrace:workspace); nothing was changed".into(),
-                    retryable: e.is_retryable(),
-                });
+                let category = if e.is_retryable() {
+                    Category::Transient
+                } else {
+                    Category::Auth
+                };
+                return Err(JobError::new(
+                    category,
+                    "prepare",
+                    e.to_string(),
+                    "the runner must be able to seal this workspace's states before it changes anything (a KMS key: kms:GenerateDataKey and kms:Decrypt for the runner's role, with the encryption context terrace:workspace); nothing was changed",
+                    e.is_retryable(),
+                ));
             }
             let before = addresses(current);
             Ok::<_, JobError>((client.clone(), server, before))
@@ -766,14 +762,13 @@ impl Runner {
             prepare
         );
         if let Err(e) = recorded {
-            return Err(JobError {
-                category: Category::Internal,
-                step: "prepare".into(),
-                address: None,
-                message: format!("cannot record the job in the store: {e}"),
-                hint: "check that the store is reachable and writable".into(),
-                retryable: e.is_retryable(),
-            });
+            return Err(JobError::new(
+                Category::Internal,
+                "prepare",
+                format!("cannot record the job in the store: {e}"),
+                "check that the store is reachable and writable",
+                e.is_retryable(),
+            ));
         }
         let (client, server, before) = prepared?;
         // Refused before terraform runs: a budget this runner cannot check.
@@ -787,7 +782,7 @@ impl Runner {
             server.endpoint(),
             self.config.terraform.user,
         )
-        .map_err(|e| internal("prepare", format!("cannot prepare the workdir: {e}")))?;
+        .map_err(|e| JobError::internal("prepare", format!("cannot prepare the workdir: {e}")))?;
         let dir = workdir.path();
 
         let steps = Steps {

@@ -311,8 +311,8 @@ impl Runner {
         report.drift = Some(drifted);
         if drifted {
             let shown = s.run(&Command::ShowPlan, report).await?.ok()?;
-            let drifted =
-                DriftedResource::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))?;
+            let drifted = DriftedResource::from_plan_json(&shown.stdout)
+                .map_err(|e| JobError::internal("show", e))?;
             for resource in &drifted {
                 s.logger
                     .runner("drift", &resource.describe(s.logger.redactor()))
@@ -333,9 +333,8 @@ impl Runner {
         report: &mut Report,
     ) -> Result<(), JobError> {
         let estimated = match s.run(&Command::ShowPlan, report).await.and_then(Ran::ok) {
-            Ok(shown) => {
-                cost::estimate(&shown.stdout, &costing.books).map_err(|e| internal("estimate", e))
-            }
+            Ok(shown) => cost::estimate(&shown.stdout, &costing.books)
+                .map_err(|e| JobError::internal("estimate", e)),
             Err(e) => Err(e),
         };
         let mut estimate = match estimated {
@@ -365,7 +364,7 @@ impl Runner {
             Some(budget) => Some(
                 estimate
                     .check(budget)
-                    .map_err(|e| budget_error(e, BUDGET_CURRENCY_HINT))?
+                    .map_err(|e| JobError::budget(e, BUDGET_CURRENCY_HINT))?
                     .clone(),
             ),
             None => None,
@@ -387,7 +386,7 @@ impl Runner {
         }
         report.cost = Some(estimate);
         match check {
-            Some(c) if c.exceeded && op == Operation::Apply => Err(budget_error(
+            Some(c) if c.exceeded && op == Operation::Apply => Err(JobError::budget(
                 c.reason.unwrap_or_default(),
                 "nothing was applied: raise budget.max_monthly_increase if the increase is meant, or change the job's variables so it costs less, and send it again under a new job id",
             )),
@@ -474,7 +473,7 @@ impl Runner {
             Some(outputs) => outputs,
             None => {
                 let output = s.run(&Command::Output, report).await?.ok()?;
-                outputs_from_json(&output.stdout).map_err(|e| internal("output", e))?
+                outputs_from_json(&output.stdout).map_err(|e| JobError::internal("output", e))?
             }
         };
         report.outputs = outputs
@@ -669,7 +668,7 @@ impl Steps<'_> {
             return Ok(changes);
         }
         let shown = self.run(&Command::ShowPlan, report).await?.ok()?;
-        Changes::from_plan_json(&shown.stdout).map_err(|e| internal("show", e))
+        Changes::from_plan_json(&shown.stdout).map_err(|e| JobError::internal("show", e))
     }
 
     pub(super) async fn run(
@@ -679,7 +678,7 @@ impl Steps<'_> {
     ) -> Result<Ran, JobError> {
         let step = command.step();
         if self.stop.is_cancelled() {
-            return Err(internal(step, "stopped before the step started".into()));
+            return Err(JobError::internal(step, "stopped before the step started"));
         }
         self.logger.runner(step, &format!("terraform {step}")).await;
         let failures_before = self.server.activity().store_failures;
@@ -687,15 +686,14 @@ impl Steps<'_> {
         let outcome = terraform::run(self.config, self.dir, command, self.logger, self.stop)
             .instrument(span.clone())
             .await
-            .map_err(|e| JobError {
-                category: Category::Internal,
-                step: step.into(),
-                address: None,
-                message: e.to_string(),
-                hint:
-                    "install terraform or OpenTofu and point the runner at it (TERRACE_TERRAFORM)"
-                        .into(),
-                retryable: false,
+            .map_err(|e| {
+                JobError::new(
+                    Category::Internal,
+                    step,
+                    e.to_string(),
+                    "install terraform or OpenTofu and point the runner at it (TERRACE_TERRAFORM)",
+                    false,
+                )
             })?;
         let duration_ms = outcome.duration.as_millis() as u64;
         span.in_scope(|| {
@@ -725,29 +723,6 @@ impl Steps<'_> {
 /// What fixes a budget in another currency than the runner's price books.
 pub(super) const BUDGET_CURRENCY_HINT: &str =
     "give the budget in the price books' currency, or leave budget.currency out";
-
-/// A job stopped by its budget, or a budget that cannot be checked: never retried.
-pub(super) fn budget_error(message: String, hint: &str) -> JobError {
-    JobError {
-        category: Category::Budget,
-        step: "estimate".into(),
-        address: None,
-        message,
-        hint: hint.into(),
-        retryable: false,
-    }
-}
-
-pub(super) fn internal(step: &str, message: String) -> JobError {
-    JobError {
-        category: Category::Internal,
-        step: step.into(),
-        address: None,
-        message,
-        hint: "this is a fault of the runner or its machine; see the runner's log".into(),
-        retryable: true,
-    }
-}
 
 /// The error of a job stopped by its deadline, its caller or a lost lease; `step_error` is what
 /// the step it stopped said, which tells what state the workspace was left in.
@@ -801,14 +776,7 @@ pub(super) fn stopped_error(
     };
     (
         status,
-        Some(JobError {
-            category,
-            step,
-            address: step_error.address,
-            message,
-            hint: hint.into(),
-            retryable,
-        }),
+        Some(JobError::new(category, step, message, hint, retryable).at(step_error.address)),
     )
 }
 
