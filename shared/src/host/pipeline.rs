@@ -29,6 +29,7 @@ use crate::host::settings::Runtime;
 use crate::host::tenants::Tenants;
 use crate::host::trigger::{JobRef, StagedError, check_job, is_final, problem, rejection};
 use crate::job::validate::ValidatedJob;
+use crate::run::retry::Tries;
 use crate::run::runner::{RunOutcome, Runner};
 use crate::run::terraform::{SharedUser, TerraformConfig};
 
@@ -55,8 +56,9 @@ fn is_zero(n: &u32) -> bool {
 /// ends with an error record (and the platform decides).
 pub const MAX_TASK_REQUEUES: u32 = 5;
 
-/// How many times a task tries to read its staged job, or to put it back on the queue.
-const TASK_TRIES: u64 = 3;
+/// The waits between a task's tries to read its staged job, or to put it back on the queue (a
+/// task is not retried by every platform: ECS runs it once).
+const TASK_WAITS: [Duration; 2] = [Duration::from_secs(2), Duration::from_secs(4)];
 
 /// How long a task waits before its job is delivered again after trouble that may pass.
 const TROUBLE_DELAY: Duration = Duration::from_secs(60);
@@ -533,25 +535,19 @@ async fn task_one<T: Trigger + ?Sized>(
     };
     // A task is not retried by every platform (ECS runs it once): trouble reading its job is
     // tried a few times here before it gives up.
-    let mut tries = 0;
-    let (store, staged) = loop {
-        tries += 1;
-        let store = match trigger.store(&target, &r.job_id, None).await {
-            Ok(store) => store,
-            Err(why) if tries < TASK_TRIES => {
-                tracing::warn!(error = %why, tries, "cannot reach the store; trying again");
-                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
-                continue;
-            }
-            Err(why) => return Fate::again(format!("cannot read the staged job: {why}")),
-        };
+    let read = || async {
+        let store = trigger.store(&target, &r.job_id, None).await?;
         match r.staged(&*store).await {
-            Err(StagedError::Unavailable(why)) if tries < TASK_TRIES => {
-                tracing::warn!(error = %why, tries, "cannot read the staged job; trying again");
-                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
-            }
-            staged => break (store, staged),
+            Err(StagedError::Unavailable(why)) => Err(why),
+            staged => Ok((store, staged)),
         }
+    };
+    let (store, staged) = match Tries::after(&TASK_WAITS)
+        .run("cannot read the staged job", |_| true, read)
+        .await
+    {
+        Ok(read) => read,
+        Err(why) => return Fate::again(format!("cannot read the staged job: {why}")),
     };
     let body = match staged {
         Ok(body) => body,
@@ -661,26 +657,27 @@ async fn put_back<T: Trigger + ?Sized>(
     let Ok(copy) = serde_json::to_vec(&envelope) else {
         return fate;
     };
-    for tries in 1..=TASK_TRIES {
-        match trigger.requeue(&copy, delay).await {
-            Ok(()) => {
-                tracing::info!(
-                    why,
-                    delay_s = delay.as_secs(),
-                    "the task's job is queued again"
-                );
-                return Fate::Requeued { why, delay };
-            }
-            Err(e) if tries < TASK_TRIES => {
-                tracing::warn!(error = %e, tries, "could not queue the task's job again; trying again");
-                tokio::time::sleep(Duration::from_secs(2 * tries)).await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, why, "the task's job could not be queued again");
-            }
+    let requeued = Tries::after(&TASK_WAITS)
+        .run(
+            "could not queue the task's job again",
+            |_| true,
+            || trigger.requeue(&copy, delay),
+        )
+        .await;
+    match requeued {
+        Ok(()) => {
+            tracing::info!(
+                why,
+                delay_s = delay.as_secs(),
+                "the task's job is queued again"
+            );
+            Fate::Requeued { why, delay }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, why, "the task's job could not be queued again");
+            fate
         }
     }
-    fate
 }
 
 /// A handed-off task's exit code for its job's fate, with the record on stdout: 0 the job

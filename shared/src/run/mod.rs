@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod records;
 pub mod recover;
 pub mod result;
+pub mod retry;
 pub mod rollback;
 pub mod runner;
 pub mod state_server;

@@ -441,21 +441,11 @@ pub(super) async fn release(
     ws: &WorkspaceId,
     lease: &Lease,
 ) -> Result<(), StoreError> {
-    let tries = async {
-        let mut waits = RELEASE_WAITS.iter();
-        loop {
-            match store.release_lease(ws, lease).await {
-                Err(e) if e.is_retryable() => match waits.next() {
-                    Some(wait) => {
-                        tracing::debug!(workspace = %ws, error = %e, "could not release the lease; trying again");
-                        tokio::time::sleep(*wait).await;
-                    }
-                    None => return Err(e),
-                },
-                done => return done,
-            }
-        }
-    };
+    let tries = Tries::after(&RELEASE_WAITS).run(
+        "could not release the lease",
+        StoreError::is_retryable,
+        || store.release_lease(ws, lease),
+    );
     tokio::time::timeout(RELEASE_BUDGET, tries)
         .await
         .unwrap_or_else(|_| {

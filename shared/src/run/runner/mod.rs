@@ -31,6 +31,7 @@ use crate::run::result::{
     Attempt, Category, Changes, Cleanup, DriftedResource, JobError, JobResult, Status, StepTiming,
     UnsavedState, outputs_from_json,
 };
+use crate::run::retry::Tries;
 use crate::run::rollback;
 use crate::run::state_server::{self, StateServer};
 use crate::run::terraform::{self, Command, Outcome, PlanMode, RunAs, TerraformConfig};
@@ -49,6 +50,10 @@ use workdir::*;
 
 use crate::run::records::{ERRORED_STATE, JOB_FILE, RESULT_FILE};
 pub use workdir::{BACKEND_CONFIG, sweep_workdirs};
+
+/// The waits between tries of writing a job's result while the store fails in a way that may
+/// pass.
+const RESULT_WAITS: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(2)];
 
 /// How the runner works on this machine.
 #[derive(Clone, Debug)]
@@ -538,19 +543,17 @@ impl Runner {
         };
         let redacted = result.redacted(&redactor);
         let data = Bytes::from(serde_json::to_vec_pretty(&redacted).map_err(record_error)?);
-        let mut attempt = 0;
         // A lease lost while the write is under way abandons it, which narrows (not closes) the
         // window between the store's check and the write: a request already sent may still
         // land. (One already lost still tries: the check says whether the store still holds it
         // as this run's.)
         let lost_before = lost.is_cancelled();
         let fence = lease.fence();
-        let written = loop {
-            attempt += 1;
+        let write = || async {
             let write =
                 self.store
                     .put_artifact_fenced(ws, &j.id, RESULT_FILE, data.clone(), &fence);
-            let outcome = tokio::select! {
+            tokio::select! {
                 outcome = write => outcome,
                 () = lost.cancelled(), if !lost_before => Err(StoreError::LeaseLost {
                     workspace: ws.clone(),
@@ -558,15 +561,15 @@ impl Runner {
                     fence: lease.fence,
                     reason: "the lease was lost while the result was being written".into(),
                 }),
-            };
-            match outcome {
-                Err(e) if attempt < 3 && e.is_retryable() => {
-                    tracing::warn!(error = %e, attempt, "could not write the result; retrying");
-                    tokio::time::sleep(Duration::from_secs(attempt)).await;
-                }
-                other => break other,
             }
         };
+        let written = Tries::after(&RESULT_WAITS)
+            .run(
+                "could not write the result",
+                StoreError::is_retryable,
+                write,
+            )
+            .await;
         drop(watchdog);
         tracing::info!(
             status = redacted.status.as_str(),

@@ -219,64 +219,63 @@ impl Runner {
             )
             .await;
         let mut errors = Vec::new();
-        // Each try with the wait before the next, if there is one.
-        let tries = || UNSAVED_WAITS.iter().copied().map(Some).chain([None]);
-        for (tried, wait) in tries().enumerate() {
-            match self
-                .store
-                .put_artifact(s.ws, s.job_id, ERRORED_STATE, data.clone())
+        // While the job runs, every wait; once it is stopped, 3 tries in all, so that a store
+        // that does not answer cannot hold a stopped job much longer.
+        let tries = Tries::after(&UNSAVED_WAITS).until(s.stop, 3);
+        let kept = tries
+            .run(
+                "could not keep the unsaved state",
+                StoreError::is_retryable,
+                || {
+                    self.store
+                        .put_artifact(s.ws, s.job_id, ERRORED_STATE, data.clone())
+                },
+            )
+            .await;
+        if let Err(e) = kept {
+            // The workdir is kept so the file is not lost with it.
+            errors.push(format!(
+                "cannot keep it in the store ({e}); it stays in {}",
+                path.display()
+            ));
+            unsaved.artifact = path.display().to_string();
+            report.keep_workdir = true;
+        }
+        let push = || async {
+            s.server
+                .push(data.clone())
                 .await
-            {
-                Ok(()) => break,
-                Err(e) if e.is_retryable() && wait.is_some() && more(s, tried) => {
-                    pause(s, wait.unwrap_or_default()).await;
-                }
-                Err(e) => {
-                    // The workdir is kept so the file is not lost with it.
-                    errors.push(format!(
-                        "cannot keep it in the store ({e}); it stays in {}",
-                        path.display()
-                    ));
-                    unsaved.artifact = path.display().to_string();
-                    report.keep_workdir = true;
-                    break;
-                }
+                .map_err(|(why, retryable)| Refused { why, retryable })
+        };
+        let pushed = match tries
+            .run("could not push the unsaved state", |e| e.retryable, push)
+            .await
+        {
+            Ok(version) => {
+                unsaved.pushed_as = version;
+                let saved = version.map_or_else(
+                    || "it was already the current state".to_owned(),
+                    |v| format!("saved as state version {v}"),
+                );
+                s.logger
+                    .runner("apply", &format!("the unsaved state is {saved}"))
+                    .await;
+                true
             }
-        }
-        let mut pushed = false;
-        for (tried, wait) in tries().enumerate() {
-            match s.server.push(data.clone()).await {
-                Ok(version) => {
-                    unsaved.pushed_as = version;
-                    pushed = true;
-                    let saved = version.map_or_else(
-                        || "it was already the current state".to_owned(),
-                        |v| format!("saved as state version {v}"),
-                    );
-                    s.logger
-                        .runner("apply", &format!("the unsaved state is {saved}"))
-                        .await;
-                    break;
-                }
-                Err((why, retryable)) => {
-                    if let Some(wait) = wait.filter(|_| retryable && more(s, tried)) {
-                        pause(s, wait).await;
-                        continue;
-                    }
-                    errors.push(format!("cannot push it: {why}"));
-                    s.logger
-                        .runner(
-                            "apply",
-                            &format!(
-                                "the unsaved state cannot be pushed ({why}); it is kept as {}",
-                                unsaved.artifact
-                            ),
-                        )
-                        .await;
-                    break;
-                }
+            Err(Refused { why, .. }) => {
+                errors.push(format!("cannot push it: {why}"));
+                s.logger
+                    .runner(
+                        "apply",
+                        &format!(
+                            "the unsaved state cannot be pushed ({why}); it is kept as {}",
+                            unsaved.artifact
+                        ),
+                    )
+                    .await;
+                false
             }
-        }
+        };
         if errors.is_empty() || pushed {
             // Handled: a later step in this workdir must not see it again.
             let _ = tokio::fs::remove_file(&path).await;
@@ -601,8 +600,7 @@ pub(super) fn read_own_file(path: &Path, cap: usize) -> Result<Option<Vec<u8>>, 
 
 /// The waits between tries of keeping and of pushing a state terraform could not save, while
 /// the store fails: 31 s in all, enough to ride out a short outage of the store. A stopped job
-/// (its deadline, a shutdown, its lease lost) makes 3 tries in all, without waiting (see
-/// [`more`] and [`pause`]).
+/// (its deadline, a shutdown, its lease lost) makes 3 tries in all, without waiting.
 const UNSAVED_WAITS: [Duration; 5] = [
     Duration::from_secs(1),
     Duration::from_secs(2),
@@ -611,20 +609,16 @@ const UNSAVED_WAITS: [Duration; 5] = [
     Duration::from_secs(16),
 ];
 
-/// Waits `wait` between tries, or less when the job is stopped meanwhile (its deadline, a
-/// shutdown, its lease lost).
-async fn pause(s: &Steps<'_>, wait: Duration) {
-    tokio::select! {
-        () = tokio::time::sleep(wait) => {}
-        () = s.stop.cancelled() => {}
-    }
+/// The state server's refusal of a pushed state.
+struct Refused {
+    why: String,
+    retryable: bool,
 }
 
-/// Whether to try again after `tried` + 1 tries: while the job runs, every try of
-/// [`UNSAVED_WAITS`]; once it is stopped, 3 in all, so that a store that does not answer
-/// cannot hold a stopped job much longer.
-fn more(s: &Steps<'_>, tried: usize) -> bool {
-    tried < 2 || !s.stop.is_cancelled()
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
 }
 
 /// A finished step and its outcome.
