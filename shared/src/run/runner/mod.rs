@@ -37,23 +37,31 @@ use crate::run::state_server::{self, StateServer};
 use crate::run::terraform::{self, Command, Outcome, PlanMode, RunAs, TerraformConfig};
 
 mod cleanup;
+mod finish;
+mod imports;
 mod lease;
 mod life;
+mod prepare;
+mod previous;
+mod report;
 mod steps;
+mod unsaved;
 mod workdir;
 
 use cleanup::*;
+use finish::*;
+use imports::*;
 use lease::*;
 use life::Life;
+use prepare::*;
+pub use previous::previous_result;
+use report::*;
 use steps::*;
+use unsaved::*;
 use workdir::*;
 
 use crate::run::records::{ERRORED_STATE, JOB_FILE, RESULT_FILE};
 pub use workdir::{BACKEND_CONFIG, sweep_workdirs};
-
-/// The waits between tries of writing a job's result while the store fails in a way that may
-/// pass.
-const RESULT_WAITS: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(2)];
 
 /// How the runner works on this machine.
 #[derive(Clone, Debug)]
@@ -162,88 +170,6 @@ pub struct Runner {
     /// The terraform client, read once it is first read successfully (`version -json`) and
     /// checked against the floor; a failed read is tried again by the next job.
     client: Arc<tokio::sync::OnceCell<Client>>,
-}
-
-/// The stored result of a job id in `store`, if it finished before. An `interrupted` job did
-/// not finish: it may run again.
-///
-/// A result is taken only when it is this job's: its job id, tenant, workspace and operation
-/// (`operation`, when the caller knows it) are the delivery's, and it was written under the
-/// fence that the run's `job.json` records. Anyone who can write to the bucket (terraform's
-/// session, as the customer's role, among them) could otherwise put a result there that
-/// would be reported for a job that never ran. One that is not is ignored, with a warning:
-/// the job runs, and its own records replace it.
-///
-/// # Errors
-/// Store failures, or a result that does not parse.
-pub async fn previous_result(
-    store: &dyn StateStore,
-    ws: &WorkspaceId,
-    job_id: &str,
-    operation: Option<crate::job::Operation>,
-) -> Result<Option<JobResult>, RunError> {
-    let Some(raw) = store.artifact(ws, job_id, RESULT_FILE).await? else {
-        return Ok(None);
-    };
-    let result: JobResult = serde_json::from_slice(&raw).map_err(|source| RunError::Record {
-        job_id: job_id.to_owned(),
-        name: RESULT_FILE,
-        source,
-    })?;
-    if result.status == Status::Interrupted {
-        return Ok(None);
-    }
-    let record = match store.artifact(ws, job_id, JOB_FILE).await? {
-        Some(raw) => crate::run::records::JobRecord::parse(&raw).ok(),
-        None => None,
-    };
-    match not_this_jobs(&result, record.as_ref(), ws, job_id, operation) {
-        None => Ok(Some(result)),
-        Some(why) => {
-            tracing::warn!(job_id, workspace = %ws, "the stored result is ignored: {why}");
-            Ok(None)
-        }
-    }
-}
-
-/// Why a stored result is not `job_id`'s own, if it is not.
-fn not_this_jobs(
-    result: &JobResult,
-    record: Option<&crate::run::records::JobRecord>,
-    ws: &WorkspaceId,
-    job_id: &str,
-    operation: Option<crate::job::Operation>,
-) -> Option<String> {
-    let theirs = (
-        result.job_id.as_str(),
-        result.tenant.as_str(),
-        result.workspace.as_str(),
-    );
-    if theirs != (job_id, ws.tenant(), ws.workspace()) {
-        return Some(format!(
-            "it names job {} of {}/{}",
-            result.job_id, result.tenant, result.workspace
-        ));
-    }
-    if operation.is_some_and(|op| op != result.operation) {
-        return Some(format!("it is of a {} job", result.operation));
-    }
-    let Some(record) = record else {
-        return Some(format!("the run has no readable {JOB_FILE}"));
-    };
-    if (record.id.as_str(), record.operation) != (job_id, result.operation)
-        || (record.tenant.as_str(), record.workspace.as_str()) != (ws.tenant(), ws.workspace())
-    {
-        return Some(format!("it does not agree with the run's {JOB_FILE}"));
-    }
-    let fence = record.lease.as_ref().map(|l| l.fence);
-    if result.fence.is_none() || result.fence != fence {
-        return Some(format!(
-            "it was not written under the run's lease (fence {:?}, {JOB_FILE}'s {fence:?})",
-            result.fence
-        ));
-    }
-    None
 }
 
 impl Runner {
@@ -392,32 +318,12 @@ impl Runner {
             return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
         }
         // The run starts when the workspace is ours; waiting for it is not part of the run.
-        let started_at = OffsetDateTime::now_utc();
-        let started = Instant::now();
+        let clock = Clock::start();
         // The state server's password is a secret of this job like its sensitive variables.
         let password = state_server::random_secret();
-        let redactor = Redactor::new(
-            job.sensitive_values
-                .iter()
-                .cloned()
-                .chain(self.config.terraform.env.iter().map(|(_, v)| v.clone()))
-                .chain([password.clone()]),
-        )
-        .with_late(self.config.terraform.late_secrets.clone());
+        let redactor = self.redactor(job, &password);
         let record = crate::run::records::JobRecord::new(job, &redactor, lease).to_bytes();
-
-        // Log chunks are named by the lease's fence too, so a re-run after a crash adds to the
-        // log of the attempt it follows instead of overwriting it.
-        let mut sinks: Vec<Box<dyn LogSink>> = vec![Box::new(StoreSink::new(
-            self.store.clone(),
-            ws.clone(),
-            &j.id,
-            lease.fence,
-        ))];
-        if self.config.console {
-            sinks.push(Box::new(ConsoleSink::new(&j.id)));
-        }
-        let (logger, pump) = logs::start(redactor.clone(), sinks);
+        let (logger, pump) = self.open_log(ws, &j.id, lease, &redactor);
         let interrupted = self.note_interrupted(ws, lease, &logger).await;
         let mut life = Life::start(self, job, ws, lease, interrupted, &logger).await;
 
@@ -461,115 +367,16 @@ impl Runner {
                 &mut report,
             )
             .await;
-
-        // A job whose steps all succeeded succeeded, even if a stop came after the last one.
-        let (status, error) = match outcome {
-            Ok(()) => (Status::Succeeded, None),
-            Err(e) => {
-                let shutting_down = self
-                    .config
-                    .shutdown
-                    .as_ref()
-                    .is_some_and(CancellationToken::is_cancelled);
-                let stopped = reason
-                    .get()
-                    .cloned()
-                    .or_else(|| stop.is_cancelled().then_some(StopReason::Cancelled))
-                    .map(|r| match r {
-                        StopReason::Cancelled if shutting_down => StopReason::Shutdown,
-                        other => other,
-                    });
-                match stopped {
-                    Some(reason) => stopped_error(&reason, e),
-                    None => (Status::Failed, Some(e)),
-                }
-            }
-        };
+        let (status, error) = self.ending(outcome, reason.get(), &stop);
         let state_bytes = report.state_bytes;
-        let mut result = JobResult {
-            schema: crate::run::result::RESULT_SCHEMA,
-            job_id: j.id.clone(),
-            tenant: j.tenant.clone(),
-            workspace: j.workspace.clone(),
-            operation: j.operation,
-            template: j.template.to_string(),
-            status,
-            fence: Some(lease.fence),
-            started_at,
-            finished_at: OffsetDateTime::now_utc(),
-            duration_ms: started.elapsed().as_millis() as u64,
-            terraform: report.client,
-            steps: report.steps,
-            changes: report.changes,
-            cost: report.cost,
-            drift: report.drift,
-            drifted: report.drifted,
-            outputs: report.outputs,
-            state_versions: report.versions,
-            attempts: report.attempts,
-            cleanup: report.cleanup,
-            recovered: report.recovered,
-            unsaved_state: report.unsaved_state,
-            error,
-            lifecycle: None,
-            attention: Vec::new(),
-        };
+        let mut result = report.into_result(job, lease, &clock, status, error);
         life.end(self, &mut result, &redactor, &logger).await;
-        let summary = match &result.error {
-            None => format!(
-                "job {} {} in {} ms",
-                j.id,
-                status.as_str(),
-                result.duration_ms
-            ),
-            Some(e) => format!(
-                "job {} {} at step {}: {}",
-                j.id,
-                status.as_str(),
-                e.step,
-                e.message
-            ),
-        };
-        logger.runner("", &summary).await;
+        logger.runner("", &summary(&result)).await;
         drop(logger);
         pump.finish().await;
 
-        // The result is written redacted, while the lease is still renewed, and only while it
-        // is still this run's: a runner that lost it never replaces a later run's result.
-        let record_error = |source| RunError::Record {
-            job_id: j.id.clone(),
-            name: RESULT_FILE,
-            source,
-        };
         let redacted = result.redacted(&redactor);
-        let data = Bytes::from(serde_json::to_vec_pretty(&redacted).map_err(record_error)?);
-        // A lease lost while the write is under way abandons it, which narrows (not closes) the
-        // window between the store's check and the write: a request already sent may still
-        // land. (One already lost still tries: the check says whether the store still holds it
-        // as this run's.)
-        let lost_before = lost.is_cancelled();
-        let fence = lease.fence();
-        let write = || async {
-            let write =
-                self.store
-                    .put_artifact_fenced(ws, &j.id, RESULT_FILE, data.clone(), &fence);
-            tokio::select! {
-                outcome = write => outcome,
-                () = lost.cancelled(), if !lost_before => Err(StoreError::LeaseLost {
-                    workspace: ws.clone(),
-                    owner: lease.owner.clone(),
-                    fence: lease.fence,
-                    reason: "the lease was lost while the result was being written".into(),
-                }),
-            }
-        };
-        let written = Tries::after(&RESULT_WAITS)
-            .run(
-                "could not write the result",
-                StoreError::is_retryable,
-                write,
-            )
-            .await;
+        let written = self.write_result(ws, lease, &lost, &redacted).await;
         drop(watchdog);
         tracing::info!(
             status = redacted.status.as_str(),
@@ -588,91 +395,40 @@ impl Runner {
         Ok(RunOutcome::Finished(Box::new(redacted)))
     }
 
-    /// The price books and budget the job's plans are estimated with: none for drift checks,
-    /// or without books. A budget that cannot be checked (no books, books that cannot be
-    /// read, another currency) stops the job before terraform runs; without a budget, books
-    /// that cannot be read only cost the job its estimate.
-    async fn costing(
-        &self,
-        job: &ValidatedJob,
-        logger: &Logger,
-    ) -> Result<Option<Costing>, JobError> {
-        let j = &job.job;
-        // A drift check changes nothing; a destroy only lowers the cost, so its budget holds
-        // whatever the books say.
-        let budget = j
-            .budget
-            .as_ref()
-            .filter(|_| j.operation != Operation::Destroy);
-        if j.operation == Operation::DriftCheck {
-            return Ok(None);
-        }
-        let loaded = match self.config.price_books.clone() {
-            None => Ok(None),
-            Some(dir) => tokio::task::spawn_blocking(move || cost::PriceBooks::load(&dir))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string())),
-        };
-        const FIX_BOOKS: &str = "fix the price book as the message says (docs/templates.md describes the format), or remove the job's budget";
-        match (loaded, budget) {
-            (Ok(None), None) => Ok(None),
-            (Err(why), None) => {
-                logger
-                    .runner("estimate", &format!("no cost estimate: {why}"))
-                    .await;
-                Ok(None)
-            }
-            (Ok(None), Some(_)) => Err(JobError::budget(
-                "the job sets a budget, but this runner has no price books to estimate its cost with",
-                "set TERRACE_PRICE_BOOKS (terrace: --price-books) to a folder of price books, or remove the job's budget",
-            )),
-            (Err(why), Some(_)) => Err(JobError::budget(
-                format!("the job sets a budget, but the price books cannot be read: {why}"),
-                FIX_BOOKS,
-            )),
-            (Ok(Some(books)), budget) => {
-                if let Some(currency) = budget.as_ref().and_then(|b| b.currency.as_deref())
-                    && currency != books.currency
-                {
-                    return Err(JobError::budget(
-                        format!(
-                            "budget.currency is {currency}, but this runner's price books are in {}",
-                            books.currency
-                        ),
-                        BUDGET_CURRENCY_HINT,
-                    ));
-                }
-                Ok(Some(Costing {
-                    books,
-                    budget: budget.cloned(),
-                }))
-            }
-        }
+    /// What masks this job's secrets in every line and record: its sensitive values, the
+    /// values the runner gives terraform, the state server's password and secrets learnt
+    /// later (a session handed out while it runs).
+    fn redactor(&self, job: &ValidatedJob, password: &str) -> Redactor {
+        let terraform = &self.config.terraform;
+        Redactor::new(
+            job.sensitive_values
+                .iter()
+                .cloned()
+                .chain(terraform.env.iter().map(|(_, v)| v.clone()))
+                .chain([password.to_owned()]),
+        )
+        .with_late(terraform.late_secrets.clone())
     }
 
-    /// The job id a template's tags name: the job's own, but for a drift check the last
-    /// successful apply's, so that the check finds only what changed since, not the tag.
-    async fn tag_job(&self, job: &ValidatedJob, ws: &WorkspaceId, logger: &Logger) -> String {
-        let j = &job.job;
-        let tagged = job
-            .template
-            .spec
-            .variables
-            .contains_key(crate::job::template::TAGS_VARIABLE);
-        if !tagged || j.operation != Operation::DriftCheck {
-            return j.id.clone();
+    /// The job's log: chunks in the store, named by the lease's fence (a re-run after a crash
+    /// adds to the log of the attempt it follows instead of overwriting it), and the console.
+    fn open_log(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        lease: &Lease,
+        redactor: &Redactor,
+    ) -> (Logger, logs::Pump) {
+        let mut sinks: Vec<Box<dyn LogSink>> = vec![Box::new(StoreSink::new(
+            self.store.clone(),
+            ws.clone(),
+            job_id,
+            lease.fence,
+        ))];
+        if self.config.console {
+            sinks.push(Box::new(ConsoleSink::new(job_id)));
         }
-        match crate::run::records::last_apply(self.store.as_ref(), ws).await {
-            Ok(Some((id, _))) => id,
-            Ok(None) => j.id.clone(),
-            Err(why) => {
-                let line = format!(
-                    "the tags name this check, not the last apply ({why}): they may read as drift"
-                );
-                logger.runner("prepare", &line).await;
-                j.id.clone()
-            }
-        }
+        logs::start(redactor.clone(), sinks)
     }
 
     /// Prepares the workdir and runs the operation's steps.
@@ -698,82 +454,9 @@ impl Runner {
                 ),
             )
             .await;
-        // The job's record is written while the client is checked, the state server started
-        // and the state read (the read that terraform's first GET is then served from).
-        let prepare = async {
-            // Refused before anything touches the workspace's state.
-            let client = self.client().await.map_err(|e| {
-                JobError::new(Category::Internal, "prepare", e.to_string(), e.hint(), true)
-            })?;
-            logger
-                .runner(
-                    "prepare",
-                    &format!("{} {}", client.flavour.name(), client.version),
-                )
-                .await;
-            let server = StateServer::start(state_server::Config {
-                store: self.store.clone(),
-                ws: ws.clone(),
-                fence: lease.fence(),
-                password: password.to_owned(),
-                logger: Some(logger.clone()),
-                lease_lost: lost.clone(),
-                max_body: self.config.max_state_bytes,
-                header_read_timeout: crate::run::state_server::HEADER_READ_TIMEOUT,
-            })
-            .await
-            .map_err(|e| {
-                JobError::internal("prepare", format!("cannot start the state server: {e}"))
-            })?;
-            let current = server.current().await;
-            // A sealed state this runner cannot open: said here, before terraform, which would
-            // only see its state server fail.
-            if let Err(e @ StoreError::Sealed { .. }) = &current {
-                return Err(JobError::new(
-                    Category::Auth,
-                    "prepare",
-                    e.to_string(),
-                    "give the runner the key that sealed the workspace's state (TERRACE_STATE_KEY_FILE, TERRACE_STATE_OLD_KEY_FILES for a key rotated out, or the target's client_side_kms_key); nothing was changed",
-                    false,
-                ));
-            }
-            // A job that may change infrastructure first proves it can seal the state it will
-            // write: an apply whose state could not be saved must never start.
-            if j.operation.mutates()
-                && let Err(e) = self.store.check_keys(ws).await
-            {
-                let category = if e.is_retryable() {
-                    Category::Transient
-                } else {
-                    Category::Auth
-                };
-                return Err(JobError::new(
-                    category,
-                    "prepare",
-                    e.to_string(),
-                    "the runner must be able to seal this workspace's states before it changes anything (a KMS key: kms:GenerateDataKey and kms:Decrypt for the runner's role, with the encryption context terrace:workspace); nothing was changed",
-                    e.is_retryable(),
-                ));
-            }
-            let before = addresses(current);
-            Ok::<_, JobError>((client.clone(), server, before))
-        };
-        let fence = lease.fence();
-        let (recorded, prepared) = tokio::join!(
-            self.store
-                .put_artifact_fenced(ws, &j.id, JOB_FILE, record, &fence),
-            prepare
-        );
-        if let Err(e) = recorded {
-            return Err(JobError::new(
-                Category::Internal,
-                "prepare",
-                format!("cannot record the job in the store: {e}"),
-                "check that the store is reachable and writable",
-                e.is_retryable(),
-            ));
-        }
-        let (client, server, before) = prepared?;
+        let (client, server, before) = self
+            .prepare(job, record, ws, lease, password, logger, lost)
+            .await?;
         // Refused before terraform runs: a budget this runner cannot check.
         let costing = self.costing(job, logger).await?;
         report.client = Some(client);
