@@ -1,7 +1,20 @@
 //! After a failed apply: what the run created, and per the job's `on_failure` keeping it,
 //! destroying exactly that, or rolling the workspace back to its last successful apply.
 
-use super::*;
+use std::collections::BTreeSet;
+
+use state_backends::{StoreError, WorkspaceId};
+
+use crate::job::OnFailure;
+use crate::job::validate::ValidatedJob;
+use crate::run::result::{Category, Changes, Cleanup, JobError};
+use crate::run::rollback;
+use crate::run::terraform::{Command, PlanMode};
+
+use super::Runner;
+use super::report::Report;
+use super::steps::{Ran, Steps};
+use super::workdir::{BACKEND_CONFIG, prepare_workdir};
 
 impl Runner {
     /// The managed resources in the workspace's current state.
@@ -233,6 +246,8 @@ pub(super) fn addresses(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+    use state_backends::StateStore;
 
     #[tokio::test]
     async fn the_managed_resources_of_a_state_and_of_none() {

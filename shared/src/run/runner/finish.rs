@@ -1,7 +1,21 @@
 //! How a run ends: its status and error (a stopped job's told apart from a failed one's), its
 //! result assembled from what the steps found, and that result written under the lease.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use state_backends::{Lease, StoreError, WorkspaceId};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::job::validate::ValidatedJob;
+use crate::run::records::RESULT_FILE;
+use crate::run::result::{Category, JobError, JobResult, Status};
+use crate::run::retry::Tries;
+
+use super::lease::StopReason;
+use super::report::Report;
+use super::{RunError, Runner};
 
 /// When a run started: the wall clock for its result, a monotonic one for its duration.
 pub(super) struct Clock {
@@ -210,4 +224,67 @@ pub(super) fn stopped_error(
         status,
         Some(JobError::new(category, step, message, hint, retryable).at(step_error.address)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step_error(message: &str, category: Category) -> JobError {
+        JobError {
+            category,
+            step: "apply".into(),
+            address: Some("testcloud_cluster.main".into()),
+            message: message.into(),
+            hint: String::new(),
+            retryable: false,
+        }
+    }
+
+    #[test]
+    fn a_stopped_job_says_why_where_and_what_terraform_left() {
+        let graceful = step_error("interrupted by the user", Category::Provider);
+        let (status, e) = stopped_error(&StopReason::Timeout, graceful.clone());
+        let e = e.unwrap();
+        assert_eq!(status, Status::TimedOut);
+        assert_eq!(e.category, Category::Timeout);
+        assert_eq!(e.step, "apply");
+        assert_eq!(e.address.as_deref(), Some("testcloud_cluster.main"));
+        assert!(
+            e.message.contains("past its timeout during apply"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("stopped gracefully"), "{}", e.message);
+
+        let (status, e) = stopped_error(&StopReason::Shutdown, graceful.clone());
+        assert_eq!(
+            status,
+            Status::Interrupted,
+            "a host's shutdown is not final"
+        );
+        assert!(e.unwrap().retryable);
+
+        let (status, e) = stopped_error(&StopReason::Cancelled, graceful.clone());
+        assert_eq!(status, Status::Cancelled);
+        assert_eq!(e.unwrap().category, Category::Cancelled);
+
+        let (status, e) = stopped_error(&StopReason::LeaseLost("taken over".into()), graceful);
+        let e = e.unwrap();
+        assert_eq!(status, Status::Failed);
+        assert_eq!(e.category, Category::StateConflict);
+        assert!(e.message.contains("taken over"), "{}", e.message);
+
+        let killed = step_error(
+            &format!("{}: after the grace period", crate::run::classify::KILLED),
+            Category::Internal,
+        );
+        let (_, e) = stopped_error(&StopReason::Timeout, killed);
+        assert!(
+            e.unwrap()
+                .message
+                .contains("may exist in the cloud without being in the state"),
+            "a killed terraform may have left objects"
+        );
+    }
 }

@@ -1,7 +1,18 @@
 //! After "already exists": importing into the state the object that a create of this workspace
 //! met, and only one this workspace may have made (this job's or an unfinished earlier run's).
 
-use super::*;
+use std::collections::BTreeSet;
+
+use state_backends::WorkspaceId;
+
+use crate::run::recover::Recovery;
+use crate::run::result::JobError;
+use crate::run::terraform::Command;
+use crate::run::{logs, recover};
+
+use super::Runner;
+use super::report::{Earlier, Report};
+use super::steps::{Ran, Steps};
 
 impl Runner {
     /// After "already exists": imports the object into the state when the error and the plan

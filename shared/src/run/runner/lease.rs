@@ -2,7 +2,21 @@
 //! turns out to have finished), the watchdog that renews it and stops the job on its deadline,
 //! its caller's cancel or a lost lease, and the record of a job whose runner died holding it.
 
-use super::*;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use state_backends::{Lease, LeaseRequest, StateStore, StoreError, WorkspaceId};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::job::validate::ValidatedJob;
+use crate::run::logs::Logger;
+use crate::run::records::{JOB_FILE, RESULT_FILE};
+use crate::run::result::{Category, JobError, JobResult, Status};
+use crate::run::retry::Tries;
+
+use super::{RunError, Runner};
 
 impl Runner {
     /// When this job's lease took over an expired one, records the job that held it as
@@ -470,6 +484,8 @@ pub(super) fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::redact::Redactor;
+    use crate::run::runner::RunnerConfig;
     use state_backends::memory::{MemoryStore, Renewals};
 
     fn ws() -> WorkspaceId {

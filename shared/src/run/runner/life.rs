@@ -4,8 +4,18 @@
 //! that cannot be read for now (a store error, a newer runner's schema) is left alone for the
 //! whole run, never replaced; only one that is not a record at all is started afresh.
 
-use super::*;
-use crate::run::lifecycle::{self, Phase, Transition, WorkspaceStatus};
+use state_backends::{Lease, WorkspaceId};
+use time::OffsetDateTime;
+
+use crate::job::Operation;
+use crate::job::redact::Redactor;
+use crate::job::validate::ValidatedJob;
+use crate::run::lifecycle;
+use crate::run::lifecycle::{Phase, Transition, WorkspaceStatus};
+use crate::run::logs::Logger;
+use crate::run::result::JobResult;
+
+use super::Runner;
 
 /// The workspace's record as this run has left it so far.
 pub(super) struct Life {

@@ -7,34 +7,38 @@
 //! 4. the state server on loopback, fenced by the lease;
 //! 5. terraform's steps for the operation, logged live and redacted;
 //! 6. the result in `runs/<job-id>/result.json`; the lease released on every path.
+//!
+//! Its parts, each owning one thing: `lease` takes the lease and watches it (a
+//! `Watch`); `prepare` readies the run (client, state server, job record, costing); `steps`
+//! runs terraform's steps (a `Steps` context, gathering a `Report`); `imports` and `unsaved`
+//! recover from "already exists" and from a state terraform could not save; `cleanup` handles a
+//! failed apply; `life` moves the workspace's lifecycle; `finish` ends the run and writes its
+//! result; `previous` finds a job done; `workdir` makes the workdir.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use state_backends::{Lease, LeaseRequest, StateStore, StoreError, WorkspaceId};
-use time::OffsetDateTime;
+use state_backends::{Lease, StateStore, StoreError, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::job::Operation;
 use crate::job::redact::Redactor;
 use crate::job::validate::ValidatedJob;
-use crate::job::{OnFailure, Operation, RetryPolicy};
-use crate::run::classify::classify_after;
 use crate::run::client::Client;
-use crate::run::cost;
-use crate::run::logs::{self, ConsoleSink, LogSink, Logger, StoreSink};
-use crate::run::recover::{self, Recovery};
-use crate::run::result::{
-    Attempt, Category, Changes, Cleanup, DriftedResource, JobError, JobResult, Status, StepTiming,
-    UnsavedState, outputs_from_json,
-};
-use crate::run::retry::Tries;
-use crate::run::rollback;
-use crate::run::state_server::{self, StateServer};
-use crate::run::terraform::{self, Command, Outcome, PlanMode, RunAs, TerraformConfig};
+use crate::run::logs::{ConsoleSink, LogSink, Logger, StoreSink};
+use crate::run::result::{Category, JobError, JobResult};
+use crate::run::terraform::TerraformConfig;
+use crate::run::{logs, state_server};
+
+use finish::{Clock, summary};
+use lease::{Acquired, StopReason, Watch, watch};
+use life::Life;
+use report::{Earlier, Report};
+use steps::Steps;
+use workdir::prepare_workdir;
 
 mod cleanup;
 mod finish;
@@ -48,19 +52,7 @@ mod steps;
 mod unsaved;
 mod workdir;
 
-use cleanup::*;
-use finish::*;
-use imports::*;
-use lease::*;
-use life::Life;
-use prepare::*;
 pub use previous::previous_result;
-use report::*;
-use steps::*;
-use unsaved::*;
-use workdir::*;
-
-use crate::run::records::{ERRORED_STATE, JOB_FILE, RESULT_FILE};
 pub use workdir::{BACKEND_CONFIG, sweep_workdirs};
 
 /// How the runner works on this machine.

@@ -2,7 +2,24 @@
 //! started, the job recorded, the price books and budget it is held to, and the job id its
 //! tags name.
 
-use super::*;
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use state_backends::{Lease, StoreError, WorkspaceId};
+use tokio_util::sync::CancellationToken;
+
+use crate::job::Operation;
+use crate::job::validate::ValidatedJob;
+use crate::run::client::Client;
+use crate::run::logs::Logger;
+use crate::run::records::JOB_FILE;
+use crate::run::result::{Category, JobError};
+use crate::run::state_server::StateServer;
+use crate::run::{cost, state_server};
+
+use super::Runner;
+use super::cleanup::addresses;
+use super::report::Costing;
 
 /// What [`Runner::prepare`] readies: the client, the state server, and the addresses the
 /// state held before the run (or why it could not be read).

@@ -1,7 +1,12 @@
 //! A job found done: the result of an earlier run of the same job id, taken only when it is
 //! that job's own.
 
-use super::*;
+use state_backends::{StateStore, WorkspaceId};
+
+use crate::run::records::{JOB_FILE, RESULT_FILE};
+use crate::run::result::{JobResult, Status};
+
+use super::RunError;
 
 /// The stored result of a job id in `store`, if it finished before. An `interrupted` job did
 /// not finish: it may run again.

@@ -1,7 +1,12 @@
 //! What a run's steps find as they go ([`Report`]), what came before ([`Earlier`]), and what its
 //! plans are priced with ([`Costing`]): the context the steps share.
 
-use super::*;
+use std::collections::BTreeSet;
+
+use crate::run::client::Client;
+use crate::run::cost;
+use crate::run::recover::Recovery;
+use crate::run::result::{Attempt, Changes, Cleanup, DriftedResource, StepTiming, UnsavedState};
 
 /// What the steps found, gathered as they run.
 #[derive(Default)]

@@ -1,8 +1,29 @@
-//! Terraform's steps for each operation, with attempts and retries of transient failures,
-//! imports after "already exists", unsaved states pushed back, drift, and what the steps found
-//! (`Report`); how a stopped job's error reads.
+//! Terraform's steps for each operation, with attempts and retries of transient failures, the
+//! cost estimate and budget, and drift; each step run through the [`Steps`] context, gathering
+//! what it finds into a `Report`.
 
-use super::*;
+use std::path::Path;
+
+use state_backends::WorkspaceId;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::job::{Operation, RetryPolicy};
+use crate::run::classify::classify_after;
+use crate::run::logs::Logger;
+use crate::run::result::{
+    Attempt, Category, Changes, DriftedResource, JobError, StepTiming, outputs_from_json,
+};
+use crate::run::state_server::StateServer;
+use crate::run::terraform::{Command, Outcome, PlanMode, TerraformConfig};
+use crate::run::{cost, terraform};
+
+use super::Runner;
+use super::imports::{MAX_IMPORTS, NotImported};
+use super::prepare::BUDGET_CURRENCY_HINT;
+use super::report::{Costing, Report};
+use super::unsaved::is_state_save_error;
+use super::workdir::BACKEND_CONFIG;
 
 impl Runner {
     /// `init` once, then attempts of the operation; a transient failure is retried with
@@ -401,6 +422,3 @@ impl Steps<'_> {
         })
     }
 }
-
-#[cfg(test)]
-mod tests;

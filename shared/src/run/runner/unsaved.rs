@@ -1,7 +1,19 @@
 //! A state terraform could not save to the backend (`errored.tfstate`): kept in the store as it
 //! is, then pushed as the next state version, each tried again while the store fails.
 
-use super::*;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use state_backends::StoreError;
+
+use crate::run::records::ERRORED_STATE;
+use crate::run::result::UnsavedState;
+use crate::run::retry::Tries;
+
+use super::Runner;
+use super::report::Report;
+use super::steps::Steps;
 
 impl Runner {
     /// Terraform's own copy of a state it could not save (`errored.tfstate`): kept as a run
@@ -170,5 +182,53 @@ struct Refused {
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_failure_to_save_the_state_counts_as_one() {
+        assert!(is_state_save_error("Failed to save state: HTTP error: 409"));
+        assert!(is_state_save_error("Error saving state: context deadline"));
+        assert!(is_state_save_error("Failed to persist state to backend"));
+        assert!(!is_state_save_error("Error acquiring the state lock"));
+        assert!(!is_state_save_error(
+            "Error: creating network: quota exceeded"
+        ));
+    }
+
+    #[test]
+    fn a_file_terraform_left_is_read_only_as_a_plain_file_of_bounded_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("errored.tfstate");
+        assert_eq!(read_own_file(&file, 10).unwrap(), None, "none there");
+        std::fs::write(&file, b"{}").unwrap();
+        assert_eq!(
+            read_own_file(&file, 10).unwrap().as_deref(),
+            Some(&b"{}"[..])
+        );
+        assert!(
+            read_own_file(&file, 1)
+                .unwrap_err()
+                .contains("larger than 1 bytes")
+        );
+        // A link to a file of the runner's (its environment, say) is not followed.
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"runner-secret").unwrap();
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&secret, &file).unwrap();
+        let e = read_own_file(&file, 1024).unwrap_err();
+        assert!(e.contains("cannot open it as a plain file"), "{e}");
+        // A FIFO would block the job forever: refused at once.
+        std::fs::remove_file(&file).unwrap();
+        nix::unistd::mkfifo(&file, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(
+            read_own_file(&file, 1024)
+                .unwrap_err()
+                .contains("not a regular file")
+        );
     }
 }

@@ -1,7 +1,11 @@
 //! The job's workdir: a private copy of the template, the variables as tfvars, and the backend
 //! configuration that points terraform at the job's state server.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use crate::job::validate::ValidatedJob;
+use crate::run::state_server;
+use crate::run::terraform::RunAs;
 
 /// The name of the generated backend configuration in the workdir.
 pub const BACKEND_CONFIG: &str = "terrace.backend.hcl";
