@@ -625,7 +625,7 @@ async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
         )
         .await
         .unwrap();
-    assert_eq!(sweep["backup_sweep"][0]["backed_up"], 2, "{sweep}");
+    assert_eq!(sweep["buckets"][0]["backed_up"], 2, "{sweep}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -661,7 +661,7 @@ async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_t
         )
         .await
         .unwrap();
-    let report = &sweep["drift_sweep"][0];
+    let report = &sweep["buckets"][0];
     assert_eq!(report["queued"], 1, "{sweep}");
     assert_eq!(
         report["needs_secrets"],

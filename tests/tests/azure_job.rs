@@ -211,10 +211,10 @@ async fn a_queued_job_runs_once_and_its_message_is_deleted() {
 
     // The timer's sweeps: the changed workspace is backed up; its drift check is queued.
     let backup = w.sweep("backup");
-    assert_eq!(backup["targets"][0]["backed_up"], 1, "{backup}");
+    assert_eq!(backup["buckets"][0]["backed_up"], 1, "{backup}");
     assert_eq!(store.backups(&ws("net")).await.unwrap().len(), 1);
     let drift = w.sweep("drift");
-    assert_eq!(drift["targets"][0]["queued"], 1, "{drift}");
+    assert_eq!(drift["buckets"][0]["queued"], 1, "{drift}");
     let queued = records(w.jobs.peek().await);
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0]["job"]["operation"], "drift-check");

@@ -167,7 +167,7 @@ async fn a_pushed_job_runs_once_and_its_state_and_log_land_in_the_bucket() {
     .await;
     assert_eq!(sweep.status, 200, "{}", sweep.body);
     let sweep: Value = serde_json::from_str(&sweep.body).unwrap();
-    assert_eq!(sweep["backup_sweep"][0]["backed_up"], 1, "{sweep}");
+    assert_eq!(sweep["buckets"][0]["backed_up"], 1, "{sweep}");
     assert_eq!(store.backups(&ws("run")).await.unwrap().len(), 1);
 }
 
@@ -668,7 +668,7 @@ async fn the_drift_sweep_plans_a_check_per_applied_workspace_and_reports_what_it
     .await;
     assert_eq!(sweep.status, 500, "{}", sweep.body);
     let sweep: Value = serde_json::from_str(&sweep.body).unwrap();
-    let report = &sweep["drift_sweep"][0];
+    let report = &sweep["buckets"][0];
     assert_eq!(report["queued"], 0, "{sweep}");
     assert_eq!(
         report["needs_secrets"],

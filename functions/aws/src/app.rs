@@ -327,6 +327,61 @@ impl Trigger for App {
             .map_err(|e| state_backends::s3::brief(&e))
     }
 
+    /// Ten to an SQS batch.
+    async fn enqueue(&self, bodies: &[String]) -> Vec<Option<String>> {
+        use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+        let Some(queue) = &self.config.jobs_queue_url else {
+            let why = "TERRACE_JOBS_QUEUE_URL is not set: the function has no jobs queue";
+            return vec![Some(why.to_owned()); bodies.len()];
+        };
+        let mut out = Vec::with_capacity(bodies.len());
+        for chunk in bodies.chunks(10) {
+            let entries: Result<Vec<_>, _> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, body)| {
+                    SendMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .message_body(body)
+                        .build()
+                })
+                .collect();
+            let sent = match entries {
+                Ok(entries) => self
+                    .sqs
+                    .send_message_batch()
+                    .queue_url(queue)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await
+                    .map_err(|e| state_backends::s3::brief(&e)),
+                Err(e) => Err(e.to_string()),
+            };
+            let mut fates = vec![None; chunk.len()];
+            match sent {
+                Ok(sent) => {
+                    for failed in sent.failed() {
+                        if let Some(fate) = failed
+                            .id()
+                            .parse::<usize>()
+                            .ok()
+                            .and_then(|i| fates.get_mut(i))
+                        {
+                            *fate = Some(failed.message().unwrap_or("refused").to_owned());
+                        }
+                    }
+                }
+                Err(why) => fates = vec![Some(why); chunk.len()],
+            }
+            out.extend(fates);
+        }
+        out
+    }
+
+    fn bucket_of(&self, target: &Target) -> String {
+        target.bucket.clone()
+    }
+
     fn cannot_hand_off(&self) -> Option<String> {
         self.config.handoff.is_none().then(|| {
             "shorten the job's timeout, or configure the ECS hand-off (TERRACE_ECS_CLUSTER, TERRACE_ECS_TASK_DEFINITION)".to_owned()

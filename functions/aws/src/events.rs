@@ -1,17 +1,17 @@
 //! What the function does with each kind of invocation: a Lambda event (an SQS batch of jobs,
 //! or a scheduled sweep) and `terrace-aws task` (one handed-off job). Callable in-process.
 
-use std::collections::BTreeSet;
 use std::process::ExitCode;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use shared::host::pipeline::{self, Delivery};
+use shared::host::sweep::sweep;
+use shared::sweeps::report::SweepKind;
 use time::OffsetDateTime;
 
-use crate::access::Target;
 use crate::app::App;
 use crate::sqs;
 
@@ -42,107 +42,18 @@ pub async fn handle(app: &App, event: LambdaEvent<Value>) -> Result<Value, Error
         format!("not an SQS batch nor a Terrace schedule ({{\"terrace\": \"backup-sweep\" or \"drift-sweep\"}}, and optionally \"tenants\": [names] to sweep only those; buckets come from the tenant registry): {e}")
     })?;
     let targets = app.config.tenants.grouped(&scheduled.tenants)?;
-    match scheduled.terrace.as_str() {
-        "backup-sweep" => Ok(backup_sweep(app, &targets).await),
-        "drift-sweep" => Ok(drift_sweep(app, &targets).await),
-        other => Err(
-            format!("unknown scheduled task {other:?}; known: backup-sweep, drift-sweep").into(),
-        ),
-    }
-}
-
-/// Each registered target, once, with the tenants registered to it.
-type Targets = [(Target, BTreeSet<String>)];
-
-/// The hourly backup sweep over each customer's bucket.
-async fn backup_sweep(app: &App, targets: &Targets) -> Value {
-    let mut reports = Vec::new();
-    for (target, _) in targets {
-        let store = app.store_for(target, "backup-sweep").await;
-        let report =
-            shared::sweeps::backup::bucket_report(&target.bucket, store, OffsetDateTime::now_utc())
-                .await;
-        tracing::info!(report = %report, "backup sweep");
-        reports.push(report);
-    }
-    json!({ "backup_sweep": reports })
-}
-
-/// The drift sweep: a `drift-check` job for each workspace of each customer's bucket, put on
-/// the function's own job queue so each runs like any other job.
-async fn drift_sweep(app: &App, targets: &Targets) -> Value {
-    let mut reports = Vec::new();
-    for (target, tenants) in targets {
-        let report = match drift_target(app, target, tenants).await {
-            Ok(report) => report,
-            Err(e) => json!({ "bucket": target.bucket, "error": e }),
-        };
-        tracing::info!(report = %report, "drift sweep");
-        reports.push(report);
-    }
-    json!({ "drift_sweep": reports })
-}
-
-async fn drift_target(
-    app: &App,
-    target: &Target,
-    tenants: &BTreeSet<String>,
-) -> Result<Value, String> {
-    let Some(queue) = &app.config.jobs_queue_url else {
-        return Err("TERRACE_JOBS_QUEUE_URL is not set: the drift checks have no queue".into());
+    let kind = match scheduled.terrace.as_str() {
+        "backup-sweep" => SweepKind::Backup,
+        "drift-sweep" => SweepKind::Drift,
+        other => {
+            return Err(format!(
+                "unknown scheduled task {other:?}; known: backup-sweep, drift-sweep"
+            )
+            .into());
+        }
     };
-    let store = app.store_for(target, "drift-sweep").await?;
-    let mut plan = shared::sweeps::drift::plan(
-        &*store,
-        OffsetDateTime::now_utc(),
-        app.config.runtime.drift_per_tenant,
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    plan.only_tenants(tenants);
-    let mut queued = 0;
-    let mut unqueued: Vec<(String, String)> = Vec::new();
-    for chunk in plan.jobs.chunks(10) {
-        let mut entries = Vec::new();
-        for (i, (_, job)) in chunk.iter().enumerate() {
-            // The job's tenant names its target: the registry's, this one.
-            let body = json!({ "job": job.0 }).to_string();
-            entries.push(
-                aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(body)
-                    .build()
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-        match app
-            .sqs
-            .send_message_batch()
-            .queue_url(queue)
-            .set_entries(Some(entries))
-            .send()
-            .await
-        {
-            Ok(out) => {
-                queued += out.successful().len();
-                for f in out.failed() {
-                    let ws = f
-                        .id()
-                        .parse::<usize>()
-                        .ok()
-                        .and_then(|i| chunk.get(i))
-                        .map(|(ws, _)| ws.to_string())
-                        .unwrap_or_default();
-                    unqueued.push((ws, f.message().unwrap_or_default().to_owned()));
-                }
-            }
-            Err(e) => {
-                let why = state_backends::s3::brief(&e);
-                unqueued.extend(chunk.iter().map(|(ws, _)| (ws.to_string(), why.clone())));
-            }
-        }
-    }
-    Ok(plan.report(&target.bucket, queued, unqueued))
+    let report = sweep(app, kind, &targets, OffsetDateTime::now_utc()).await;
+    Ok(serde_json::to_value(report)?)
 }
 
 /// `terrace-aws task`: one handed-off job. Exit codes: 0 the job succeeded or went back on the

@@ -7,7 +7,6 @@
 //! workspace or trouble that may pass leaves it, invisible until it should be tried again; a
 //! job interrupted by SIGTERM leaves it visible at once.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,9 +29,6 @@ use tokio_util::sync::CancellationToken;
 use crate::access::{self, Target};
 use crate::config::Config;
 use crate::queue::{Queue, Received};
-
-/// Each registered target a sweep covers, once, with the tenants registered to it.
-pub type Targets = [(Target, BTreeSet<String>)];
 
 /// The largest poison record sent: a queue message holds 64 KiB, and the client escapes the
 /// text for XML.
@@ -306,66 +302,6 @@ impl App {
         });
         stop
     }
-
-    /// `terrace-azure sweep backup`: the hourly backup sweep over each customer's container.
-    pub async fn backup_sweep(&self, targets: &Targets) -> Vec<Value> {
-        let mut reports = Vec::new();
-        for (target, _) in targets {
-            let store = self.store_for(target);
-            let report = shared::sweeps::backup::bucket_report(
-                &target.container_url,
-                store,
-                time::OffsetDateTime::now_utc(),
-            )
-            .await;
-            tracing::info!(report = %report, "backup sweep");
-            reports.push(report);
-        }
-        reports
-    }
-
-    /// `terrace-azure sweep drift`: a `drift-check` job for each applied workspace, sent to the
-    /// jobs queue so each runs like any other job.
-    pub async fn drift_sweep(&self, targets: &Targets) -> Vec<Value> {
-        let mut reports = Vec::new();
-        for (target, tenants) in targets {
-            let report = match self.drift_target(target, tenants).await {
-                Ok(report) => report,
-                Err(e) => json!({ "bucket": target.container_url, "error": e }),
-            };
-            tracing::info!(report = %report, "drift sweep");
-            reports.push(report);
-        }
-        reports
-    }
-
-    async fn drift_target(
-        &self,
-        target: &Target,
-        tenants: &BTreeSet<String>,
-    ) -> Result<Value, String> {
-        let store = self.store_for(target)?;
-        let mut plan = shared::sweeps::drift::plan(
-            &*store,
-            time::OffsetDateTime::now_utc(),
-            self.config.runtime.drift_per_tenant,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        plan.only_tenants(tenants);
-        let jobs = self.queue(&self.config.queue_url)?;
-        let mut queued = 0;
-        let mut unqueued = Vec::new();
-        for (ws, job) in &plan.jobs {
-            // The job's tenant names its target: the registry's, this one.
-            let message = json!({ "job": job.0 });
-            match jobs.send(&message.to_string(), Duration::ZERO).await {
-                Ok(()) => queued += 1,
-                Err(e) => unqueued.push((ws.to_string(), e)),
-            }
-        }
-        Ok(plan.report(&target.container_url, queued, unqueued))
-    }
 }
 
 #[async_trait]
@@ -378,6 +314,10 @@ impl Trigger for App {
 
     fn tenants(&self) -> Option<&Tenants<Target>> {
         Some(&self.config.tenants)
+    }
+
+    fn bucket_of(&self, target: &Target) -> String {
+        target.container_url.clone()
     }
 
     fn check_target(&self, target: &Target) -> Vec<Value> {

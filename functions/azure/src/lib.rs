@@ -19,6 +19,9 @@ pub mod queue;
 
 use std::process::ExitCode;
 
+use shared::host::sweep;
+use shared::sweeps::report::SweepKind;
+
 use crate::app::App;
 
 /// `terrace-azure sweep backup|drift`: a scheduled execution's sweep over the containers of
@@ -31,16 +34,14 @@ pub async fn sweep(app: &App, kind: &str) -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let reports = if kind == "backup" {
-        app.backup_sweep(&targets).await
+    let kind = if kind == "backup" {
+        SweepKind::Backup
     } else {
-        app.drift_sweep(&targets).await
+        SweepKind::Drift
     };
-    println!(
-        "{}",
-        serde_json::json!({ "sweep": kind, "targets": reports })
-    );
-    if reports.iter().any(shared::sweeps::backup::report_failed) {
+    let report = sweep::sweep(app, kind, &targets, time::OffsetDateTime::now_utc()).await;
+    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    if report.failed() {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -21,11 +21,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use shared::host::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
+use shared::host::sweep::sweep;
 use shared::host::tenants::Tenants;
 use shared::host::trigger;
 use shared::job::template::source::Location;
 use shared::job::validate::ValidatedJob;
 use shared::run::terraform::TerraformConfig;
+use shared::sweeps::report::SweepKind;
 use state_backends::gcs::{GcsConfig, GcsStore};
 use state_backends::objects::Bucket;
 use state_backends::{StateStore, WorkspaceId};
@@ -291,63 +293,21 @@ impl App {
         pipeline::task(self, reference, wait, self.shutdown.child_token()).await
     }
 
-    /// `POST /sweeps/drift`: a `drift-check` job for each applied workspace of each customer's
-    /// bucket, published to the jobs topic, so each runs like any other job.
-    pub async fn drift_sweep(&self, headers: &HeaderMap, body: &[u8]) -> Response {
+    /// `POST /sweeps/backup` (the hourly backups) and `POST /sweeps/drift` (a `drift-check`
+    /// job for each applied workspace, published to the jobs topic): 500 when any bucket's
+    /// report says something was not done (Cloud Scheduler then retries by its own policy).
+    pub async fn sweep(&self, kind: SweepKind, headers: &HeaderMap, body: &[u8]) -> Response {
         let targets = match self.sweep_request(headers, body).await {
             Ok(s) => s,
             Err(refused) => return refused,
         };
-        let mut reports = Vec::new();
-        for (target, tenants) in &targets {
-            let report = match self.drift_target(target, tenants).await {
-                Ok(report) => report,
-                Err(e) => json!({ "bucket": target.bucket, "error": e }),
-            };
-            tracing::info!(report = %report, "drift sweep");
-            reports.push(report);
-        }
-        sweep_answer("drift_sweep", reports)
-    }
-
-    async fn drift_target(
-        &self,
-        target: &Target,
-        tenants: &BTreeSet<String>,
-    ) -> Result<Value, String> {
-        let topic = self
-            .config
-            .jobs_topic
-            .as_deref()
-            .ok_or("TERRACE_JOBS_TOPIC is not set: the drift checks have no topic")?;
-        let store = self.store_for(target).await?;
-        let mut plan = shared::sweeps::drift::plan(
-            &*store,
-            time::OffsetDateTime::now_utc(),
-            self.config.runtime.drift_per_tenant,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        plan.only_tenants(tenants);
-        // The job's tenant names its target: the registry's, this one.
-        let messages: Vec<Value> = plan
-            .jobs
-            .iter()
-            .map(|(_, job)| json!({ "job": job.0 }))
-            .collect();
-        let published =
-            google::publish(&self.own, &self.config.pubsub_endpoint, topic, &messages).await;
-        Ok(match published {
-            Ok(queued) => plan.report(&target.bucket, queued, Vec::new()),
-            // The messages before the failed request were published, in order.
-            Err((queued, why)) => {
-                let unqueued = plan.jobs[queued..]
-                    .iter()
-                    .map(|(ws, _)| (ws.to_string(), why.clone()))
-                    .collect();
-                plan.report(&target.bucket, queued, unqueued)
-            }
-        })
+        let report = sweep(self, kind, &targets, time::OffsetDateTime::now_utc()).await;
+        let status = if report.failed() {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::OK
+        };
+        answer(status, serde_json::to_value(report).unwrap_or_default())
     }
 
     /// A scheduler's call: its token, then its body; the registered targets it sweeps.
@@ -370,27 +330,6 @@ impl App {
             .tenants
             .grouped(&sweep.tenants)
             .map_err(|e| answer(StatusCode::BAD_REQUEST, json!({ "error": e, "fix": fix })))
-    }
-
-    /// `POST /sweeps/backup`: the hourly backup sweep over each customer's bucket.
-    pub async fn backup_sweep(&self, headers: &HeaderMap, body: &[u8]) -> Response {
-        let targets = match self.sweep_request(headers, body).await {
-            Ok(s) => s,
-            Err(refused) => return refused,
-        };
-        let mut reports = Vec::new();
-        for (target, _) in &targets {
-            let store = self.store_for(target).await;
-            let report = shared::sweeps::backup::bucket_report(
-                &target.bucket,
-                store,
-                time::OffsetDateTime::now_utc(),
-            )
-            .await;
-            tracing::info!(report = %report, "backup sweep");
-            reports.push(report);
-        }
-        sweep_answer("backup_sweep", reports)
     }
 }
 
@@ -477,6 +416,32 @@ impl Trigger for App {
         .map_err(|(_, why)| why)
     }
 
+    /// Published together, a thousand to a request.
+    async fn enqueue(&self, bodies: &[String]) -> Vec<Option<String>> {
+        let Some(topic) = self.config.jobs_topic.as_deref() else {
+            let why = "TERRACE_JOBS_TOPIC is not set: the service has no jobs topic";
+            return vec![Some(why.to_owned()); bodies.len()];
+        };
+        let messages: Vec<Value> = bodies
+            .iter()
+            .map(|body| serde_json::from_str(body).unwrap_or(Value::Null))
+            .collect();
+        let published =
+            google::publish(&self.own, &self.config.pubsub_endpoint, topic, &messages).await;
+        // The messages before the failed request were published, in order.
+        let (queued, why) = match published {
+            Ok(queued) => (queued, None),
+            Err((queued, why)) => (queued, Some(why)),
+        };
+        (0..bodies.len())
+            .map(|i| if i < queued { None } else { why.clone() })
+            .collect()
+    }
+
+    fn bucket_of(&self, target: &Target) -> String {
+        target.bucket.clone()
+    }
+
     fn cannot_hand_off(&self) -> Option<String> {
         self.config.cloud_run_job.is_none().then(|| {
             "shorten the job's timeout, raise the service's request timeout and TERRACE_REQUEST_TIMEOUT (up to 3600 s), or set TERRACE_CLOUD_RUN_JOB".to_owned()
@@ -515,17 +480,6 @@ impl Trigger for App {
             "cloud_run_job": job, "operation": operation,
         }))
     }
-}
-
-/// A sweep's answer: 500 when any bucket's report says something was not done (Cloud
-/// Scheduler then retries by its own policy).
-fn sweep_answer(name: &str, reports: Vec<Value>) -> Response {
-    let status = if reports.iter().any(shared::sweeps::backup::report_failed) {
-        StatusCode::INTERNAL_SERVER_ERROR
-    } else {
-        StatusCode::OK
-    };
-    answer(status, json!({ name: reports }))
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
+use shared::sweeps::report::SweepKind;
 
 use crate::app::App;
 
@@ -41,7 +42,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/sweeps/drift",
             post(
                 |State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes| async move {
-                    app.drift_sweep(&headers, &body).await
+                    app.sweep(SweepKind::Drift, &headers, &body).await
                 },
             ),
         )
@@ -49,7 +50,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/sweeps/backup",
             post(
                 |State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes| async move {
-                    app.backup_sweep(&headers, &body).await
+                    app.sweep(SweepKind::Backup, &headers, &body).await
                 },
             ),
         )

@@ -268,6 +268,11 @@ impl Trigger for Folder {
         "write a job: YAML or JSON with id, tenant, workspace, operation, template and variables"
     }
 
+    /// `terrace backup` and `terrace drift` sweep the store `--store` names themselves.
+    fn bucket_of(&self, _: &Here) -> String {
+        "the runner's store".into()
+    }
+
     fn decode(&self, body: &[u8]) -> Result<Envelope<Here>, String> {
         let text = std::str::from_utf8(body).map_err(|e| format!("is not text: {e}"))?;
         let job = shared::job::RawJob::parse(text).map_err(|e| e.to_string())?;

@@ -140,6 +140,20 @@ pub trait Trigger: Send + Sync {
     /// Why not (no jobs queue configured, the queue refused it), as a sentence.
     async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String>;
 
+    /// Sends new job messages to the jobs queue (the drift sweep's checks): for each body,
+    /// `None` once it is queued, or why it is not. By default one by one through
+    /// [`Trigger::requeue`]; a queue that takes batches does better.
+    async fn enqueue(&self, bodies: &[String]) -> Vec<Option<String>> {
+        let mut out = Vec::with_capacity(bodies.len());
+        for body in bodies {
+            out.push(self.requeue(body.as_bytes(), Duration::ZERO).await.err());
+        }
+        out
+    }
+
+    /// The bucket (or container) `target` names, as a sweep's report names it.
+    fn bucket_of(&self, target: &Self::Target) -> String;
+
     /// `None` when a job too long for this host can be handed off; otherwise the fix to put
     /// in its rejection.
     fn cannot_hand_off(&self) -> Option<String>;

@@ -8,6 +8,8 @@ pub use state_backends::retention::{Retention, to_prune};
 use state_backends::{BackupInfo, StateStore, StoreError};
 use time::OffsetDateTime;
 
+use crate::sweeps::report::{BackupDone, BucketReport, WorkspaceFailure};
+
 /// The label of a backup taken at `now`: its UTC hour, `2026-11-22T03` (sorts by time).
 pub fn hour_label(now: OffsetDateTime) -> String {
     let now = now.to_offset(time::UtcOffset::UTC);
@@ -103,34 +105,29 @@ pub async fn sweep(
 }
 
 /// One bucket's hourly sweep, as a function reports it: what [`sweep`] did with the default
-/// retention, or why it could not run (`store` is the bucket, or why it cannot be reached).
+/// retention, or why it could not run.
 pub async fn bucket_report(
     bucket: &str,
-    store: Result<std::sync::Arc<dyn StateStore>, String>,
+    store: &dyn StateStore,
     now: OffsetDateTime,
-) -> serde_json::Value {
-    let swept = match store {
-        Ok(store) => sweep(&*store, now, Retention::default())
-            .await
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e),
-    };
-    match swept {
-        Ok(r) => serde_json::json!({
-            "bucket": bucket, "changed": r.changed,
-            "backed_up": r.backed_up.len(), "pruned": r.pruned.len(),
-            "failed": r.failed,
-        }),
-        Err(e) => serde_json::json!({ "bucket": bucket, "error": e }),
+) -> BucketReport {
+    match sweep(store, now, Retention::default()).await {
+        Ok(r) => BucketReport {
+            bucket: bucket.to_owned(),
+            backup: Some(BackupDone {
+                changed: r.changed,
+                backed_up: r.backed_up.len(),
+                pruned: r.pruned.len(),
+            }),
+            failed: r
+                .failed
+                .into_iter()
+                .map(|(workspace, error)| WorkspaceFailure { workspace, error })
+                .collect(),
+            ..BucketReport::default()
+        },
+        Err(e) => BucketReport::error(bucket, e.to_string()),
     }
-}
-
-/// Whether a sweep's bucket report (backup or drift) says something was not done.
-pub fn report_failed(report: &serde_json::Value) -> bool {
-    report.get("error").is_some()
-        || report["failed"]
-            .as_array()
-            .is_some_and(|failed| !failed.is_empty())
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use time::OffsetDateTime;
 use crate::job::RawJob;
 use crate::run::records::JobRecord;
 use crate::run::records::last_apply;
+use crate::sweeps::report::{BucketReport, DriftDone, NeedsSecrets, WorkspaceFailure};
 
 /// What one sweep found.
 #[derive(Debug, Default)]
@@ -72,27 +73,34 @@ impl DriftPlan {
         bucket: &str,
         queued: usize,
         unqueued: Vec<(String, String)>,
-    ) -> serde_json::Value {
-        let failed: Vec<serde_json::Value> = self
+    ) -> BucketReport {
+        let failed = self
             .failed
             .iter()
             .map(|(ws, why)| (ws.to_string(), why.clone()))
             .chain(unqueued)
-            .map(|(ws, why)| serde_json::json!({ "workspace": ws, "error": why }))
+            .map(|(workspace, error)| WorkspaceFailure { workspace, error })
             .collect();
-        let needs_secrets: Vec<serde_json::Value> = self
+        let needs_secrets = self
             .needs_secrets
             .iter()
-            .map(|(ws, names)| {
-                serde_json::json!({ "workspace": ws.to_string(), "sensitive_variables": names })
+            .map(|(ws, names)| NeedsSecrets {
+                workspace: ws.to_string(),
+                sensitive_variables: names.clone(),
             })
             .collect();
-        let unregistered: Vec<String> = self.unregistered.iter().map(ToString::to_string).collect();
-        serde_json::json!({
-            "bucket": bucket, "queued": queued, "needs_secrets": needs_secrets,
-            "never_applied": self.never_applied, "failed": failed, "unregistered": unregistered,
-            "deferred": self.deferred,
-        })
+        BucketReport {
+            bucket: bucket.to_owned(),
+            drift: Some(DriftDone {
+                queued,
+                needs_secrets,
+                never_applied: self.never_applied,
+                unregistered: self.unregistered.iter().map(ToString::to_string).collect(),
+                deferred: self.deferred.clone(),
+            }),
+            failed,
+            ..BucketReport::default()
+        }
     }
 }
 
@@ -242,7 +250,7 @@ mod tests {
         assert_eq!(checked, [&ours]);
         assert_eq!(plan.unregistered, [theirs]);
         let report = plan.report("b", 1, Vec::new());
-        assert_eq!(report["unregistered"], serde_json::json!(["beta/net"]));
+        assert_eq!(report.drift.unwrap().unregistered, ["beta/net"]);
     }
 
     #[tokio::test]
@@ -336,10 +344,8 @@ mod tests {
             assert_eq!(count("small"), 3, "the small tenant is checked every sweep");
             assert_eq!(plan.deferred.get("big"), Some(&900));
             assert!(!plan.deferred.contains_key("small"));
-            assert_eq!(
-                plan.report("b", plan.jobs.len(), Vec::new())["deferred"]["big"],
-                900
-            );
+            let report = plan.report("b", plan.jobs.len(), Vec::new());
+            assert_eq!(report.drift.unwrap().deferred.get("big"), Some(&900));
             seen.extend(
                 plan.jobs
                     .iter()

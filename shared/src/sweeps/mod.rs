@@ -5,3 +5,4 @@
 
 pub mod backup;
 pub mod drift;
+pub mod report;

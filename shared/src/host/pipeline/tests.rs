@@ -94,6 +94,10 @@ impl Trigger for Fake {
         "send {\"job\": {…}, \"target\": {\"bucket\"}}"
     }
 
+    fn bucket_of(&self, target: &Bucket) -> String {
+        target.bucket.clone()
+    }
+
     fn check_target(&self, target: &Bucket) -> Vec<Value> {
         if target.bucket.is_empty() {
             vec![problem("target.bucket", "is empty", "name the bucket")]
@@ -816,6 +820,7 @@ async fn a_final_result_removes_every_staging_of_the_job() {
 
 mod fencing;
 mod registry;
+mod sweep;
 
 /// A result that anyone with access to the bucket put under `runs/<job>/` (terraform's session
 /// as the customer's role, say) is never reported as the job's: it must name the job, its
