@@ -9,7 +9,6 @@
 //! again after that. The AWS SDKs
 //! in terraform's providers call the process again when the `Expiration` it reported passes.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use aws_config::SdkConfig;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
+use shared::host::broker::{Keys, Loopback};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio::sync::Mutex;
@@ -41,11 +41,10 @@ struct Broker {
     target: Target,
     job_id: String,
     deadline: OffsetDateTime,
-    token: String,
     refresh_before: Duration,
     current: Mutex<Option<Issued>>,
-    /// Every session's secrets, for the job's redactor.
-    late: shared::job::redact::LateSecrets,
+    /// The job's token, and every session's secrets for the job's redactor.
+    keys: Keys,
 }
 
 /// How long a new session should last: until the job's deadline plus 5 minutes, within what
@@ -87,8 +86,8 @@ impl Broker {
         let creds = out
             .credentials()
             .ok_or_else(|| sts_error("STS returned no credentials".into()))?;
-        self.late.add(creds.secret_access_key());
-        self.late.add(creds.session_token());
+        self.keys.handed_out.add(creds.secret_access_key());
+        self.keys.handed_out.add(creds.session_token());
         let expires_at = OffsetDateTime::from_unix_timestamp(creds.expiration().secs())
             .map_err(|e| sts_error(format!("STS returned an odd expiration: {e}")))?;
         let document = serde_json::json!({
@@ -110,13 +109,11 @@ impl Broker {
 }
 
 async fn serve(State(broker): State<Arc<Broker>>, headers: HeaderMap) -> (StatusCode, String) {
-    let expected = format!("Bearer {}", broker.token);
     let authorized = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            shared::run::state_server::constant_time_eq(v.as_bytes(), expected.as_bytes())
-        });
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|token| broker.keys.admits(token));
     if !authorized {
         return (StatusCode::UNAUTHORIZED, "wrong or missing token\n".into());
     }
@@ -135,7 +132,7 @@ pub struct ForTerraform {
     pub settings: Vec<(String, String)>,
     /// The sessions' secrets, as the broker hands them out, for the job's redactor.
     pub late: shared::job::redact::LateSecrets,
-    server: tokio::task::JoinHandle<()>,
+    _broker: Loopback,
     dir: tempfile::TempDir,
 }
 
@@ -144,12 +141,6 @@ impl ForTerraform {
     /// terraform's user).
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
-    }
-}
-
-impl Drop for ForTerraform {
-    fn drop(&mut self) {
-        self.server.abort();
     }
 }
 
@@ -172,28 +163,20 @@ pub async fn for_terraform(
         target: target.clone(),
         job_id: job_id.to_owned(),
         deadline: OffsetDateTime::now_utc() + timeout,
-        token: shared::run::state_server::random_secret(),
         refresh_before,
         current: Mutex::new(None),
-        late: shared::job::redact::LateSecrets::default(),
+        keys: Keys::new(),
     });
     broker.credentials().await?;
 
     let local = |what: &str, e: std::io::Error| AccessError::Local(format!("{what}: {e}"));
-    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .map_err(|e| local("cannot open the credentials broker's socket", e))?;
-    let address = listener
-        .local_addr()
-        .map_err(|e| local("cannot read the broker's address", e))?;
     let app = axum::Router::new()
         .route(PATH, get(serve))
         .with_state(broker.clone());
-    let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the credentials broker stopped");
-        }
-    });
+    let served = Loopback::serve("the credentials broker", app)
+        .await
+        .map_err(|e| local("cannot open the credentials broker's socket", e))?;
+    let address = served.address;
 
     let dir = tempfile::Builder::new()
         .prefix("terrace-aws-")
@@ -237,11 +220,11 @@ pub async fn for_terraform(
     Ok(ForTerraform {
         env: vec![
             (URL_VAR.to_owned(), format!("http://{address}{PATH}")),
-            (TOKEN_VAR.to_owned(), broker.token.clone()),
+            (TOKEN_VAR.to_owned(), broker.keys.secret.clone()),
         ],
         settings,
-        late: broker.late.clone(),
-        server,
+        late: broker.keys.handed_out.clone(),
+        _broker: served,
         dir,
     })
 }

@@ -11,7 +11,6 @@
 //! that tenant, and lasts about an hour; the providers ask again as tokens expire. The endpoint's
 //! path holds a random per-job secret, so another local process cannot use it either.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
@@ -20,6 +19,7 @@ use axum::routing::get;
 use azure_core::credentials::TokenCredential;
 use serde::Deserialize;
 use serde_json::json;
+use shared::host::broker::{Keys, Loopback};
 use time::OffsetDateTime;
 
 /// One job's broker: what it needs to answer.
@@ -28,10 +28,9 @@ struct Broker {
     customer: Arc<dyn TokenCredential>,
     /// The app's client ID, as the answers name it.
     client_id: String,
-    /// The secret part of the endpoint's path.
-    secret: String,
-    /// Every token handed out, for the job's redactor.
-    late: shared::job::redact::LateSecrets,
+    /// The secret part of the endpoint's path, and every token handed out for the job's
+    /// redactor.
+    keys: Keys,
 }
 
 #[derive(Deserialize)]
@@ -51,7 +50,7 @@ async fn serve(
     headers: HeaderMap,
 ) -> (StatusCode, axum::Json<serde_json::Value>) {
     let refuse = |status, why: &str| (status, axum::Json(json!({ "error": why })));
-    if !shared::run::state_server::constant_time_eq(secret.as_bytes(), broker.secret.as_bytes()) {
+    if !broker.keys.admits(&secret) {
         return refuse(StatusCode::NOT_FOUND, "no such endpoint");
     }
     // What the managed identity endpoints require, against request forgery.
@@ -71,7 +70,7 @@ async fn serve(
     match broker.customer.get_token(&[scope.as_str()], None).await {
         Ok(token) => {
             let secret = token.token.secret().to_owned();
-            broker.late.add(&secret);
+            broker.keys.handed_out.add(&secret);
             let now = OffsetDateTime::now_utc();
             let expires_in = (token.expires_on - now).whole_seconds().max(0);
             (
@@ -105,13 +104,7 @@ pub struct ForTerraform {
     pub settings: Vec<(String, String)>,
     /// The tokens handed out, for the job's redactor.
     pub late: shared::job::redact::LateSecrets,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for ForTerraform {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
+    _broker: Loopback,
 }
 
 /// Starts the broker for the customer's app `client_id` in `tenant_id` (`customer`, its
@@ -125,30 +118,21 @@ pub async fn for_terraform(
     client_id: &str,
     subscription_id: Option<&str>,
 ) -> Result<ForTerraform, String> {
-    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .map_err(|e| format!("cannot open the token broker's socket: {e}"))?;
-    let address = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the token broker's address: {e}"))?;
     let broker = Arc::new(Broker {
         customer,
         client_id: client_id.to_owned(),
-        secret: shared::run::state_server::random_secret(),
-        late: shared::job::redact::LateSecrets::default(),
+        keys: Keys::new(),
     });
-    let endpoint = format!(
-        "http://{address}/{}/metadata/identity/oauth2/token",
-        broker.secret
-    );
     let app = axum::Router::new()
         .route("/{secret}/metadata/identity/oauth2/token", get(serve))
         .with_state(broker.clone());
-    let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the token broker stopped");
-        }
-    });
+    let served = Loopback::serve("the token broker", app)
+        .await
+        .map_err(|e| format!("cannot open the token broker's socket: {e}"))?;
+    let endpoint = format!(
+        "http://{}/{}/metadata/identity/oauth2/token",
+        served.address, broker.keys.secret
+    );
     let mut settings = vec![
         ("ARM_USE_MSI".to_owned(), "true".to_owned()),
         ("ARM_TENANT_ID".to_owned(), tenant_id.to_owned()),
@@ -160,8 +144,8 @@ pub async fn for_terraform(
     Ok(ForTerraform {
         env: vec![("ARM_MSI_ENDPOINT".to_owned(), endpoint)],
         settings,
-        late: broker.late.clone(),
-        server,
+        late: broker.keys.handed_out.clone(),
+        _broker: served,
     })
 }
 
