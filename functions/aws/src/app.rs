@@ -20,8 +20,8 @@ use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Target};
+use crate::broker;
 use crate::config::Config;
-use crate::credentials;
 
 /// The function's clients and settings, made once per container.
 #[derive(Clone, Debug)]
@@ -285,7 +285,7 @@ impl Trigger for App {
         terraform: &mut TerraformConfig,
     ) -> Result<Keep, String> {
         // Lives until the job ends: terraform's credential_process asks it for the session.
-        let credentials = credentials::for_terraform(
+        let credentials = broker::for_terraform(
             &self.aws,
             target,
             &job.job.id,

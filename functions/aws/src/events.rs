@@ -13,7 +13,7 @@ use shared::sweeps::report::SweepKind;
 use time::OffsetDateTime;
 
 use crate::app::App;
-use crate::sqs;
+use crate::transport;
 
 /// A scheduled event from EventBridge Scheduler (its input is ours). It sweeps the buckets of
 /// the registered tenants (`tenants`, or all of them), never a bucket named here.
@@ -35,7 +35,7 @@ pub async fn handle(app: &App, event: LambdaEvent<Value>) -> Result<Value, Error
             .unwrap_or_else(|_| OffsetDateTime::now_utc());
     if event.payload.get("Records").is_some() {
         let batch: SqsEvent = serde_json::from_value(event.payload)?;
-        let response = sqs::handle_batch(app, batch, deadline).await;
+        let response = transport::handle_batch(app, batch, deadline).await;
         return Ok(serde_json::to_value(response)?);
     }
     let scheduled: Scheduled = serde_json::from_value(event.payload).map_err(|e| {
@@ -59,7 +59,7 @@ pub async fn handle(app: &App, event: LambdaEvent<Value>) -> Result<Value, Error
 /// `terrace-aws task`: one handed-off job. Exit codes: 0 the job succeeded or went back on the
 /// queue to run later, 1 it failed, 65 the message was refused, 75 it could neither run nor go
 /// back on the queue (the staged message stays, and the job's SQS message, which the task
-/// settles, comes back: see `sqs::settle`).
+/// settles, comes back: see `transport::settle`).
 pub async fn task(app: &App) -> ExitCode {
     // Fargate stops a task with SIGTERM, then SIGKILL after its stopTimeout: the job ends
     // `interrupted` and goes back on the queue.
@@ -75,13 +75,13 @@ pub async fn task(app: &App) -> ExitCode {
             let receipt = serde_json::from_str::<crate::app::JobRef>(&reference)
                 .ok()
                 .and_then(|r| r.receipt);
-            let keeper = sqs::keep_invisible(app, receipt.clone());
+            let keeper = transport::keep_invisible(app, receipt.clone());
             let fate = pipeline::task(app, &reference, wait, cancel).await;
             if let Some(keeper) = keeper {
                 keeper.abort();
             }
             if let Some(receipt) = &receipt {
-                sqs::settle(app, receipt, &fate).await;
+                transport::settle(app, receipt, &fate).await;
             }
             fate
         }

@@ -6,7 +6,7 @@
 
 pub mod access;
 pub mod app;
+pub mod broker;
 pub mod config;
-pub mod credentials;
 pub mod events;
-pub mod sqs;
+pub mod transport;

@@ -3,14 +3,14 @@
 use std::process::ExitCode;
 
 use aws::app::App;
-use aws::{config, credentials, events};
+use aws::{broker, config, events};
 use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("credentials") {
-        return credentials::print().await;
+        return broker::print().await;
     }
     shared::host::process::init_json_logs();
     shared::host::process::harden();

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Target};
 use crate::config::Config;
-use crate::queue::{Queue, Received};
+use crate::transport::{Queue, Received};
 
 /// The largest poison record sent: a queue message holds 64 KiB, and the client escapes the
 /// text for XML.

@@ -15,7 +15,7 @@ pub mod access;
 pub mod app;
 pub mod broker;
 pub mod config;
-pub mod queue;
+pub mod transport;
 
 use std::process::ExitCode;
 

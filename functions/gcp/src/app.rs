@@ -35,8 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{self, Target};
 use crate::config::Config;
-use crate::google;
 use crate::oidc::Verifier;
+use crate::transport;
 
 /// What Pub/Sub POSTs.
 #[derive(Debug, Deserialize)]
@@ -73,7 +73,7 @@ pub struct App {
     pub config: Config,
     pub verifier: Verifier,
     /// This service's own credentials, for Cloud Run and Pub/Sub.
-    pub own: google::Own,
+    pub own: transport::Own,
     /// Cancelled on SIGTERM: running jobs stop (and end `interrupted`, to run again).
     pub shutdown: CancellationToken,
 }
@@ -275,7 +275,7 @@ impl App {
         let Some(topic) = &self.config.results_topic else {
             return;
         };
-        if let Err((_, e)) = google::publish(
+        if let Err((_, e)) = transport::publish(
             &self.own,
             &self.config.pubsub_endpoint,
             topic,
@@ -405,7 +405,7 @@ impl Trigger for App {
             () = tokio::time::sleep(wait) => {}
             () = self.shutdown.cancelled() => {}
         }
-        google::publish(
+        transport::publish(
             &self.own,
             &self.config.pubsub_endpoint,
             topic,
@@ -427,7 +427,7 @@ impl Trigger for App {
             .map(|body| serde_json::from_str(body).unwrap_or(Value::Null))
             .collect();
         let published =
-            google::publish(&self.own, &self.config.pubsub_endpoint, topic, &messages).await;
+            transport::publish(&self.own, &self.config.pubsub_endpoint, topic, &messages).await;
         // The messages before the failed request were published, in order.
         let (queued, why) = match published {
             Ok(queued) => (queued, None),

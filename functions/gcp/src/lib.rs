@@ -12,8 +12,8 @@
 pub mod access;
 pub mod app;
 pub mod config;
-pub mod google;
 pub mod oidc;
+pub mod transport;
 
 use std::process::ExitCode;
 use std::sync::Arc;

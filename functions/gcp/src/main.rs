@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use gcp::app::App;
-use gcp::{config, google, oidc};
+use gcp::{config, oidc, transport};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -36,7 +36,7 @@ async fn main() -> ExitCode {
     }
     let port = config.port;
     let shutdown = CancellationToken::new();
-    let own = match google::Own::new(config.anonymous) {
+    let own = match transport::Own::new(config.anonymous) {
         Ok(own) => own,
         Err(e) => {
             tracing::error!("terrace-gcp: {e}");
