@@ -43,11 +43,15 @@ pub(crate) fn stdout_closed() -> bool {
 }
 
 pub mod cli;
+mod job_cmd;
 mod ops;
 mod serve;
 mod state_cmd;
 pub mod store;
+mod summary;
+mod sweep_cmd;
 mod template_cmd;
 
 pub use cli::exit;
-use cli::{Global, cancel_on_signal, load_job, runtime};
+use cli::{Global, runtime};
+use job_cmd::{cancel_on_signal, load_job};

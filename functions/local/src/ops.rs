@@ -10,8 +10,7 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt as _;
 use serde::Serialize;
-use shared::run::records::JobRecord;
-use shared::run::records::{JOB_FILE, RESULT_FILE};
+use shared::run::records::{JOB_FILE, JobRecord, RESULT_FILE};
 use shared::run::result::JobResult;
 use state_backends::{StateStore, WorkspaceId, display_time};
 use time::OffsetDateTime;
@@ -318,9 +317,9 @@ pub async fn result(
             if out.json {
                 print_json(&serde_json::to_value(&result)?);
             } else {
-                crate::cli::print_summary(&result);
+                crate::summary::print_summary(&result);
             }
-            Ok(crate::cli::exit_code(&result))
+            Ok(crate::summary::exit_code(&result))
         }
         Some(Err(e)) if run.status != "running" => {
             anyhow::bail!("{ws}: job {job_id}'s {RESULT_FILE} is not a result: {e}")

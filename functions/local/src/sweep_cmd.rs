@@ -1,0 +1,77 @@
+//! The sweeps, run by hand over the store: `backup` and `drift`.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+
+use crate::cli::Global;
+use crate::exit;
+
+/// `terrace backup`: the backup sweep over the store, with this retention.
+pub(crate) async fn backup(g: &Global, hourly: usize, daily: usize) -> anyhow::Result<u8> {
+    let store = g.open_store().await?;
+    let keep = shared::sweeps::backup::Retention { hourly, daily };
+    let report =
+        shared::sweeps::backup::sweep(&*store, time::OffsetDateTime::now_utc(), keep).await?;
+    for (ws, b) in &report.backed_up {
+        outln!("{ws}: backed up version {} as {}", b.version, b.label);
+    }
+    for (ws, label) in &report.pruned {
+        outln!("{ws}: dropped backup {label} (retention)");
+    }
+    for (ws, why) in &report.failed {
+        eprintln!("{ws}: not backed up: {why}");
+    }
+    outln!(
+        "{} changed, {} backed up, {} unchanged, {} dropped, {} failed",
+        report.changed,
+        report.backed_up.len(),
+        report.unchanged.len(),
+        report.pruned.len(),
+        report.failed.len()
+    );
+    Ok(if report.failed.is_empty() {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
+}
+
+pub(crate) async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
+    let store = g.open_store().await?;
+    let plan =
+        shared::sweeps::drift::plan(&*store, time::OffsetDateTime::now_utc(), usize::MAX).await?;
+    std::fs::create_dir_all(queue)
+        .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
+    for (ws, job) in &plan.jobs {
+        let id = job.0["id"].as_str().unwrap_or("drift");
+        let name = format!("{id}--{}--{}.json", ws.tenant(), ws.workspace());
+        // Written under a hidden name first: `serve` never sees half a file.
+        let partial = queue.join(format!(".{name}.partial"));
+        std::fs::write(&partial, serde_json::to_vec_pretty(&job.0)?)
+            .with_context(|| format!("cannot write {}", partial.display()))?;
+        std::fs::rename(&partial, queue.join(&name))?;
+        outln!("{ws}: drift check queued as {name}");
+    }
+    for (ws, names) in &plan.needs_secrets {
+        eprintln!(
+            "{ws}: not queued: its last apply had sensitive variables ({}); send its drift check with their values",
+            names.join(", ")
+        );
+    }
+    for (ws, why) in &plan.failed {
+        eprintln!("{ws}: not queued: {why}");
+    }
+    outln!(
+        "{} queued, {} need secrets, {} never applied, {} failed",
+        plan.jobs.len(),
+        plan.needs_secrets.len(),
+        plan.never_applied,
+        plan.failed.len()
+    );
+    Ok(if plan.failed.is_empty() {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
+}
