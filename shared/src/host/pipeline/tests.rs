@@ -9,6 +9,7 @@ use serde_json::json;
 use state_backends::memory::MemoryStore;
 use state_backends::{LeaseRequest, StateStore};
 
+use super::task::put_back;
 use super::*;
 use crate::run::records::RESULT_FILE;
 

@@ -1,0 +1,252 @@
+//! A handed-off job, in the task it was handed to ([`task`]): its staged message read and
+//! checked, run through the same pipeline, and put back on the queue for any end that is not
+//! final, since not every platform runs a task again.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use state_backends::WorkspaceId;
+use tokio_util::sync::CancellationToken;
+
+use crate::host::trigger::{JobRef, StagedError, problem, rejection};
+use crate::run::retry::Tries;
+
+use super::{Delivery, Fate, Trigger, decode, final_result, handle, reject};
+
+/// A task puts its job back for trouble that may pass at most this many times; then the job
+/// ends with an error record (and the platform decides).
+pub const MAX_TASK_REQUEUES: u32 = 5;
+
+/// The waits between a task's tries to read its staged job, or to put it back on the queue (a
+/// task is not retried by every platform: ECS runs it once).
+const TASK_WAITS: [Duration; 2] = [Duration::from_secs(2), Duration::from_secs(4)];
+
+/// How long a task waits before its job is delivered again after trouble that may pass.
+const TROUBLE_DELAY: Duration = Duration::from_secs(60);
+
+/// Runs the job a task was handed by `reference` (see [`JobRef`]), waiting up to `lease_wait`
+/// for a busy workspace. A staged message that is not the one staged is refused and reported.
+/// Any end that is not final (busy, trouble, shutdown) puts the job back on the jobs queue as a
+/// fresh copy ([`Fate::Requeued`]), so a handed-off job ends with a reported result or runs
+/// again; only when even that fails is it [`Fate::Again`] (the task's own retry, if any).
+pub async fn task<T: Trigger + ?Sized>(
+    trigger: &T,
+    reference: &str,
+    lease_wait: Duration,
+    cancel: CancellationToken,
+) -> Fate {
+    let fate = task_one(trigger, reference, lease_wait, cancel).await;
+    crate::host::process::flush_telemetry().await;
+    fate
+}
+
+async fn task_one<T: Trigger + ?Sized>(
+    trigger: &T,
+    reference: &str,
+    lease_wait: Duration,
+    cancel: CancellationToken,
+) -> Fate {
+    let r: JobRef<T::Target> = match serde_json::from_str(reference) {
+        Ok(r) => r,
+        Err(e) => {
+            let record = rejection(
+                "task",
+                vec![problem(
+                    "TERRACE_JOB_REF",
+                    format!("not a job reference: {e}"),
+                    "start tasks only through the runner's hand-off",
+                )],
+            );
+            return reject(trigger, record).await;
+        }
+    };
+    let ws = match WorkspaceId::new(&r.tenant, &r.workspace) {
+        Ok(ws) => ws,
+        Err(e) => {
+            let record = rejection("task", vec![problem("TERRACE_JOB_REF.workspace", e, "")]);
+            return reject(trigger, record).await;
+        }
+    };
+    // The runner made the reference from its registry: a target that is not the registry's
+    // was not made by it.
+    let target = match trigger.tenants() {
+        None => r.target.clone(),
+        Some(tenants) => match tenants.resolve(&r.tenant, Some(&r.target), trigger.registry_only())
+        {
+            Ok(target) => target,
+            Err(problems) => return reject(trigger, rejection("task", problems)).await,
+        },
+    };
+    // A task is not retried by every platform (ECS runs it once): trouble reading its job is
+    // tried a few times here before it gives up.
+    let read = || async {
+        let store = trigger.store(&target, &r.job_id, None).await?;
+        match r.staged(&*store).await {
+            Err(StagedError::Unavailable(why)) => Err(why),
+            staged => Ok((store, staged)),
+        }
+    };
+    let (store, staged) = match Tries::after(&TASK_WAITS)
+        .run("cannot read the staged job", |_| true, read)
+        .await
+    {
+        Ok(read) => read,
+        Err(why) => return Fate::again(format!("cannot read the staged job: {why}")),
+    };
+    let body = match staged {
+        Ok(body) => body,
+        Err(StagedError::Refused(record)) => {
+            // A task run again after its job finished (its staged copy is gone by then) gets
+            // the job's result, like any delivery of a finished job.
+            if let Some(result) = final_result(&*store, &ws, &r.job_id, None).await {
+                trigger.report(&result).await;
+                return Fate::Ran(result);
+            }
+            return reject(trigger, record).await;
+        }
+        Err(StagedError::Unavailable(why)) => {
+            return Fate::again(format!("cannot read the staged job: {why}"));
+        }
+    };
+    let message_id = format!("task-{}", r.job_id);
+    let fate = handle(
+        trigger,
+        Delivery {
+            message_id: &message_id,
+            body: &body,
+            time_left: None,
+            lease_wait,
+            cancel,
+            receipt: None,
+        },
+    )
+    .await;
+    let fate = match fate {
+        // `handle` queued a fresh copy of the message already.
+        Fate::Requeued { .. } | Fate::Ran(_) | Fate::Rejected(_) | Fate::HandedOff(_) => fate,
+        Fate::Interrupted(_) => put_back(trigger, &body, Duration::ZERO, false, fate).await,
+        Fate::Again { ref why, delay } => {
+            let busy = delay.is_some();
+            let delay = delay.unwrap_or(TROUBLE_DELAY);
+            let why = why.clone();
+            put_back(
+                trigger,
+                &body,
+                delay,
+                !busy,
+                Fate::Again { why, delay: None },
+            )
+            .await
+        }
+    };
+    // The staged copy holds the job's variables: it goes once the job has a final result, or
+    // once a fresh copy is on the queue (a later hand-off stages it again).
+    match fate {
+        // Final: every staging of the job goes, earlier ones whose task never ran included.
+        Fate::Ran(_) | Fate::Rejected(_) => r.unstage_all(&*store).await,
+        Fate::Requeued { .. } => r.unstage(&*store).await,
+        _ => {}
+    }
+    fate
+}
+
+/// Puts a task's job back on the queue after an end that is not final; `trouble` counts
+/// towards [`MAX_TASK_REQUEUES`], after which the job ends with a reported error record.
+pub(super) async fn put_back<T: Trigger + ?Sized>(
+    trigger: &T,
+    body: &[u8],
+    delay: Duration,
+    trouble: bool,
+    fate: Fate,
+) -> Fate {
+    let why = match &fate {
+        Fate::Again { why, .. } => why.clone(),
+        _ => "interrupted by the task's shutdown".to_owned(),
+    };
+    let Ok(mut envelope) = decode::<Value>(body) else {
+        return fate;
+    };
+    if trouble {
+        envelope.requeued += 1;
+        if envelope.requeued > MAX_TASK_REQUEUES {
+            let record = json!({
+                "status": "failed",
+                "job_id": envelope.job.get("id"),
+                "error": {
+                    "category": "transient",
+                    "step": "prepare",
+                    "message": format!("a task could not run the job in {} tries: {why}", MAX_TASK_REQUEUES + 1),
+                    "hint": "see the tasks' logs; send the job again once the cause is fixed",
+                    "retryable": true,
+                },
+            });
+            tracing::error!(record = %record, "giving up on a handed-off job");
+            trigger.report(&record).await;
+            return Fate::Ran(record);
+        }
+    }
+    let Ok(copy) = serde_json::to_vec(&envelope) else {
+        return fate;
+    };
+    let requeued = Tries::after(&TASK_WAITS)
+        .run(
+            "could not queue the task's job again",
+            |_| true,
+            || trigger.requeue(&copy, delay),
+        )
+        .await;
+    match requeued {
+        Ok(()) => {
+            tracing::info!(
+                why,
+                delay_s = delay.as_secs(),
+                "the task's job is queued again"
+            );
+            Fate::Requeued { why, delay }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, why, "the task's job could not be queued again");
+            fate
+        }
+    }
+}
+
+/// A handed-off task's exit code for its job's fate, with the record on stdout: 0 the job
+/// succeeded or went back on the queue to run later, 1 it failed, 65 the message was refused,
+/// 75 it could neither run nor go back on the queue (a retry of the task may).
+pub fn task_exit(name: &str, fate: Fate) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    match fate {
+        Fate::Ran(record) => {
+            println!("{record}");
+            if record["status"] == "succeeded" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Fate::Rejected(record) => {
+            println!("{record}");
+            ExitCode::from(65)
+        }
+        Fate::HandedOff(record) => {
+            println!("{record}");
+            ExitCode::SUCCESS
+        }
+        Fate::Requeued { why, delay } => {
+            tracing::warn!(
+                "{name}: the job is back on the queue, to run in {} s: {why}",
+                delay.as_secs()
+            );
+            ExitCode::SUCCESS
+        }
+        Fate::Again { why, .. } => {
+            tracing::error!("{name}: {why}");
+            ExitCode::from(75)
+        }
+        Fate::Interrupted(record) => {
+            println!("{record}");
+            ExitCode::from(75)
+        }
+    }
+}
