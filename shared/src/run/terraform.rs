@@ -16,10 +16,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio_util::sync::CancellationToken;
 
-use crate::run::leftovers::{self, Leftovers, Survivors};
 use crate::run::logs::{Logger, Stream};
 use crate::run::ui::Events;
 
@@ -92,170 +90,6 @@ impl Default for Limits {
             memory_bytes: Some(8 << 30),
             cpu_seconds: Some(3600),
         }
-    }
-}
-
-/// What a runner does between jobs that share a user.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SharedUser {
-    /// Nothing: jobs run side by side, and what one leaves may meet the next.
-    #[default]
-    Unguarded,
-    /// One job at a time; what a job leaves is killed before the next starts. `sole_user`:
-    /// nothing but the runner runs as its uid on this machine (a cloud function's sandbox when
-    /// it is not root, as on Lambda), so every other process of that uid is a job's leftover;
-    /// otherwise the runner's descendants are.
-    OneAtATime { sole_user: bool },
-}
-
-/// The users jobs take, one each at a time: `FIRST_JOB_UID` and the next `JOB_USERS - 1`,
-/// each with a group of the same number. (Within 65536, so they exist in a container's user
-/// namespace too.)
-pub const FIRST_JOB_UID: u32 = 61000;
-pub const JOB_USERS: usize = 64;
-
-/// The user a job's terraform runs as, held for as long as the job runs: what it leaves
-/// running is killed when it is given back, and again before the next job may take it (see
-/// [`crate::run::leftovers`]). Either a user of the job's own, from the [`FIRST_JOB_UID`] range
-/// ([`JobUser::claim`], the runner is root), or this runner's one turn for a user every job
-/// shares ([`JobUser::take_turn`]: the runner's own, or `TERRACE_TERRAFORM_USER`'s), since
-/// jobs of one user cannot be kept apart while they run side by side.
-#[derive(Debug)]
-pub struct JobUser {
-    /// `None`: the runner's own user.
-    pub run_as: Option<RunAs>,
-    leftovers: Leftovers,
-    _held: Held,
-}
-
-/// What keeps a [`JobUser`] to one job.
-#[derive(Debug)]
-enum Held {
-    /// A user of the job's own: a lock file per user, in the temp folder, machine-wide (several
-    /// runners may share a machine), which the kernel frees if the runner dies.
-    Lock(#[allow(dead_code, reason = "held for its lock, never read")] std::fs::File),
-    /// A shared user: the runner's turn, one job at a time.
-    Turn(
-        #[allow(dead_code, reason = "held for its turn, never read")]
-        tokio::sync::OwnedMutexGuard<()>,
-    ),
-}
-
-/// The one turn of this process's jobs that share a user.
-static TURN: std::sync::LazyLock<std::sync::Arc<tokio::sync::Mutex<()>>> =
-    std::sync::LazyLock::new(Default::default);
-
-impl JobUser {
-    /// A free user of the job's own, or `None` when [`JOB_USERS`] jobs run on this machine
-    /// already. A user whose leftovers (a dead runner's job's) cannot all be killed is passed
-    /// over.
-    ///
-    /// # Errors
-    /// When the users' lock folder cannot be made.
-    pub fn claim() -> std::io::Result<Option<Self>> {
-        use std::os::unix::fs::DirBuilderExt;
-        let dir = std::env::temp_dir().join("terrace-job-users");
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)?;
-        for slot in 0..JOB_USERS {
-            let id = FIRST_JOB_UID + u32::try_from(slot).unwrap_or(0);
-            let lock = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(dir.join(format!("{id}.lock")))?;
-            if lock.try_lock().is_err() {
-                continue;
-            }
-            let leftovers = Leftovers::User(id);
-            if let Err(e) = leftovers::kill_all(leftovers, leftovers::WAIT) {
-                tracing::error!(uid = id, error = %e, "a job's user is passed over");
-                continue;
-            }
-            return Ok(Some(Self {
-                run_as: Some(RunAs { uid: id, gid: id }),
-                leftovers,
-                _held: Held::Lock(lock),
-            }));
-        }
-        Ok(None)
-    }
-
-    /// This runner's turn to run a job as `user` (`None`: its own), which every job shares:
-    /// waits for the job before to be done, then kills what it left. `sole_user`: nothing but
-    /// the runner runs as its own uid here, so every other process of that uid is a leftover.
-    ///
-    /// # Errors
-    /// [`Survivors`] when what the job before left cannot all be killed: no job may run then.
-    pub async fn take_turn(user: Option<RunAs>, sole_user: bool) -> Result<Self, Survivors> {
-        let turn = TURN.clone().lock_owned().await;
-        let leftovers = match user {
-            Some(user) => Leftovers::User(user.uid),
-            None => Leftovers::Mine {
-                whole_uid: sole_user,
-            },
-        };
-        // Walked here, as `claim` and the drop do: a /proc walk, blocking only while something
-        // is still dying.
-        leftovers::kill_all(leftovers, leftovers::WAIT)?;
-        Ok(Self {
-            run_as: user,
-            leftovers,
-            _held: Held::Turn(turn),
-        })
-    }
-}
-
-impl Drop for JobUser {
-    fn drop(&mut self) {
-        // The user (or the turn) goes with `self` after this; the next taker kills again, and
-        // runs nothing while anything survives.
-        let whose = match self.run_as {
-            Some(user) => format!("uid {}", user.uid),
-            None => "the runner's user".to_owned(),
-        };
-        match leftovers::kill_all(self.leftovers, leftovers::WAIT) {
-            Ok(0) => {}
-            Ok(n) => tracing::info!("killed {n} process(es) the job left running as {whose}"),
-            Err(e) => tracing::error!(error = %e, "the job left processes running as {whose}"),
-        }
-    }
-}
-
-/// An unprivileged user and group terraform runs as.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RunAs {
-    pub uid: u32,
-    pub gid: u32,
-}
-
-impl RunAs {
-    /// `nobody:nogroup` on Debian and most images.
-    pub const NOBODY: RunAs = RunAs {
-        uid: 65534,
-        gid: 65534,
-    };
-
-    /// Gives `path`, and everything under it, to this user (symbolic links themselves, never
-    /// what they point to), except the names in `keep`.
-    ///
-    /// # Errors
-    /// The first file that cannot be given.
-    pub fn give(self, path: &Path, keep: &[&str]) -> std::io::Result<()> {
-        // Deepest first: a folder stays the runner's (and closed to the user) until everything
-        // in it is given, so the user cannot swap an entry for a link while it is walked.
-        if std::fs::symlink_metadata(path)?.is_dir() {
-            for entry in std::fs::read_dir(path)? {
-                let entry = entry?;
-                if keep.iter().any(|k| entry.file_name() == *k) {
-                    continue;
-                }
-                self.give(&entry.path(), &[])?;
-            }
-        }
-        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))
     }
 }
 
@@ -577,47 +411,6 @@ fn signal(pgid: Option<Pid>, sig: Signal) {
     }
 }
 
-/// Collects terraform's diagnostics from its output: each `Error: …` line with the line after
-/// it (terraform's detail or the source location), box-drawing stripped, redacted.
-#[derive(Debug, Default)]
-pub struct ErrorLines {
-    pub errors: Vec<String>,
-    take_next: bool,
-}
-
-impl ErrorLines {
-    /// Takes one line of output (without its newline).
-    pub fn push(&mut self, line: &str, redactor: &crate::job::redact::Redactor) {
-        let trimmed = line.trim_start_matches(['│', '╷', '╵', ' ']);
-        if let Some(rest) = trimmed.strip_prefix("Error: ") {
-            self.errors.push(redactor.redact(&format!("Error: {rest}")));
-            self.take_next = true;
-        } else if self.take_next && !trimmed.is_empty() {
-            if let Some(last) = self.errors.last_mut() {
-                last.push_str(" — ");
-                last.push_str(&redactor.redact(trimmed));
-            }
-            self.take_next = false;
-        }
-    }
-}
-
-/// The errors and UI messages of a whole recorded output, gathered as [`run`] gathers them (for
-/// fixtures of real terraform output).
-pub fn read_output(text: &str) -> (Vec<String>, Events) {
-    let mut lines = ErrorLines::default();
-    let mut events = Events::default();
-    let redactor = crate::job::redact::Redactor::default();
-    for line in text.lines() {
-        if events.take(line).is_none() {
-            lines.push(line, &redactor);
-        }
-    }
-    let mut errors: Vec<String> = events.errors().map(|d| d.render()).collect();
-    errors.extend(lines.errors);
-    (errors, events)
-}
-
 /// Confines terraform before it starts. The kernel SIGKILLs it when the runner dies
 /// (`PR_SET_PDEATHSIG`), so a runner killed outright leaves no terraform changing the cloud with
 /// no state server to save to; no setuid program it runs gains privileges
@@ -657,123 +450,6 @@ fn confine(cmd: &mut tokio::process::Command, limits: Limits) {
             }
             Ok(())
         });
-    }
-}
-
-/// How a pump treats the lines it reads.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Read {
-    /// Log each line as text.
-    Log,
-    /// Messages of the machine-readable UI: rendered, gathered, logged with the event.
-    Ui,
-    /// Keep the bytes (data for the runner, such as `show -json`), log nothing.
-    Capture,
-}
-
-/// What a pump read from one stream.
-#[derive(Default)]
-struct Pumped {
-    captured: Vec<u8>,
-    errors: Vec<String>,
-    events: Events,
-}
-
-/// The longest line of terraform's output the log keeps; the rest of a longer one is dropped,
-/// and the line says how much.
-pub const MAX_LINE: usize = 64 * 1024;
-
-/// The most output a captured command (`show -json`, `output -json`) may print: its data beyond
-/// it is dropped and the log says so (a plan's JSON is megabytes; this is a bound, not a size).
-pub const MAX_CAPTURE: usize = 512 << 20;
-
-/// Reads lines until EOF and logs, gathers or captures them per `mode`. Memory stays bounded
-/// whatever terraform prints: a line is kept up to [`MAX_LINE`], a capture up to
-/// [`MAX_CAPTURE`].
-async fn pump(
-    reader: impl AsyncRead + Unpin,
-    logger: Logger,
-    stream: Stream,
-    step: &'static str,
-    mode: Read,
-) -> Pumped {
-    use tokio::io::AsyncReadExt;
-    let mut reader = BufReader::new(reader);
-    let mut pumped = Pumped::default();
-    let mut errors = ErrorLines::default();
-    let mut buf = Vec::new();
-    let mut dropped = 0_u64;
-    loop {
-        buf.clear();
-        let room = if mode == Read::Capture {
-            MAX_CAPTURE.saturating_sub(pumped.captured.len())
-        } else {
-            MAX_LINE
-        };
-        // One byte more than there is room for says whether the line goes on.
-        match (&mut reader)
-            .take(room as u64 + 1)
-            .read_until(b'\n', &mut buf)
-            .await
-        {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        let cut = if buf.len() > room && buf.last() != Some(&b'\n') {
-            buf.truncate(room);
-            skip_line(&mut reader).await + 1
-        } else {
-            0
-        };
-        if mode == Read::Capture {
-            pumped.captured.extend_from_slice(&buf);
-            dropped += cut;
-            continue;
-        }
-        let text = String::from_utf8_lossy(&buf);
-        let text = text.trim_end_matches(['\n', '\r']);
-        if mode == Read::Ui
-            && cut == 0
-            && let Some((rendered, event)) = pumped.events.take(text)
-        {
-            logger.event(stream, step, &rendered, &event).await;
-            continue;
-        }
-        errors.push(text, logger.redactor());
-        if cut == 0 {
-            logger.line(stream, step, text).await;
-        } else {
-            let kept = format!("{text} … [{cut} more bytes of this line not kept]");
-            logger.line(stream, step, &kept).await;
-        }
-    }
-    if dropped > 0 {
-        let said = format!(
-            "terraform {step} printed more than {MAX_CAPTURE} bytes: the {dropped} bytes after them were not kept"
-        );
-        logger.runner(step, &said).await;
-    }
-    pumped.errors = errors.errors;
-    pumped
-}
-
-/// Reads and drops the rest of a line (through its newline): how many bytes.
-async fn skip_line(reader: &mut (impl AsyncBufReadExt + Unpin)) -> u64 {
-    let mut skipped = 0_u64;
-    loop {
-        let (used, done) = match reader.fill_buf().await {
-            Ok([]) | Err(_) => return skipped,
-            Ok(data) => match data.iter().position(|b| *b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (data.len(), false),
-            },
-        };
-        reader.consume(used);
-        skipped += used as u64;
-        if done {
-            // The newline is the line's end, not one of its bytes.
-            return skipped - 1;
-        }
     }
 }
 
@@ -827,6 +503,13 @@ pub(crate) fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(Stri
     }
     env
 }
+
+mod output;
+mod user;
+
+pub use output::{ErrorLines, MAX_CAPTURE, MAX_LINE, read_output};
+use output::{Pumped, Read, pump};
+pub use user::{FIRST_JOB_UID, JOB_USERS, JobUser, RunAs, SharedUser};
 
 #[cfg(test)]
 mod tests;
