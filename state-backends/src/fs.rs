@@ -791,34 +791,6 @@ impl StateStore for FsStore {
         })
         .await
     }
-
-    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
-        crate::check_artifact_name("backups", label)?;
-        let label = label.to_owned();
-        self.blocking(ws, move |dir| {
-            let _lock = dir.lock()?;
-            let index_path = dir.path.join("backups").join("index.json");
-            if let Some(raw) = read_optional(&index_path)? {
-                let mut index: Vec<BackupInfo> =
-                    serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
-                        path: index_path.display().to_string(),
-                        detail: e.to_string(),
-                    })?;
-                index.retain(|b| b.label != label);
-                write_atomic(
-                    &index_path,
-                    &serde_json::to_vec_pretty(&index).expect("backup index serializes"),
-                )?;
-            }
-            let path = dir.path.join("backups").join(format!("{label}.tfstate"));
-            match fs::remove_file(&path) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(io_err("remove", &path)(e)),
-            }
-        })
-        .await
-    }
 }
 
 #[cfg(test)]

@@ -379,48 +379,6 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
         data: Bytes,
     ) -> Result<()>;
 
-    /// Writes a run artifact only while `fence` still holds the workspace's lease, so a runner
-    /// that lost its lease cannot overwrite what a later run of the same job wrote (its
-    /// `result.json`, its records). Fenced as state writes are on object stores: the lease is
-    /// read immediately before the write.
-    ///
-    /// # Errors
-    /// [`StoreError::LeaseLost`] when the lease has expired, been broken or taken over;
-    /// backend failures.
-    async fn put_artifact_fenced(
-        &self,
-        ws: &WorkspaceId,
-        job_id: &str,
-        name: &str,
-        data: Bytes,
-        fence: &Fence,
-    ) -> Result<()> {
-        let now = OffsetDateTime::now_utc();
-        let reason = match self.lease(ws).await? {
-            Some(lease) if lease.owner == fence.owner && lease.fence == fence.token => {
-                if lease.is_expired_at(now) {
-                    Some("the lease has expired".to_owned())
-                } else {
-                    None
-                }
-            }
-            Some(lease) => Some(format!(
-                "the lease is now {}'s (fence {})",
-                lease.owner, lease.fence
-            )),
-            None => Some("the lease was released or broken".to_owned()),
-        };
-        if let Some(reason) = reason {
-            return Err(StoreError::LeaseLost {
-                workspace: ws.clone(),
-                owner: fence.owner.clone(),
-                fence: fence.token,
-                reason,
-            });
-        }
-        self.put_artifact(ws, job_id, name, data).await
-    }
-
     /// Reads a run artifact, or `None` when absent.
     ///
     /// # Errors
@@ -468,12 +426,53 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// # Errors
     /// Backend failures.
     async fn clear_changed(&self, changed: &Changed) -> Result<()>;
+}
 
-    /// Deletes one backup (retention); deleting a missing one is not an error.
+/// What every [`StateStore`] can do with its required methods alone: operators' restores and
+/// the fenced artifact write, written once for every store.
+#[async_trait]
+pub trait StateStoreExt: StateStore {
+    /// Writes a run artifact only while `fence` still holds the workspace's lease, so a runner
+    /// that lost its lease cannot overwrite what a later run of the same job wrote (its
+    /// `result.json`, its records). Fenced as state writes are on object stores: the lease is
+    /// read immediately before the write.
     ///
     /// # Errors
-    /// Backend failures.
-    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()>;
+    /// [`StoreError::LeaseLost`] when the lease has expired, been broken or taken over;
+    /// backend failures.
+    async fn put_artifact_fenced(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        name: &str,
+        data: Bytes,
+        fence: &Fence,
+    ) -> Result<()> {
+        let now = OffsetDateTime::now_utc();
+        let reason = match self.lease(ws).await? {
+            Some(lease) if lease.owner == fence.owner && lease.fence == fence.token => {
+                if lease.is_expired_at(now) {
+                    Some("the lease has expired".to_owned())
+                } else {
+                    None
+                }
+            }
+            Some(lease) => Some(format!(
+                "the lease is now {}'s (fence {})",
+                lease.owner, lease.fence
+            )),
+            None => Some("the lease was released or broken".to_owned()),
+        };
+        if let Some(reason) = reason {
+            return Err(StoreError::LeaseLost {
+                workspace: ws.clone(),
+                owner: fence.owner.clone(),
+                fence: fence.token,
+                reason,
+            });
+        }
+        self.put_artifact(ws, job_id, name, data).await
+    }
 
     /// Rolls the workspace forward to the content of an old version: the old state, with its
     /// serial raised above the current one, becomes a new version. History is untouched.
@@ -493,10 +492,10 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
 
     /// Rolls the workspace forward to the content of the backup `label`, read from the backup
     /// itself ([`StateStore::backup`]), so it brings a state back even when every version is
-    /// gone; checked and written as [`StateStore::restore`] writes an old version.
+    /// gone; checked and written as [`StateStoreExt::restore`] writes an old version.
     ///
     /// # Errors
-    /// As [`StateStore::backup`] and [`StateStore::restore`].
+    /// As [`StateStore::backup`] and [`StateStoreExt::restore`].
     async fn restore_backup(
         &self,
         ws: &WorkspaceId,
@@ -507,6 +506,8 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
         roll_forward(self, ws, &old, &format!("backup {label}"), fence).await
     }
 }
+
+impl<S: StateStore + ?Sized> StateStoreExt for S {}
 
 /// Writes `old` (a state, `what` says which) as the workspace's next version: its serial
 /// raised above the current one, and refused when it is of another lineage.

@@ -1,25 +1,19 @@
-//! In-memory stores for unit tests of pure logic: a [`StateStore`] with the same rules as every
-//! backend, and a [`Bucket`] with the conditional writes of S3, GCS and Azure Blob, so the
-//! object-store protocol ([`crate::objects::BucketStore`]) runs without an emulator.
+//! In-memory stores for unit tests of pure logic: a [`Bucket`] with the conditional writes of
+//! S3, GCS and Azure Blob, and over it the object-store protocol ([`BucketStore`]) as a
+//! [`crate::StateStore`] that runs without an emulator ([`MemoryStore`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
-use crate::objects::{Bucket, Condition, Listed, Object};
-use crate::retention::{Retention, to_prune};
-use crate::{
-    BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
-    Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
-};
+use crate::objects::{Bucket, BucketStore, Condition, LeaseKeeper, Listed, LockObject, Object};
+use crate::{Lease, LeaseRequest, Result, StoreError, WorkspaceId};
 
-/// What a failing renewal or release answers: the store cannot be reached (an error that may
-/// pass).
+/// What a failing lease call answers: the store cannot be reached (an error that may pass).
 fn unreachable() -> StoreError {
     StoreError::Backend {
         backend: "memory",
@@ -29,19 +23,55 @@ fn unreachable() -> StoreError {
     }
 }
 
-/// A store that forgets everything when dropped.
-#[derive(Debug, Default)]
-pub struct MemoryStore {
-    inner: Mutex<HashMap<WorkspaceId, Workspace>>,
-    renewals: Mutex<Renewals>,
-    /// How many releases of a lease fail (the store unreachable) before one is done.
-    failing_releases: Mutex<u32>,
-    /// How many acquisitions fail before one is answered, and whether the first of them takes
-    /// the lease all the same (its answer lost).
-    failing_acquires: Mutex<(u32, bool)>,
-    /// How long each failing acquisition takes to fail (a client's attempts at a store that
-    /// does not answer).
-    failing_acquire_time: Mutex<Duration>,
+/// A store that forgets everything when dropped: the object-store protocol of every cloud
+/// ([`BucketStore`]) over a [`MemoryBucket`], its lease in a lock object whose calls tests can
+/// make fail ([`MemoryStore::set_renewals`], [`MemoryStore::fail_releases`],
+/// [`MemoryStore::fail_acquires`]). The rules are the buckets' own: nothing is restated here.
+pub type MemoryStore = BucketStore<MemoryBucket>;
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        let bucket = MemoryBucket::new();
+        let leases = FaultyLeases {
+            lock: LockObject::new(bucket.clone()),
+            faults: bucket.faults.clone(),
+        };
+        BucketStore::over(bucket, "", Some(Arc::new(leases)))
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn faults(&self) -> std::sync::MutexGuard<'_, LeaseFaults> {
+        self.bucket()
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// From now on, renewals are answered as `mode` says.
+    pub fn set_renewals(&self, mode: Renewals) {
+        self.faults().renewals = mode;
+    }
+
+    /// The next `n` releases of a lease fail with an error that may pass.
+    pub fn fail_releases(&self, n: u32) {
+        self.faults().failing_releases = n;
+    }
+
+    /// The next `n` acquisitions of a lease fail with an error that may pass; when
+    /// `first_lands`, the first of them takes the lease all the same (its answer lost).
+    pub fn fail_acquires(&self, n: u32, first_lands: bool) {
+        self.faults().failing_acquires = (n, first_lands);
+    }
+
+    /// Each failing acquisition fails only after `time`.
+    pub fn fail_acquires_after(&self, time: Duration) {
+        self.faults().failing_acquire_time = time;
+    }
 }
 
 /// How [`MemoryStore`] answers lease renewals, for tests of what a runner does when its store
@@ -57,365 +87,93 @@ pub enum Renewals {
     Hang,
 }
 
+/// The lease calls a test has made fail, shared by a bucket's handles.
 #[derive(Debug, Default)]
-struct Workspace {
-    /// Every accepted write in order; `None` marks a deletion of the current state.
-    entries: Vec<Option<(VersionInfo, Bytes)>>,
-    lease: LeaseRecord,
-    backups: Vec<(BackupInfo, Bytes)>,
-    artifacts: BTreeMap<(String, String), Bytes>,
-    /// The number of the latest write, until the backup sweep clears it.
-    change_mark: Option<u64>,
+struct LeaseFaults {
+    renewals: Renewals,
+    /// How many releases of a lease fail (the store unreachable) before one is done.
+    failing_releases: u32,
+    /// How many acquisitions fail before one is answered, and whether the first of them takes
+    /// the lease all the same (its answer lost).
+    failing_acquires: (u32, bool),
+    /// How long each failing acquisition takes to fail (a client's attempts at a store that
+    /// does not answer).
+    failing_acquire_time: Duration,
 }
 
-impl Workspace {
-    fn token(&self) -> Option<VersionToken> {
-        match self.entries.last() {
-            Some(Some(_)) => Some(VersionToken(self.entries.len().to_string())),
-            _ => None,
-        }
-    }
-
-    fn check_write(&self, ws: &WorkspaceId, mode: &PutMode, fence: Option<&Fence>) -> Result<()> {
-        crate::lease::check_put(ws, &self.lease, self.token().as_ref(), mode, fence)
-    }
+/// The lock object, failing the calls a test asked to fail.
+#[derive(Debug)]
+struct FaultyLeases {
+    lock: LockObject<MemoryBucket>,
+    faults: Arc<Mutex<LeaseFaults>>,
 }
 
-impl MemoryStore {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// From now on, renewals are answered as `mode` says.
-    pub fn set_renewals(&self, mode: Renewals) {
-        *self.renewals.lock().unwrap_or_else(|e| e.into_inner()) = mode;
-    }
-
-    /// The next `n` releases of a lease fail with an error that may pass.
-    pub fn fail_releases(&self, n: u32) {
-        *self
-            .failing_releases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = n;
-    }
-
-    /// The next `n` acquisitions of a lease fail with an error that may pass; when
-    /// `first_lands`, the first of them takes the lease all the same (its answer lost).
-    pub fn fail_acquires(&self, n: u32, first_lands: bool) {
-        *self
-            .failing_acquires
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = (n, first_lands);
-    }
-
-    /// Each failing acquisition fails only after `time`.
-    pub fn fail_acquires_after(&self, time: Duration) {
-        *self
-            .failing_acquire_time
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = time;
-    }
-
-    fn with<T>(&self, ws: &WorkspaceId, f: impl FnOnce(&mut Workspace) -> T) -> T {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        f(map.entry(ws.clone()).or_default())
-    }
-}
-
-fn not_found(ws: &WorkspaceId, what: String) -> StoreError {
-    StoreError::NotFound {
-        workspace: ws.clone(),
-        what,
+impl FaultyLeases {
+    fn faults(&self) -> std::sync::MutexGuard<'_, LeaseFaults> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 #[async_trait]
-impl StateStore for MemoryStore {
-    fn kind(&self) -> &'static str {
-        "memory"
+impl LeaseKeeper for FaultyLeases {
+    async fn record(&self, key: &str) -> Result<LeaseRecord> {
+        self.lock.record(key).await
     }
 
-    async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>> {
-        Ok(self.with(ws, |w| {
-            let token = w.token()?;
-            let (version, data) = w.entries.last()?.clone()?;
-            Some(CurrentState {
-                token,
-                data,
-                version,
-            })
-        }))
-    }
-
-    async fn put(
-        &self,
-        ws: &WorkspaceId,
-        state: NewState,
-        mode: PutMode,
-        fence: Option<&Fence>,
-    ) -> Result<VersionInfo> {
-        self.with(ws, |w| {
-            w.check_write(ws, &mode, fence)?;
-            let info = VersionInfo {
-                number: w.entries.len() as u64 + 1,
-                serial: state.serial,
-                lineage: state.lineage,
-                created_at: OffsetDateTime::now_utc(),
-                size: state.data.len() as u64,
-                sha256: sha256_hex(&state.data),
-            };
-            w.entries.push(Some((info.clone(), state.data)));
-            w.change_mark = Some(w.entries.len() as u64);
-            Ok(info)
-        })
-    }
-
-    async fn delete_current(
-        &self,
-        ws: &WorkspaceId,
-        expected: &VersionToken,
-        fence: Option<&Fence>,
-    ) -> Result<()> {
-        self.with(ws, |w| {
-            w.check_write(ws, &PutMode::Update(expected.clone()), fence)?;
-            w.entries.push(None);
-            w.change_mark = Some(w.entries.len() as u64);
-            Ok(())
-        })
-    }
-
-    async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>> {
-        Ok(self.with(ws, |w| {
-            w.entries.iter().flatten().map(|(i, _)| i.clone()).collect()
-        }))
-    }
-
-    async fn version(&self, ws: &WorkspaceId, number: u64) -> Result<Bytes> {
-        self.with(ws, |w| {
-            let index = usize::try_from(number).ok().and_then(|n| n.checked_sub(1));
-            match index.and_then(|i| w.entries.get(i)) {
-                Some(Some((_, data))) => Ok(data.clone()),
-                _ => Err(not_found(ws, format!("state version {number}"))),
-            }
-        })
-    }
-
-    async fn acquire_lease(&self, ws: &WorkspaceId, request: &LeaseRequest) -> Result<Lease> {
-        let lands = {
-            let mut failing = self
-                .failing_acquires
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            match *failing {
+    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Lease> {
+        let failing = {
+            let mut faults = self.faults();
+            match faults.failing_acquires {
                 (0, _) => None,
                 (n, first_lands) => {
-                    *failing = (n - 1, false);
-                    Some(first_lands)
+                    faults.failing_acquires = (n - 1, false);
+                    Some((first_lands, faults.failing_acquire_time))
                 }
             }
         };
-        if let Some(lands) = lands {
-            let time = *self
-                .failing_acquire_time
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            tokio::time::sleep(time).await;
-            if lands {
-                let _ = self.with(ws, |w| w.lease.acquire(request, OffsetDateTime::now_utc()));
-            }
-            return Err(unreachable());
+        let Some((lands, time)) = failing else {
+            return self.lock.acquire(ws, key, request).await;
+        };
+        tokio::time::sleep(time).await;
+        if lands {
+            let _ = self.lock.acquire(ws, key, request).await;
         }
-        self.with(ws, |w| {
-            w.lease
-                .acquire(request, OffsetDateTime::now_utc())
-                .map_err(|holder| StoreError::LeaseHeld {
-                    workspace: ws.clone(),
-                    holder,
-                })
-        })
+        Err(unreachable())
     }
 
-    async fn renew_lease(&self, ws: &WorkspaceId, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let mode = *self.renewals.lock().unwrap_or_else(|e| e.into_inner());
+    async fn renew(
+        &self,
+        ws: &WorkspaceId,
+        key: &str,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Lease> {
+        let mode = self.faults().renewals;
         match mode {
-            Renewals::Answer => {}
-            Renewals::Fail => {
-                return Err(unreachable());
-            }
-            Renewals::Hang => std::future::pending::<()>().await,
+            Renewals::Answer => self.lock.renew(ws, key, lease, ttl).await,
+            Renewals::Fail => Err(unreachable()),
+            Renewals::Hang => std::future::pending().await,
         }
-        self.with(ws, |w| {
-            w.lease
-                .renew(lease, ttl, OffsetDateTime::now_utc())
-                .map_err(|reason| StoreError::LeaseLost {
-                    workspace: ws.clone(),
-                    owner: lease.owner.clone(),
-                    fence: lease.fence,
-                    reason,
-                })
-        })
     }
 
-    async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()> {
+    async fn release(&self, ws: &WorkspaceId, key: &str, lease: &Lease) -> Result<()> {
         {
-            let mut failing = self
-                .failing_releases
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if *failing > 0 {
-                *failing -= 1;
+            let mut faults = self.faults();
+            if faults.failing_releases > 0 {
+                faults.failing_releases -= 1;
                 return Err(unreachable());
             }
         }
-        self.with(ws, |w| w.lease.release(lease));
-        Ok(())
+        self.lock.release(ws, key, lease).await
     }
 
-    async fn break_lease(&self, ws: &WorkspaceId, only: Option<u64>) -> Result<Option<Lease>> {
-        Ok(self.with(ws, |w| w.lease.break_lease(only)))
-    }
-
-    async fn lease(&self, ws: &WorkspaceId) -> Result<Option<Lease>> {
-        Ok(self.with(ws, |w| w.lease.held.clone()))
-    }
-
-    async fn snapshot(
+    async fn break_lease(
         &self,
         ws: &WorkspaceId,
-        label: &str,
-        keep: Retention,
-    ) -> Result<Option<Snapshot>> {
-        self.with(ws, |w| {
-            let Some(Some((info, data))) = w.entries.last() else {
-                return Ok(None);
-            };
-            if w.backups
-                .last()
-                .is_some_and(|(b, _)| b.sha256 == info.sha256)
-            {
-                return Ok(None);
-            }
-            let backup = BackupInfo {
-                label: label.to_owned(),
-                version: info.number,
-                sha256: info.sha256.clone(),
-            };
-            w.backups.retain(|(b, _)| b.label != label);
-            w.backups.push((backup.clone(), data.clone()));
-            let labels: Vec<String> = w.backups.iter().map(|(b, _)| b.label.clone()).collect();
-            let pruned = to_prune(&labels, keep);
-            w.backups.retain(|(b, _)| !pruned.contains(&b.label));
-            Ok(Some(Snapshot { backup, pruned }))
-        })
-    }
-
-    async fn backups(&self, ws: &WorkspaceId) -> Result<Vec<BackupInfo>> {
-        Ok(self.with(ws, |w| w.backups.iter().map(|(b, _)| b.clone()).collect()))
-    }
-
-    async fn backup(&self, ws: &WorkspaceId, label: &str) -> Result<Bytes> {
-        self.with(ws, |w| {
-            w.backups
-                .iter()
-                .find(|(b, _)| b.label == label)
-                .map(|(_, data)| data.clone())
-        })
-        .ok_or_else(|| StoreError::NotFound {
-            workspace: ws.clone(),
-            what: format!("backup {label}"),
-        })
-    }
-
-    async fn put_artifact(
-        &self,
-        ws: &WorkspaceId,
-        job_id: &str,
-        name: &str,
-        data: Bytes,
-    ) -> Result<()> {
-        crate::check_artifact_name(job_id, name)?;
-        self.with(ws, |w| {
-            w.artifacts
-                .insert((job_id.to_owned(), name.to_owned()), data)
-        });
-        Ok(())
-    }
-
-    async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>> {
-        crate::check_artifact_name(job_id, name)?;
-        Ok(self.with(ws, |w| {
-            w.artifacts
-                .get(&(job_id.to_owned(), name.to_owned()))
-                .cloned()
-        }))
-    }
-
-    async fn delete_artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<()> {
-        crate::check_artifact_name(job_id, name)?;
-        self.with(ws, |w| {
-            w.artifacts.remove(&(job_id.to_owned(), name.to_owned()));
-        });
-        Ok(())
-    }
-
-    async fn artifacts(&self, ws: &WorkspaceId, job_id: &str) -> Result<Vec<String>> {
-        Ok(self.with(ws, |w| {
-            w.artifacts
-                .keys()
-                .filter(|(job, _)| job == job_id)
-                .map(|(_, name)| name.clone())
-                .collect()
-        }))
-    }
-
-    async fn runs(&self, ws: &WorkspaceId) -> Result<Vec<String>> {
-        let mut ids: Vec<String> = self.with(ws, |w| {
-            w.artifacts.keys().map(|(job, _)| job.clone()).collect()
-        });
-        ids.sort();
-        ids.dedup();
-        Ok(ids)
-    }
-
-    async fn changed(&self) -> Result<Vec<Changed>> {
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<Changed> = map
-            .iter()
-            .filter_map(|(ws, w)| {
-                w.change_mark.map(|n| Changed {
-                    ws: ws.clone(),
-                    mark: n.to_string(),
-                    marked: None,
-                })
-            })
-            .collect();
-        out.sort_by_key(|a| a.ws.to_string());
-        Ok(out)
-    }
-
-    async fn workspaces(&self) -> Result<Vec<WorkspaceId>> {
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<WorkspaceId> = map
-            .iter()
-            .filter(|(_, w)| !w.entries.is_empty() || !w.artifacts.is_empty())
-            .map(|(ws, _)| ws.clone())
-            .collect();
-        out.sort_by_key(ToString::to_string);
-        Ok(out)
-    }
-
-    async fn clear_changed(&self, changed: &Changed) -> Result<()> {
-        self.with(&changed.ws, |w| {
-            if w.change_mark.map(|n| n.to_string()).as_deref() == Some(changed.mark.as_str()) {
-                w.change_mark = None;
-            }
-        });
-        Ok(())
-    }
-
-    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
-        self.with(ws, |w| w.backups.retain(|(b, _)| b.label != label));
-        Ok(())
+        key: &str,
+        only: Option<u64>,
+    ) -> Result<Option<Lease>> {
+        self.lock.break_lease(ws, key, only).await
     }
 }
 
@@ -425,7 +183,8 @@ impl StateStore for MemoryStore {
 /// runtime, as a network call would, so concurrent callers interleave.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryBucket {
-    inner: std::sync::Arc<Mutex<BucketInner>>,
+    inner: Arc<Mutex<BucketInner>>,
+    faults: Arc<Mutex<LeaseFaults>>,
 }
 
 #[derive(Debug, Default)]
@@ -582,23 +341,22 @@ mod tests {
 
     #[tokio::test]
     async fn passes_the_conformance_suite() {
-        crate::conformance::run_all(std::sync::Arc::new(MemoryStore::new())).await;
+        crate::conformance::run_all(Arc::new(MemoryStore::new())).await;
     }
 
     /// The object-store protocol (commit by create-only write, fencing by the lock object,
     /// change marks, backups), with no emulator: under a prefix and at the bucket's root.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_bucket_protocol_passes_the_conformance_suite() {
-        use crate::objects::BucketStore;
         for prefix in ["terrace", ""] {
             let store = BucketStore::over(MemoryBucket::new(), prefix, None);
-            crate::conformance::run_all(std::sync::Arc::new(store)).await;
+            crate::conformance::run_all(Arc::new(store)).await;
         }
     }
 
     #[tokio::test]
     async fn a_backup_restores_without_its_versions() {
-        let store = crate::objects::BucketStore::over(MemoryBucket::new(), "terrace", None);
+        let store = BucketStore::over(MemoryBucket::new(), "terrace", None);
         crate::conformance::a_bucket_backup_restores_without_its_versions(&store).await;
     }
 

@@ -592,24 +592,6 @@ impl StateStore for SealedStore {
         self.inner.put_artifact(ws, job_id, name, data).await
     }
 
-    async fn put_artifact_fenced(
-        &self,
-        ws: &WorkspaceId,
-        job_id: &str,
-        name: &str,
-        data: Bytes,
-        fence: &Fence,
-    ) -> Result<()> {
-        let data = if seals_artifact(name) {
-            self.seal(ws, &data, None).await?
-        } else {
-            data
-        };
-        self.inner
-            .put_artifact_fenced(ws, job_id, name, data, fence)
-            .await
-    }
-
     async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>> {
         match self.inner.artifact(ws, job_id, name).await? {
             Some(stored) => {
@@ -642,10 +624,6 @@ impl StateStore for SealedStore {
 
     async fn clear_changed(&self, changed: &Changed) -> Result<()> {
         self.inner.clear_changed(changed).await
-    }
-
-    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
-        self.inner.delete_backup(ws, label).await
     }
 
     // `restore` is the trait's own: it reads and writes through this store, so the old version

@@ -157,7 +157,4 @@ impl StateStore for FailingPuts {
     async fn clear_changed(&self, changed: &Changed) -> Result<()> {
         self.inner.clear_changed(changed).await
     }
-    async fn delete_backup(&self, ws: &WorkspaceId, label: &str) -> Result<()> {
-        self.inner.delete_backup(ws, label).await
-    }
 }

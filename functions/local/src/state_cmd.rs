@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Subcommand;
-use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId, display_time};
+use state_backends::{
+    LeaseRequest, StateStore, StateStoreExt, StoreError, WorkspaceId, display_time,
+};
 use time::OffsetDateTime;
 
 use crate::ops::{JSON_SCHEMA, Output, print_json};

@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use state_backends::{Fence, StateStore, StoreError, WorkspaceId};
+use state_backends::{Fence, StateStore, StateStoreExt, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 
 use crate::job::Operation;

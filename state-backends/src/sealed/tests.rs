@@ -1,4 +1,5 @@
 use super::*;
+use crate::StateStoreExt;
 use crate::memory::MemoryStore;
 use crate::tfstate::empty_state;
 

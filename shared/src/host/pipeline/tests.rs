@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use bytes::Bytes;
 use serde_json::json;
 use state_backends::memory::MemoryStore;
-use state_backends::{LeaseRequest, StateStore};
+use state_backends::{LeaseRequest, StateStore, StateStoreExt};
 
 use super::task::put_back;
 use super::*;

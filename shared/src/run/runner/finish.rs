@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use state_backends::{Lease, StoreError, WorkspaceId};
+use state_backends::{Lease, StateStoreExt, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 

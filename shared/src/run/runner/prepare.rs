@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use bytes::Bytes;
-use state_backends::{Lease, StoreError, WorkspaceId};
+use state_backends::{Lease, StateStoreExt, StoreError, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
 use crate::job::Operation;

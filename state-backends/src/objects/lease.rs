@@ -1,0 +1,142 @@
+//! The lock-object lease (`lease.json` in the workspace's folder): a [`LeaseKeeper`] kept in
+//! the bucket itself, changed only when its tag (ETag, generation) still matches, or created
+//! only if absent the first time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use time::OffsetDateTime;
+
+use super::{Bucket, Condition, LeaseKeeper, corrupt, gave_up};
+use crate::lease::LeaseRecord;
+use crate::{Lease, LeaseRequest, Result, StoreError, WorkspaceId};
+
+/// The lease as an object of the bucket, the default of every [`super::BucketStore`].
+#[derive(Clone, Debug)]
+pub struct LockObject<B> {
+    bucket: B,
+}
+
+impl<B: Bucket> LockObject<B> {
+    pub fn new(bucket: B) -> Self {
+        Self { bucket }
+    }
+
+    fn object(key: &str) -> String {
+        format!("{key}/lease.json")
+    }
+
+    async fn read(&self, object: &str) -> Result<(LeaseRecord, Option<String>)> {
+        match self.bucket.get(object).await? {
+            None => Ok((LeaseRecord::default(), None)),
+            Some(obj) => {
+                let record = serde_json::from_slice(&obj.data)
+                    .map_err(|e| corrupt(self.bucket.backend(), object, &e.to_string()))?;
+                Ok((record, Some(obj.tag)))
+            }
+        }
+    }
+
+    /// Reads the lock object, applies `change`, and writes it back if its tag still matches,
+    /// retrying on a concurrent change. `change` returns what to answer and whether to write.
+    async fn change<T>(
+        &self,
+        key: &str,
+        mut change: impl FnMut(&mut LeaseRecord) -> Result<(T, bool)> + Send,
+    ) -> Result<T> {
+        let object = Self::object(key);
+        // The record last written and its answer, when the write's condition failed.
+        let mut tried: Option<(LeaseRecord, T)> = None;
+        for _ in 0..20 {
+            let (mut record, tag) = self.read(&object).await?;
+            // A client that lost the answer to a write and sent it again finds the object
+            // changed, by that very write: the record it wrote is there (a lease carries its
+            // time to the nanosecond, so no other writer's record is the same).
+            if let Some((wrote, answer)) = tried.take()
+                && record == wrote
+            {
+                return Ok(answer);
+            }
+            let (answer, write) = change(&mut record)?;
+            if !write {
+                return Ok(answer);
+            }
+            let data = Bytes::from(serde_json::to_vec(&record).expect("lease record serializes"));
+            let condition = match &tag {
+                Some(tag) => Condition::Matches(tag),
+                None => Condition::Absent,
+            };
+            if self
+                .bucket
+                .put(&object, data, HashMap::new(), condition)
+                .await?
+            {
+                return Ok(answer);
+            }
+            tried = Some((record, answer));
+        }
+        Err(gave_up(self.bucket.backend(), &object))
+    }
+}
+
+#[async_trait]
+impl<B: Bucket + 'static> LeaseKeeper for LockObject<B> {
+    async fn record(&self, key: &str) -> Result<LeaseRecord> {
+        Ok(self.read(&Self::object(key)).await?.0)
+    }
+
+    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Lease> {
+        let now = OffsetDateTime::now_utc();
+        self.change(key, |record| match record.acquire(request, now) {
+            Ok(lease) => Ok((lease, true)),
+            Err(holder) => Err(StoreError::LeaseHeld {
+                workspace: ws.clone(),
+                holder,
+            }),
+        })
+        .await
+    }
+
+    async fn renew(
+        &self,
+        ws: &WorkspaceId,
+        key: &str,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Lease> {
+        let now = OffsetDateTime::now_utc();
+        self.change(key, |record| {
+            record
+                .renew(lease, ttl, now)
+                .map(|l| (l, true))
+                .map_err(|reason| StoreError::LeaseLost {
+                    workspace: ws.clone(),
+                    owner: lease.owner.clone(),
+                    fence: lease.fence,
+                    reason,
+                })
+        })
+        .await
+    }
+
+    async fn release(&self, _ws: &WorkspaceId, key: &str, lease: &Lease) -> Result<()> {
+        self.change(key, |record| Ok(((), record.release(lease))))
+            .await
+    }
+
+    async fn break_lease(
+        &self,
+        _ws: &WorkspaceId,
+        key: &str,
+        only: Option<u64>,
+    ) -> Result<Option<Lease>> {
+        self.change(key, |record| {
+            let broken = record.break_lease(only);
+            let write = broken.is_some();
+            Ok((broken, write))
+        })
+        .await
+    }
+}

@@ -1,0 +1,510 @@
+//! Unit tests of the bucket protocol, on an in-memory bucket.
+
+use super::*;
+use crate::memory::MemoryBucket;
+
+#[test]
+fn version_keys_parse_back_to_numbers() {
+    assert_eq!(
+        version_number("p/t/w/versions/0000000042.tfstate"),
+        Some(42)
+    );
+    assert_eq!(version_number("p/t/w/versions/notes.txt"), None);
+}
+
+/// A memory bucket with a client's troubles: with `sent_twice`, every version and
+/// lock-object write is sent twice, as a client does when the answer to the first is lost
+/// (the first lands, the second finds the version taken); deletions of keys containing
+/// `refuses` fail, and a batch deletion tries every key and reports any that failed (as
+/// S3's `DeleteObjects`).
+#[derive(Clone, Debug, Default)]
+struct Troubled {
+    inner: MemoryBucket,
+    sent_twice: bool,
+    refuses: Option<&'static str>,
+}
+
+#[async_trait]
+impl Bucket for Troubled {
+    fn backend(&self) -> &'static str {
+        "troubled"
+    }
+    async fn get(&self, key: &str) -> Result<Option<Object>> {
+        self.inner.get(key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
+        self.inner.head(key).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<bool> {
+        if self.sent_twice && (key.contains("/versions/") || key.ends_with("/lease.json")) {
+            let first = self
+                .inner
+                .put(key, data.clone(), metadata.clone(), condition)
+                .await?;
+            assert!(first, "the first try lands");
+        }
+        self.inner.put(key, data, metadata, condition).await
+    }
+    async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        metadata: Option<HashMap<String, String>>,
+    ) -> Result<()> {
+        self.inner.copy(from, to, metadata).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        if self.refuses.is_some_and(|r| key.contains(r)) {
+            return Err(StoreError::Backend {
+                backend: "troubled",
+                message: format!("DELETE {key}: refused"),
+                retryable: true,
+                source: None,
+            });
+        }
+        self.inner.delete(key).await
+    }
+    async fn delete_many(&self, keys: &[String]) -> Result<()> {
+        let mut failed = Ok(());
+        for key in keys {
+            if let Err(e) = self.delete(key).await {
+                failed = Err(e);
+            }
+        }
+        failed
+    }
+    async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
+        self.inner.clear_if(key, tag).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.inner.list(prefix).await
+    }
+    async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.folders(prefix).await
+    }
+}
+
+fn state(serial: u64) -> crate::NewState {
+    crate::NewState::parse(crate::tfstate::empty_state("l-1", serial)).unwrap()
+}
+
+async fn write(store: &BucketStore<MemoryBucket>, ws: &WorkspaceId, serial: u64) -> u64 {
+    let mode = match store.current(ws).await.unwrap() {
+        Some(current) => PutMode::Update(current.token),
+        None => PutMode::Create,
+    };
+    store
+        .put(ws, state(serial), mode, None)
+        .await
+        .unwrap()
+        .number
+}
+
+fn label(hour: u64) -> String {
+    format!("2026-11-{:02}T{:02}", 1 + hour / 24, hour % 24)
+}
+
+/// The sweep's marks name their version: the copy is of that version, named by it, and
+/// the marks listed are deleted; a write after the listing keeps its own.
+#[tokio::test]
+async fn marks_name_the_version_the_sweep_copies_and_deletes_only_those_listed() {
+    let store = BucketStore::over(MemoryBucket::new(), "p", None);
+    let ws = WorkspaceId::new("acme", "marks").unwrap();
+    write(&store, &ws, 1).await;
+    write(&store, &ws, 2).await;
+    let changed = store.changed().await.unwrap().pop().unwrap();
+    let marked = changed.marked.clone().expect("the marks name versions");
+    assert_eq!((marked.first, marked.last), (1, 2));
+    let third = write(&store, &ws, 3).await;
+    let made = store
+        .back_up(&changed, "2026-11-24T01", Retention::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(made.backup.version, 2, "the version the listed marks name");
+    let key = store.backup_key(&ws, &made.backup);
+    assert!(key.starts_with("p/acme/marks/backups/2026-11-24T01_0000000002_"));
+    let copy = store.bucket.get(&key).await.unwrap().unwrap();
+    assert_eq!(copy.data, store.version(&ws, 2).await.unwrap());
+    store.clear_changed(&changed).await.unwrap();
+    let left = store
+        .changed()
+        .await
+        .unwrap()
+        .pop()
+        .expect("the later write's mark stays");
+    let marked = left.marked.unwrap();
+    assert_eq!((marked.first, marked.last), (third, third));
+}
+
+/// Retention lists a workspace's backups only when its marks span a multiple of
+/// PRUNE_EVERY versions; between two, at most that many backups pile up.
+#[tokio::test]
+async fn retention_runs_every_so_many_versions() {
+    let store = BucketStore::over(MemoryBucket::new(), "p", None);
+    let ws = WorkspaceId::new("acme", "often").unwrap();
+    let keep = Retention {
+        hourly: 2,
+        daily: 0,
+    };
+    for hour in 1..PRUNE_EVERY {
+        write(&store, &ws, hour).await;
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        let made = store
+            .back_up(&changed, &label(hour), keep)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(made.pruned.is_empty());
+        store.clear_changed(&changed).await.unwrap();
+    }
+    assert_eq!(store.backups(&ws).await.unwrap().len(), 23);
+    write(&store, &ws, PRUNE_EVERY).await;
+    let changed = store.changed().await.unwrap().pop().unwrap();
+    let made = store
+        .back_up(&changed, &label(PRUNE_EVERY), keep)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(made.pruned.len(), 22);
+    assert_eq!(made.pruned[0], label(22), "newest first");
+    store.clear_changed(&changed).await.unwrap();
+    let kept: Vec<String> = store
+        .backups(&ws)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.label)
+        .collect();
+    assert_eq!(kept, [label(23), label(24)]);
+    let copies = store.bucket.list("p/acme/often/backups/").await.unwrap();
+    assert_eq!(copies.len(), 2, "the dropped copies are gone");
+
+    // Two sweeps in one hour: the later copy of the label replaces the earlier at the
+    // next prune, which a deletion's marks bring too.
+    for serial in [PRUNE_EVERY + 1, PRUNE_EVERY + 2] {
+        write(&store, &ws, serial).await;
+        let changed = store.changed().await.unwrap().pop().unwrap();
+        store
+            .back_up(&changed, &label(25), keep)
+            .await
+            .unwrap()
+            .unwrap();
+        store.clear_changed(&changed).await.unwrap();
+    }
+    let listed = store.bucket.list("p/acme/often/backups/").await.unwrap();
+    assert_eq!(
+        listed.len(),
+        4,
+        "two copies of one label until the next prune: {:?}",
+        listed.iter().map(|l| &l.key).collect::<Vec<_>>()
+    );
+    let newest = store.backups(&ws).await.unwrap().pop().unwrap();
+    assert_eq!((newest.label, newest.version), (label(25), PRUNE_EVERY + 2));
+    for serial in PRUNE_EVERY + 3..2 * PRUNE_EVERY {
+        write(&store, &ws, serial).await;
+    }
+    let token = store.current(&ws).await.unwrap().unwrap().token;
+    store.delete_current(&ws, &token, None).await.unwrap();
+    let changed = store.changed().await.unwrap().pop().unwrap();
+    assert_eq!(changed.marked.as_ref().unwrap().last, 2 * PRUNE_EVERY);
+    assert!(
+        store
+            .back_up(&changed, &label(26), keep)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let listed = store.bucket.list("p/acme/often/backups/").await.unwrap();
+    assert_eq!(listed.len(), 2, "pruned at a deletion's turn too");
+    let kept: Vec<(String, u64)> = store
+        .backups(&ws)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| (b.label, b.version))
+        .collect();
+    assert_eq!(
+        kept,
+        [(label(24), PRUNE_EVERY), (label(25), PRUNE_EVERY + 2)]
+    );
+}
+
+/// An older runner's change mark of workspace `acme/old`: one per workspace, its content
+/// the version.
+async fn older_mark(b: &MemoryBucket) {
+    b.put(
+        "p/_changes/acme/old",
+        Bytes::from("2"),
+        HashMap::new(),
+        Condition::None,
+    )
+    .await
+    .unwrap();
+}
+
+/// A bucket an older runner wrote (one mark per workspace, `backups/<label>.tfstate` and
+/// `backups/index.json`): its mark is swept from the current state, its backups are listed
+/// beside the new ones, and retention drops them through the index.
+#[tokio::test]
+async fn an_older_runners_mark_and_backups_are_swept_listed_and_pruned() {
+    let store = BucketStore::over(MemoryBucket::new(), "p", None);
+    let ws = WorkspaceId::new("acme", "old").unwrap();
+    write(&store, &ws, 1).await;
+    let changed = store.changed().await.unwrap().pop().unwrap();
+    store.clear_changed(&changed).await.unwrap();
+    // What an older runner left: the backup of version 1, its index, and its mark for a
+    // write whose own mark is lost.
+    let v1 = store.versions(&ws).await.unwrap().pop().unwrap();
+    let b = &store.bucket;
+    b.copy(
+        "p/acme/old/versions/0000000001.tfstate",
+        "p/acme/old/backups/2026-11-24T01.tfstate",
+        None,
+    )
+    .await
+    .unwrap();
+    let old = BackupInfo {
+        label: "2026-11-24T01".into(),
+        version: 1,
+        sha256: v1.sha256,
+    };
+    let index = serde_json::to_vec(&[&old]).unwrap();
+    b.put(
+        "p/acme/old/backups/index.json",
+        index.into(),
+        HashMap::new(),
+        Condition::None,
+    )
+    .await
+    .unwrap();
+    write(&store, &ws, 2).await;
+    older_mark(b).await;
+
+    let changed = store.changed().await.unwrap().pop().unwrap();
+    assert_eq!(
+        changed.marked, None,
+        "an older mark sends the sweep to the current state"
+    );
+    let made = store
+        .back_up(&changed, "2026-11-24T02", Retention::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(made.backup.version, 2);
+    assert_eq!(
+        store.backups(&ws).await.unwrap(),
+        [old.clone(), made.backup.clone()]
+    );
+    store.clear_changed(&changed).await.unwrap();
+    assert!(
+        store.changed().await.unwrap().is_empty(),
+        "both marks cleared"
+    );
+
+    // Retention drops the older runner's backup through its index, then its copy.
+    let keep_one = Retention {
+        hourly: 1,
+        daily: 0,
+    };
+    assert_eq!(store.prune(&ws, keep_one).await.unwrap(), ["2026-11-24T01"]);
+    assert_eq!(
+        store.backups(&ws).await.unwrap(),
+        std::slice::from_ref(&made.backup)
+    );
+    assert!(
+        b.get("p/acme/old/backups/2026-11-24T01.tfstate")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let index = b
+        .get("p/acme/old/backups/index.json")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&index.data[..], b"[]", "out of the index");
+
+    // An older runner's mark alone: the current state, already backed up, is unchanged.
+    older_mark(b).await;
+    let changed = store.changed().await.unwrap().pop().unwrap();
+    assert_eq!(changed.marked, None);
+    assert!(
+        store
+            .back_up(&changed, "2026-11-24T03", keep_one)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    store.clear_changed(&changed).await.unwrap();
+    assert!(store.changed().await.unwrap().is_empty());
+}
+
+/// A marked version that is gone (removed by hand) is not a failure every hour: there is
+/// nothing to copy, and no failed copy is left.
+#[tokio::test]
+async fn a_marked_version_that_is_gone_is_nothing_to_back_up() {
+    let store = BucketStore::over(MemoryBucket::new(), "p", None);
+    let ws = WorkspaceId::new("acme", "gone").unwrap();
+    write(&store, &ws, 1).await;
+    write(&store, &ws, 2).await;
+    let changed = store.changed().await.unwrap().pop().unwrap();
+    store
+        .bucket
+        .delete("p/acme/gone/versions/0000000002.tfstate")
+        .await
+        .unwrap();
+    let made = store
+        .back_up(&changed, "2026-11-24T01", Retention::default())
+        .await
+        .unwrap();
+    assert_eq!(made, None, "nothing to copy");
+    let listed = store.bucket.list("p/acme/gone/backups/").await.unwrap();
+    assert!(listed.is_empty(), "{listed:?}");
+}
+
+/// Clearing several marks that fails midway leaves the highest: the next sweep still copies
+/// the newest version, never an older one under a newer label.
+#[tokio::test]
+async fn a_clearing_that_fails_midway_leaves_the_highest_mark() {
+    let bucket = Troubled {
+        refuses: Some("/0000000001-"),
+        ..Troubled::default()
+    };
+    let store = BucketStore::over(bucket, "p", None);
+    let ws = WorkspaceId::new("acme", "midway").unwrap();
+    for serial in 1..=2 {
+        let mode = match store.current(&ws).await.unwrap() {
+            Some(current) => PutMode::Update(current.token),
+            None => PutMode::Create,
+        };
+        store.put(&ws, state(serial), mode, None).await.unwrap();
+    }
+    let changed = store.changed().await.unwrap().pop().unwrap();
+    let made = store
+        .back_up(&changed, "2026-11-24T01", Retention::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(made.backup.version, 2);
+    assert!(store.clear_changed(&changed).await.is_err());
+    let left = store.changed().await.unwrap().pop().unwrap();
+    assert_eq!(
+        left.marked.unwrap().last,
+        2,
+        "the highest mark is still there"
+    );
+}
+
+#[tokio::test]
+async fn writes_sent_twice_are_one_version_and_one_lease_not_a_conflict() {
+    let bucket = Troubled {
+        sent_twice: true,
+        ..Troubled::default()
+    };
+    let store = BucketStore::over(bucket, "p", None);
+    let ws = WorkspaceId::new("acme", "twice").unwrap();
+    let state = |serial: u64| {
+        crate::NewState::parse(Bytes::from(format!(
+            r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"l-1","outputs":{{}},"resources":[]}}"#
+        )))
+        .unwrap()
+    };
+    let mut mode = PutMode::Create;
+    for serial in 1..=2 {
+        let info = store.put(&ws, state(serial), mode, None).await.unwrap();
+        assert_eq!(info.number, serial);
+        mode = PutMode::Update(store.current(&ws).await.unwrap().unwrap().token);
+    }
+    assert_eq!(store.versions(&ws).await.unwrap().len(), 2);
+    // The lease too: taken, renewed and let go with every write sent twice, never found
+    // held by itself.
+    let request = crate::LeaseRequest {
+        owner: "job-1".into(),
+        ttl: Duration::from_secs(60),
+        info: serde_json::Value::Null,
+    };
+    let lease = store.acquire_lease(&ws, &request).await.unwrap();
+    assert_eq!(lease.fence, 1);
+    let renewed = store
+        .renew_lease(&ws, &lease, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(renewed.fence, 1);
+    store.release_lease(&ws, &renewed).await.unwrap();
+    assert!(store.lease(&ws).await.unwrap().is_none());
+    let PutMode::Update(last) = &mode else {
+        unreachable!()
+    };
+    store.delete_current(&ws, last, None).await.unwrap();
+    assert!(store.current(&ws).await.unwrap().is_none());
+    // Another writer's version at the same number is still a conflict, even with the same
+    // content, or when both are deletions.
+    let racing = BucketStore::over(crate::memory::MemoryBucket::new(), "p", None);
+    racing
+        .put(&ws, state(1), PutMode::Create, None)
+        .await
+        .unwrap();
+    let read = racing.current(&ws).await.unwrap().unwrap().token;
+    let (first, second) = tokio::join!(
+        racing.put(&ws, state(2), PutMode::Update(read.clone()), None),
+        racing.put(&ws, state(2), PutMode::Update(read.clone()), None)
+    );
+    assert!(
+        first.is_ok() != second.is_ok(),
+        "exactly one of two same writes wins: {first:?} {second:?}"
+    );
+    let read = racing.current(&ws).await.unwrap().unwrap().token;
+    let (first, second) = tokio::join!(
+        racing.delete_current(&ws, &read, None),
+        racing.delete_current(&ws, &read, None)
+    );
+    assert!(
+        first.is_ok() != second.is_ok(),
+        "exactly one of two deletions wins: {first:?} {second:?}"
+    );
+    let other = BucketStore::over(crate::memory::MemoryBucket::new(), "p", None);
+    other
+        .put(&ws, state(1), PutMode::Create, None)
+        .await
+        .unwrap();
+    let read = other.current(&ws).await.unwrap().unwrap().token;
+    let taken = other.version_key(&ws, 2);
+    other
+        .bucket
+        .put(
+            &taken,
+            Bytes::from_static(b"{}"),
+            HashMap::new(),
+            Condition::Absent,
+        )
+        .await
+        .unwrap();
+    let refused = other
+        .put(&ws, state(2), PutMode::Update(read), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, StoreError::Conflict { .. }), "{refused}");
+}
+
+#[test]
+fn version_facts_round_trip_through_metadata() {
+    let info = VersionInfo {
+        number: 3,
+        serial: 7,
+        lineage: "l-1".into(),
+        created_at: OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap(),
+        size: 0,
+        sha256: "ab".into(),
+    };
+    assert_eq!(info_from_metadata(3, &info_metadata(&info)).unwrap(), info);
+    let mut meta = info_metadata(&info);
+    meta.remove(META_SERIAL);
+    assert!(info_from_metadata(3, &meta).unwrap_err().contains("serial"));
+}
