@@ -14,22 +14,28 @@
 //! before it and made durable by the same folder fsync; the `terraform.tfstate` copy is not
 //! fsynced at all (nothing reads it back; after a crash it may lag until the next write). Folders are fsynced when created.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs::{self};
+use std::io::{self};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use time::OffsetDateTime;
 
-use crate::lease::LeaseRecord;
 use crate::retention::Retention;
 use crate::{
     BackupInfo, Changed, CurrentState, Fence, Lease, LeaseRequest, NewState, PutMode, Result,
-    Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex, tfstate,
+    Snapshot, StateStore, StoreError, VersionInfo, VersionToken, WorkspaceId, sha256_hex,
+};
+
+mod dir;
+use dir::{Dir, Head};
+
+mod files;
+use files::{
+    Durability, holds_a_file, io_err, list_names, read_optional, refresh_copy, write_atomic,
+    write_file,
 };
 
 /// A [`StateStore`] in a local folder.
@@ -80,325 +86,6 @@ fn join_error(e: tokio::task::JoinError) -> StoreError {
 
 /// The folder of change marks, beside the tenants.
 const CHANGES: &str = "_changes";
-
-/// One workspace's folder, with the operations on it.
-struct Dir {
-    path: PathBuf,
-    ws: WorkspaceId,
-}
-
-/// The exclusive file lock of a workspace, held while it lives.
-struct Locked(File);
-
-impl Drop for Locked {
-    fn drop(&mut self) {
-        let _ = self.0.unlock();
-    }
-}
-
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
-    move |source| StoreError::Io {
-        op,
-        path: path.to_owned(),
-        source,
-    }
-}
-
-static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Writes `data` to `path` atomically and durably: temp file, fsync, rename, fsync of the folder.
-pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    write_file(path, data, Durability::Durable)
-}
-
-/// How much of a write must be on disk before it returns.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Durability {
-    /// The content and its name: fsync of the file, then of its folder.
-    Durable,
-    /// The content only; a later `Durable` write into the same folder makes the name durable.
-    ContentOnly,
-    /// Nothing: for copies that are rebuilt from durable data.
-    Lazy,
-}
-
-/// Writes `data` to `path` through a temporary file and a rename, fsyncing per `durability`.
-fn write_file(path: &Path, data: &[u8], durability: Durability) -> Result<()> {
-    let parent = path.parent().expect("paths in the store have a parent");
-    create_dir_durable(parent)?;
-    let tmp = parent.join(format!(
-        ".tmp-{}-{}",
-        std::process::id(),
-        TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        // The store's files are its owner's alone (states hold secrets).
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io_err("create", &tmp))?;
-        file.write_all(data).map_err(io_err("write", &tmp))?;
-        if durability != Durability::Lazy {
-            file.sync_all().map_err(io_err("fsync", &tmp))?;
-        }
-        fs::rename(&tmp, path).map_err(io_err("rename into place", path))?;
-        if durability != Durability::Durable {
-            return Ok(());
-        }
-        File::open(parent)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err("fsync folder", parent))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// Creates `dir` and its missing ancestors, fsyncing the parent of each one created, so that a
-/// file written into a new folder survives a crash with its folder.
-fn create_dir_durable(dir: &Path) -> Result<()> {
-    // The parent of a relative name (`.terrace`) is the empty path: the working folder.
-    if dir.as_os_str().is_empty() || dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_dir_durable(parent)?;
-    }
-    match fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(io_err("create folder", dir)(e)),
-    }
-    if let Some(parent) = dir.parent() {
-        let parent = if parent.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            parent
-        };
-        File::open(parent)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err("fsync folder", parent))?;
-    }
-    Ok(())
-}
-
-/// After a version is committed, the convenience copy is refreshed; its failure does not undo
-/// the commit, so it is logged, not returned.
-fn refresh_copy(path: &Path, data: Option<&[u8]>) {
-    let result = match data {
-        Some(data) => write_file(path, data, Durability::Lazy),
-        None => match fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", path)(e)),
-            _ => Ok(()),
-        },
-    };
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "could not refresh the copy of the current state");
-    }
-}
-
-fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
-    match fs::read(path) {
-        Ok(data) => Ok(Some(data)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_err("read", path)(e)),
-    }
-}
-
-/// Whether `dir` or a folder in it holds a file (not a write under way).
-fn holds_a_file(dir: &Path) -> bool {
-    list_names(dir).is_ok_and(|names| {
-        names.iter().any(|name| {
-            let path = dir.join(name);
-            if path.is_dir() {
-                holds_a_file(&path)
-            } else {
-                !name.starts_with(".tmp-")
-            }
-        })
-    })
-}
-
-fn list_names(dir: &Path) -> Result<Vec<String>> {
-    match fs::read_dir(dir) {
-        Ok(entries) => entries
-            .map(|e| {
-                e.map(|e| e.file_name().to_string_lossy().into_owned())
-                    .map_err(io_err("list", dir))
-            })
-            .collect(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(io_err("list", dir)(e)),
-    }
-}
-
-/// What the last entry of the version folder is.
-enum Head {
-    Empty,
-    State(u64),
-    Deleted(u64),
-}
-
-impl Head {
-    fn number(&self) -> u64 {
-        match self {
-            Head::Empty => 0,
-            Head::State(n) | Head::Deleted(n) => *n,
-        }
-    }
-
-    fn token(&self) -> Option<VersionToken> {
-        match self {
-            Head::State(n) => Some(VersionToken(n.to_string())),
-            _ => None,
-        }
-    }
-}
-
-impl Dir {
-    fn versions_dir(&self) -> PathBuf {
-        self.path.join("versions")
-    }
-
-    fn version_path(&self, number: u64, ext: &str) -> PathBuf {
-        self.versions_dir().join(format!("{number:010}.{ext}"))
-    }
-
-    fn lock(&self) -> Result<Locked> {
-        create_dir_durable(&self.path)?;
-        let path = self.path.join(".lock");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
-        file.lock().map_err(io_err("lock", &path))?;
-        Ok(Locked(file))
-    }
-
-    /// Numbers of committed entries, ascending, with whether each is a deletion marker.
-    fn entries(&self) -> Result<Vec<(u64, bool)>> {
-        let mut out: Vec<(u64, bool)> = list_names(&self.versions_dir())?
-            .iter()
-            .filter_map(|name| {
-                let (stem, ext) = name.split_once('.')?;
-                let deleted = match ext {
-                    "tfstate" => false,
-                    "deleted" => true,
-                    _ => return None,
-                };
-                Some((stem.parse().ok()?, deleted))
-            })
-            .collect();
-        out.sort_unstable();
-        Ok(out)
-    }
-
-    fn head(&self) -> Result<Head> {
-        Ok(match self.entries()?.last() {
-            None => Head::Empty,
-            Some(&(n, false)) => Head::State(n),
-            Some(&(n, true)) => Head::Deleted(n),
-        })
-    }
-
-    fn read_version(&self, number: u64) -> Result<Bytes> {
-        let path = self.version_path(number, "tfstate");
-        read_optional(&path)?
-            .map(Bytes::from)
-            .ok_or_else(|| StoreError::NotFound {
-                workspace: self.ws.clone(),
-                what: format!("state version {number}"),
-            })
-    }
-
-    fn version_info(&self, number: u64) -> Result<VersionInfo> {
-        let meta_path = self.version_path(number, "json");
-        if let Some(raw) = read_optional(&meta_path)?
-            && let Ok(info) = serde_json::from_slice::<VersionInfo>(&raw)
-        {
-            return Ok(info);
-        }
-        // The cache is missing (a crash between the two renames): derive it from the content.
-        let data = self.read_version(number)?;
-        let meta =
-            tfstate::StateMeta::parse_stored(&data).map_err(|detail| StoreError::Corrupt {
-                path: self.version_path(number, "tfstate").display().to_string(),
-                detail,
-            })?;
-        let path = self.version_path(number, "tfstate");
-        let modified = fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .map_err(io_err("stat", &path))?;
-        Ok(VersionInfo {
-            number,
-            serial: meta.serial,
-            lineage: meta.lineage,
-            created_at: modified.into(),
-            size: data.len() as u64,
-            sha256: sha256_hex(&data),
-        })
-    }
-
-    fn lease_record(&self) -> Result<LeaseRecord> {
-        let path = self.path.join("lease.json");
-        match read_optional(&path)? {
-            None => Ok(LeaseRecord::default()),
-            Some(raw) => serde_json::from_slice(&raw).map_err(|e| StoreError::Corrupt {
-                path: path.display().to_string(),
-                detail: e.to_string(),
-            }),
-        }
-    }
-
-    fn save_lease_record(&self, record: &LeaseRecord) -> Result<()> {
-        let data = serde_json::to_vec_pretty(record).expect("lease records serialize");
-        write_atomic(&self.path.join("lease.json"), &data)
-    }
-
-    /// Checks the write preconditions under the lock; returns the current head.
-    fn check_write(&self, mode: &PutMode, fence: Option<&Fence>) -> Result<Head> {
-        let head = self.head()?;
-        let record = match fence {
-            Some(_) => self.lease_record()?,
-            None => LeaseRecord::default(),
-        };
-        crate::lease::check_put(&self.ws, &record, head.token().as_ref(), mode, fence)?;
-        Ok(head)
-    }
-
-    /// `<root>/_changes/<tenant>/<workspace>`: holds the number of the latest write until the
-    /// backup sweep clears it (`_` cannot start a tenant name).
-    fn change_mark(&self) -> PathBuf {
-        let root = self
-            .path
-            .parent()
-            .and_then(Path::parent)
-            .expect("a workspace folder is <root>/<tenant>/<workspace>");
-        root.join(CHANGES)
-            .join(self.ws.tenant())
-            .join(self.ws.workspace())
-    }
-
-    /// Called under the workspace's lock after a commit. A lost mark only delays a backup.
-    fn mark_changed(&self, number: u64) -> Result<()> {
-        write_file(
-            &self.change_mark(),
-            number.to_string().as_bytes(),
-            Durability::ContentOnly,
-        )
-    }
-
-    fn artifact_path(&self, job_id: &str, name: &str) -> Result<PathBuf> {
-        crate::check_artifact_name(job_id, name)?;
-        Ok(self.path.join("runs").join(job_id).join(name))
-    }
-}
 
 fn lease_lost(ws: &WorkspaceId, lease: &Lease, reason: String) -> StoreError {
     StoreError::LeaseLost {
@@ -795,6 +482,7 @@ impl StateStore for FsStore {
 
 #[cfg(test)]
 mod tests {
+    use crate::tfstate;
     use std::sync::Arc;
 
     use super::*;
