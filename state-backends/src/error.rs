@@ -47,7 +47,17 @@ pub enum StoreError {
 
     /// The bytes are not a state this store accepts.
     #[error("invalid state: {0}")]
-    InvalidState(String),
+    InvalidState(#[from] crate::tfstate::StateFileError),
+
+    /// A restore that would replace the workspace's state with another workspace's.
+    #[error(
+        "invalid state: {what} has lineage {lineage}, the current state has {current}; restoring it would replace the workspace with another one"
+    )]
+    OtherLineage {
+        what: String,
+        lineage: String,
+        current: String,
+    },
 
     /// A key or name that would escape its folder or is empty.
     #[error("invalid key {0:?}")]

@@ -119,7 +119,7 @@ impl NewState {
     /// # Errors
     /// [`StoreError::InvalidState`] when `data` is not a Terraform state of format version 4.
     pub fn parse(data: Bytes) -> Result<Self> {
-        let meta = tfstate::StateMeta::parse(&data).map_err(StoreError::InvalidState)?;
+        let meta = tfstate::StateMeta::parse(&data)?;
         Ok(Self {
             data,
             serial: meta.serial,
@@ -478,7 +478,7 @@ pub trait StateStoreExt: StateStore {
     /// serial raised above the current one, becomes a new version. History is untouched.
     ///
     /// # Errors
-    /// [`StoreError::NotFound`] for an unknown version; [`StoreError::InvalidState`] when the
+    /// [`StoreError::NotFound`] for an unknown version; [`StoreError::OtherLineage`] when the
     /// old version belongs to another lineage than the current state; conflicts as for `put`.
     async fn restore(
         &self,
@@ -521,21 +521,19 @@ async fn roll_forward<S: StateStore + ?Sized>(
     let current = store.current(ws).await?;
     let (mode, next_serial) = match &current {
         Some(cur) => {
-            let lineage = tfstate::StateMeta::parse(old)
-                .map_err(StoreError::InvalidState)?
-                .lineage;
+            let lineage = tfstate::StateMeta::parse(old)?.lineage;
             if lineage != cur.version.lineage {
-                return Err(StoreError::InvalidState(format!(
-                    "{what} has lineage {lineage}, the current state has {}; \
-                     restoring it would replace the workspace with another one",
-                    cur.version.lineage
-                )));
+                return Err(StoreError::OtherLineage {
+                    what: what.to_owned(),
+                    lineage,
+                    current: cur.version.lineage.clone(),
+                });
             }
             (PutMode::Update(cur.token.clone()), cur.version.serial + 1)
         }
         None => (PutMode::Create, 0),
     };
-    let data = tfstate::with_serial_at_least(old, next_serial).map_err(StoreError::InvalidState)?;
+    let data = tfstate::with_serial_at_least(old, next_serial)?;
     store.put(ws, NewState::parse(data)?, mode, fence).await
 }
 

@@ -4,6 +4,38 @@
 use bytes::Bytes;
 use serde::Deserialize;
 
+/// Why bytes are not a state a workspace accepts, or not the successor of its current state.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    #[error("state is not a JSON object: {0}")]
+    NotJson(serde_json::Error),
+    #[error("state format version {0} is not supported; only version 4 (Terraform >= 0.12) is")]
+    Version(u64),
+    #[error("state has no numeric \"version\" field")]
+    NoVersion,
+    #[error("state has no non-negative integer \"serial\" field")]
+    NoSerial,
+    #[error("state has no non-empty \"lineage\" field")]
+    NoLineage,
+    /// A sealed state whose header cannot be read, or lacks its serial and lineage.
+    #[error("{0}")]
+    SealedHeader(String),
+    #[error(
+        "lineage {new} differs from the workspace's lineage {current}: this state belongs to another workspace"
+    )]
+    OtherLineage { new: String, current: String },
+    #[error(
+        "serial {new} is older than the current serial {current}: the writer started from a stale state"
+    )]
+    SerialBackwards { new: u64, current: u64 },
+    #[error(
+        "serial {0} equals the current serial but the content differs: two writers changed the same version"
+    )]
+    SameSerialOtherContent(u64),
+    #[error("state does not parse: {0}")]
+    Resources(serde_json::Error),
+}
+
 /// The facts of a state that decide whether a write may replace another.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateMeta {
@@ -26,26 +58,21 @@ impl StateMeta {
     /// # Errors
     /// A message naming the field when the data is not a JSON object, its `version` is not 4,
     /// its `serial` is not a non-negative integer or its `lineage` is missing or empty.
-    pub fn parse(data: &[u8]) -> Result<Self, String> {
-        let header: Header =
-            serde_json::from_slice(data).map_err(|e| format!("state is not a JSON object: {e}"))?;
+    pub fn parse(data: &[u8]) -> Result<Self, StateFileError> {
+        let header: Header = serde_json::from_slice(data).map_err(StateFileError::NotJson)?;
         match header.version.as_ref().and_then(serde_json::Value::as_u64) {
             Some(4) => {}
-            Some(other) => {
-                return Err(format!(
-                    "state format version {other} is not supported; only version 4 (Terraform >= 0.12) is"
-                ));
-            }
-            None => return Err("state has no numeric \"version\" field".to_owned()),
+            Some(other) => return Err(StateFileError::Version(other)),
+            None => return Err(StateFileError::NoVersion),
         }
         let serial = header
             .serial
             .as_ref()
             .and_then(serde_json::Value::as_u64)
-            .ok_or("state has no non-negative integer \"serial\" field")?;
+            .ok_or(StateFileError::NoSerial)?;
         let lineage = match header.lineage {
             Some(serde_json::Value::String(s)) if !s.is_empty() => s,
-            _ => return Err("state has no non-empty \"lineage\" field".to_owned()),
+            _ => return Err(StateFileError::NoLineage),
         };
         Ok(Self {
             serial,
@@ -61,18 +88,20 @@ impl StateMeta {
     ///
     /// # Errors
     /// As [`StateMeta::parse`], or a sealed object without them.
-    pub fn parse_stored(data: &[u8]) -> Result<Self, String> {
+    pub fn parse_stored(data: &[u8]) -> Result<Self, StateFileError> {
         if !crate::sealed::is_sealed(data) {
             return Self::parse(data);
         }
-        let (_, header, _) = crate::sealed::split(data)?;
+        let (_, header, _) = crate::sealed::split(data).map_err(StateFileError::SealedHeader)?;
         match (header.serial, header.lineage) {
             (Some(serial), Some(lineage)) if !lineage.is_empty() => Ok(Self {
                 serial,
                 lineage,
                 terraform_version: String::new(),
             }),
-            _ => Err("the sealed state's header has no serial and lineage".to_owned()),
+            _ => Err(StateFileError::SealedHeader(
+                "the sealed state's header has no serial and lineage".to_owned(),
+            )),
         }
     }
 }
@@ -95,30 +124,27 @@ pub fn check_successor(
     current: Option<(&StateMeta, &[u8])>,
     new: &StateMeta,
     new_data: &[u8],
-) -> Result<WriteCheck, String> {
+) -> Result<WriteCheck, StateFileError> {
     let Some((cur, cur_data)) = current else {
         return Ok(WriteCheck::Accept);
     };
     if cur.lineage != new.lineage {
-        return Err(format!(
-            "lineage {} differs from the workspace's lineage {}: this state belongs to another workspace",
-            new.lineage, cur.lineage
-        ));
+        return Err(StateFileError::OtherLineage {
+            new: new.lineage.clone(),
+            current: cur.lineage.clone(),
+        });
     }
     if new.serial < cur.serial {
-        return Err(format!(
-            "serial {} is older than the current serial {}: the writer started from a stale state",
-            new.serial, cur.serial
-        ));
+        return Err(StateFileError::SerialBackwards {
+            new: new.serial,
+            current: cur.serial,
+        });
     }
     if new.serial == cur.serial {
         if new_data == cur_data {
             return Ok(WriteCheck::Unchanged);
         }
-        return Err(format!(
-            "serial {} equals the current serial but the content differs: two writers changed the same version",
-            new.serial
-        ));
+        return Err(StateFileError::SameSerialOtherContent(new.serial));
     }
     Ok(WriteCheck::Accept)
 }
@@ -128,18 +154,18 @@ pub fn check_successor(
 ///
 /// # Errors
 /// When `data` is not a JSON object.
-pub fn with_serial_at_least(data: &[u8], min_serial: u64) -> Result<Bytes, String> {
+pub fn with_serial_at_least(data: &[u8], min_serial: u64) -> Result<Bytes, StateFileError> {
     use serde_json::value::RawValue;
     let mut fields: std::collections::BTreeMap<String, Box<RawValue>> =
-        serde_json::from_slice(data).map_err(|e| format!("state is not a JSON object: {e}"))?;
+        serde_json::from_slice(data).map_err(StateFileError::NotJson)?;
     let serial = fields
         .get("serial")
         .and_then(|raw| raw.get().parse::<u64>().ok())
         .unwrap_or(0);
-    let raised =
-        RawValue::from_string(serial.max(min_serial).to_string()).map_err(|e| e.to_string())?;
+    let raised = RawValue::from_string(serial.max(min_serial).to_string())
+        .expect("a number is a JSON value");
     fields.insert("serial".into(), raised);
-    let mut out = serde_json::to_vec(&fields).map_err(|e| e.to_string())?;
+    let mut out = serde_json::to_vec(&fields).expect("raw JSON values serialize");
     out.push(b'\n');
     Ok(out.into())
 }
@@ -149,7 +175,9 @@ pub fn with_serial_at_least(data: &[u8], min_serial: u64) -> Result<Bytes, Strin
 ///
 /// # Errors
 /// When the state is not JSON or its `resources` are malformed.
-pub fn resource_addresses(data: &[u8]) -> Result<std::collections::BTreeSet<String>, String> {
+pub fn resource_addresses(
+    data: &[u8],
+) -> Result<std::collections::BTreeSet<String>, StateFileError> {
     #[derive(Deserialize)]
     struct State {
         #[serde(default)]
@@ -171,8 +199,7 @@ pub fn resource_addresses(data: &[u8]) -> Result<std::collections::BTreeSet<Stri
         #[serde(default)]
         index_key: Option<serde_json::Value>,
     }
-    let state: State =
-        serde_json::from_slice(data).map_err(|e| format!("state does not parse: {e}"))?;
+    let state: State = serde_json::from_slice(data).map_err(StateFileError::Resources)?;
     let mut out = std::collections::BTreeSet::new();
     for r in state.resources.into_iter().filter(|r| r.mode == "managed") {
         let base = match &r.module {
@@ -220,7 +247,7 @@ mod tests {
             ("not json", "not a JSON object"),
         ];
         for (input, expected) in cases {
-            let err = StateMeta::parse(input.as_bytes()).unwrap_err();
+            let err = StateMeta::parse(input.as_bytes()).unwrap_err().to_string();
             assert!(err.contains(expected), "{input}: {err}");
         }
     }
@@ -232,29 +259,34 @@ mod tests {
         let check =
             |new: &StateMeta, data: &[u8]| check_successor(Some((&cur, &cur_data)), new, data);
         assert_eq!(
-            check(&meta(6, "a"), &empty_state("a", 6)),
-            Ok(WriteCheck::Accept)
+            check(&meta(6, "a"), &empty_state("a", 6)).unwrap(),
+            WriteCheck::Accept
         );
-        assert_eq!(check(&cur, &cur_data), Ok(WriteCheck::Unchanged));
+        assert_eq!(check(&cur, &cur_data).unwrap(), WriteCheck::Unchanged);
+        let older = check(&meta(4, "a"), &empty_state("a", 4)).unwrap_err();
         assert!(
-            check(&meta(4, "a"), &empty_state("a", 4))
-                .unwrap_err()
-                .contains("older")
+            matches!(
+                older,
+                StateFileError::SerialBackwards { new: 4, current: 5 }
+            ),
+            "{older}"
         );
+        assert!(older.to_string().contains("older"));
+        let other = check(&meta(6, "b"), &empty_state("b", 6)).unwrap_err();
         assert!(
-            check(&meta(6, "b"), &empty_state("b", 6))
-                .unwrap_err()
-                .contains("lineage")
+            matches!(&other, StateFileError::OtherLineage { new, current } if new == "b" && current == "a"),
+            "{other}"
         );
         let same_serial_other_content = b"{\"version\":4,\"serial\":5,\"lineage\":\"a\",\"x\":1}";
+        let differs = check(&cur, same_serial_other_content).unwrap_err();
         assert!(
-            check(&cur, same_serial_other_content)
-                .unwrap_err()
-                .contains("content differs")
+            matches!(differs, StateFileError::SameSerialOtherContent(5)),
+            "{differs}"
         );
+        assert!(differs.to_string().contains("content differs"));
         assert_eq!(
-            check_successor(None, &meta(0, "z"), b""),
-            Ok(WriteCheck::Accept)
+            check_successor(None, &meta(0, "z"), b"").unwrap(),
+            WriteCheck::Accept
         );
     }
 

@@ -399,7 +399,9 @@ impl Refusal {
         let status = match e {
             StoreError::Conflict { .. } => StatusCode::CONFLICT,
             StoreError::LeaseLost { .. } | StoreError::LeaseHeld { .. } => StatusCode::LOCKED,
-            StoreError::InvalidState(_) => StatusCode::BAD_REQUEST,
+            StoreError::InvalidState(_) | StoreError::OtherLineage { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };
         if status == StatusCode::SERVICE_UNAVAILABLE {

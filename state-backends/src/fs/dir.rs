@@ -122,11 +122,10 @@ impl Dir {
         }
         // The cache is missing (a crash between the two renames): derive it from the content.
         let data = self.read_version(number)?;
-        let meta =
-            tfstate::StateMeta::parse_stored(&data).map_err(|detail| StoreError::Corrupt {
-                path: self.version_path(number, "tfstate").display().to_string(),
-                detail,
-            })?;
+        let meta = tfstate::StateMeta::parse_stored(&data).map_err(|e| StoreError::Corrupt {
+            path: self.version_path(number, "tfstate").display().to_string(),
+            detail: e.to_string(),
+        })?;
         let path = self.version_path(number, "tfstate");
         let modified = fs::metadata(&path)
             .and_then(|m| m.modified())

@@ -1,5 +1,7 @@
 use super::*;
 use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 const BOOK: &str = r"
 price_book: 1
@@ -308,13 +310,22 @@ fn books_of_a_folder_are_merged_and_conflicts_refused() {
     )
     .unwrap();
     let err = PriceBooks::load(dir.path()).unwrap_err();
-    assert!(err.contains("c.yaml is in EUR"), "{err}");
+    assert!(
+        matches!(&err, PriceBookError::Currencies { currency, others, .. } if currency == "EUR" && others == "USD"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("c.yaml is in EUR"), "{err}");
     std::fs::write(
         dir.path().join("c.yaml"),
         "price_book: 1\nname: dup\ncurrency: USD\nas_of: 2026-01-01\nresources:\n  aws_vpc: { free: true }\n",
     )
     .unwrap();
     let err = PriceBooks::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, PriceBookError::PricedTwice { resource_type, .. } if resource_type == "aws_vpc"),
+        "{err}"
+    );
+    let err = err.to_string();
     assert!(
         err.contains("aws_vpc is priced in both") && err.contains("b.yml"),
         "{err}"

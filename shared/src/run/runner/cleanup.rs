@@ -237,7 +237,9 @@ pub(super) fn addresses(
     current: Result<Option<state_backends::CurrentState>, StoreError>,
 ) -> Result<BTreeSet<String>, String> {
     match current {
-        Ok(Some(current)) => state_backends::tfstate::resource_addresses(&current.data),
+        Ok(Some(current)) => {
+            state_backends::tfstate::resource_addresses(&current.data).map_err(|e| e.to_string())
+        }
         Ok(None) => Ok(BTreeSet::new()),
         Err(e) => Err(e.to_string()),
     }

@@ -143,7 +143,8 @@ impl Runner {
             None => Ok(None),
             Some(dir) => tokio::task::spawn_blocking(move || cost::PriceBooks::load(&dir))
                 .await
-                .unwrap_or_else(|e| Err(e.to_string())),
+                .map_err(|e| e.to_string())
+                .and_then(|loaded| loaded.map_err(|e| e.to_string())),
         };
         const FIX_BOOKS: &str = "fix the price book as the message says (docs/templates.md describes the format), or remove the job's budget";
         match (loaded, budget) {
