@@ -7,7 +7,7 @@ use axum::http::Request;
 use http_body_util::BodyExt;
 use state_backends::memory::MemoryStore;
 use state_backends::tfstate::empty_state;
-use state_backends::{LeaseRequest, StateStore};
+use state_backends::{LeaseRequest, NewState, PutMode, StateStore};
 use tower::ServiceExt;
 
 use super::*;
