@@ -11,6 +11,7 @@ use shared::host::pipeline::{Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::tenants::Tenants;
 use shared::host::trigger;
+use shared::host::trigger::TriggerError;
 use shared::job::template::source::Location;
 use shared::job::validate::ValidatedJob;
 use shared::run::terraform::TerraformConfig;
@@ -91,12 +92,12 @@ impl App {
         &self,
         target: &Target,
         session: &str,
-    ) -> Result<Arc<dyn StateStore>, String> {
+    ) -> Result<Arc<dyn StateStore>, TriggerError> {
         let customer = access::customer_config(&self.aws, target, session)
             .await
             .map_err(|e| e.to_string())?;
         self.store_with(&customer, target)
-            .map_err(|e| e.to_string())
+            .map_err(|e| TriggerError::again(e.to_string()))
     }
 
     fn store_with(
@@ -270,7 +271,7 @@ impl Trigger for App {
         target: &Target,
         session: &str,
         ws: Option<&WorkspaceId>,
-    ) -> Result<Arc<dyn StateStore>, String> {
+    ) -> Result<Arc<dyn StateStore>, TriggerError> {
         let store = self.store_for(target, session).await?;
         if let Some(ws) = ws {
             let _ = store.lease(ws).await;
@@ -283,7 +284,7 @@ impl Trigger for App {
         target: &Target,
         job: &ValidatedJob,
         terraform: &mut TerraformConfig,
-    ) -> Result<Keep, String> {
+    ) -> Result<Keep, TriggerError> {
         // Lives until the job ends: terraform's credential_process asks it for the session.
         let credentials = broker::for_terraform(
             &self.aws,
@@ -308,7 +309,7 @@ impl Trigger for App {
     }
 
     /// Sends `body` to the jobs queue again, delayed by `delay` (SQS allows 15 minutes at most).
-    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String> {
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), TriggerError> {
         let url = self
             .config
             .jobs_queue_url
@@ -324,7 +325,7 @@ impl Trigger for App {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| state_backends::s3::brief(&e))
+            .map_err(|e| TriggerError::again(state_backends::s3::brief(&e)))
     }
 
     /// Ten to an SQS batch.
@@ -388,7 +389,11 @@ impl Trigger for App {
         })
     }
 
-    async fn start_task(&self, reference: &JobRef, _timeout: Duration) -> Result<Value, String> {
-        self.run_task(reference).await
+    async fn start_task(
+        &self,
+        reference: &JobRef,
+        _timeout: Duration,
+    ) -> Result<Value, TriggerError> {
+        Ok(self.run_task(reference).await?)
     }
 }

@@ -17,6 +17,7 @@ use shared::host::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::tenants::Tenants;
 use shared::host::trigger;
+use shared::host::trigger::TriggerError;
 use shared::job::template::source::Location;
 use shared::job::validate::ValidatedJob;
 use shared::run::terraform::TerraformConfig;
@@ -119,7 +120,7 @@ impl App {
     ///
     /// # Errors
     /// Why not, as a sentence.
-    pub fn store_for(&self, target: &Target) -> Result<Arc<dyn StateStore>, String> {
+    pub fn store_for(&self, target: &Target) -> Result<Arc<dyn StateStore>, TriggerError> {
         let credential = match (&self.config.sas, &self.own) {
             (Some(_), _) => None,
             (None, Some(own)) => Some(access::customer(target, own.clone())?),
@@ -341,7 +342,7 @@ impl Trigger for App {
         target: &Target,
         _session: &str,
         _ws: Option<&WorkspaceId>,
-    ) -> Result<Arc<dyn StateStore>, String> {
+    ) -> Result<Arc<dyn StateStore>, TriggerError> {
         self.store_for(target)
     }
 
@@ -351,13 +352,17 @@ impl Trigger for App {
         target: &Target,
         _job: &ValidatedJob,
         terraform: &mut TerraformConfig,
-    ) -> Result<Keep, String> {
+    ) -> Result<Keep, TriggerError> {
         if self.config.sas.is_some() {
             return Ok(None);
         }
         let own = self.own.as_ref().ok_or("this job has no identity")?;
         let (Some(tenant), Some(client)) = (&target.tenant_id, &target.client_id) else {
-            return Err("target.tenant_id and target.client_id are required".into());
+            return Err(TriggerError::never(
+                "target",
+                "target.tenant_id and target.client_id are required for terraform to sign in to the customer's app",
+                "give the tenant's tenant_id and client_id in the tenant registry",
+            ));
         };
         // Tokens of the customer's app, from this job's broker: never the job's own assertion,
         // which could sign in to any customer's app that trusts this runner.
@@ -380,9 +385,12 @@ impl Trigger for App {
 
     /// A fresh copy on the jobs queue, invisible for `delay` (the received one is deleted
     /// once this returns: see [`Fate::Requeued`]).
-    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String> {
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), TriggerError> {
         let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
-        self.queue(&self.config.queue_url)?.send(text, delay).await
+        Ok(self
+            .queue(&self.config.queue_url)?
+            .send(text, delay)
+            .await?)
     }
 
     fn cannot_hand_off(&self) -> Option<String> {
@@ -393,7 +401,7 @@ impl Trigger for App {
         &self,
         _reference: &trigger::JobRef<Target>,
         _timeout: Duration,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, TriggerError> {
         Err(
             "a Container Apps job runs each job in its own execution: nothing to hand off to"
                 .into(),

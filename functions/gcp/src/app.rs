@@ -24,6 +24,7 @@ use shared::host::settings::Runtime;
 use shared::host::sweep::sweep;
 use shared::host::tenants::Tenants;
 use shared::host::trigger;
+use shared::host::trigger::TriggerError;
 use shared::job::template::source::Location;
 use shared::job::validate::ValidatedJob;
 use shared::run::terraform::TerraformConfig;
@@ -150,7 +151,7 @@ impl App {
     ///
     /// # Errors
     /// Why it cannot be reached, as a sentence.
-    pub async fn store_for(&self, target: &Target) -> Result<Arc<dyn StateStore>, String> {
+    pub async fn store_for(&self, target: &Target) -> Result<Arc<dyn StateStore>, TriggerError> {
         let credentials =
             access::customer(target, Duration::from_secs(3600), self.config.anonymous)?;
         let call_timeout = self.config.runtime.call_timeout;
@@ -369,7 +370,7 @@ impl Trigger for App {
         target: &Target,
         _session: &str,
         _ws: Option<&WorkspaceId>,
-    ) -> Result<Arc<dyn StateStore>, String> {
+    ) -> Result<Arc<dyn StateStore>, TriggerError> {
         self.store_for(target).await
     }
 
@@ -379,7 +380,7 @@ impl Trigger for App {
         target: &Target,
         _job: &ValidatedJob,
         terraform: &mut TerraformConfig,
-    ) -> Result<Keep, String> {
+    ) -> Result<Keep, TriggerError> {
         terraform.settings = access::terraform_settings(target, self.config.anonymous);
         Ok(None)
     }
@@ -392,7 +393,7 @@ impl Trigger for App {
     /// answer is held first, for `delay` up to `TERRACE_REQUEUE_WAIT` (less on shutdown):
     /// that bounds how often a waiting job comes back, and a fresh message starts its delivery
     /// count at zero, so waiting never dead-letters it.
-    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String> {
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), TriggerError> {
         let topic = self
             .config
             .jobs_topic
@@ -413,7 +414,7 @@ impl Trigger for App {
         )
         .await
         .map(|_| ())
-        .map_err(|(_, why)| why)
+        .map_err(|(_, why)| TriggerError::again(why))
     }
 
     /// Published together, a thousand to a request.
@@ -450,7 +451,11 @@ impl Trigger for App {
 
     /// Starts an execution of the Cloud Run Job (the same image, `terrace-gcp task`) with the
     /// reference to the staged message, so the job's variables stay out of Cloud Run's API.
-    async fn start_task(&self, reference: &JobRef, timeout: Duration) -> Result<Value, String> {
+    async fn start_task(
+        &self,
+        reference: &JobRef,
+        timeout: Duration,
+    ) -> Result<Value, TriggerError> {
         let job = self
             .config
             .cloud_run_job

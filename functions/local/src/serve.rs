@@ -15,6 +15,7 @@ use serde_json::Value;
 use shared::host::pipeline::{self, Delivery, Envelope, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::trigger::JobRef;
+use shared::host::trigger::TriggerError;
 use shared::job::validate::ValidatedJob;
 use shared::run::terraform::TerraformConfig;
 use state_backends::{StateStore, WorkspaceId};
@@ -301,7 +302,7 @@ impl Trigger for Folder {
         _: &Here,
         _: &str,
         _: Option<&WorkspaceId>,
-    ) -> Result<Arc<dyn StateStore>, String> {
+    ) -> Result<Arc<dyn StateStore>, TriggerError> {
         Ok(self.store.clone())
     }
 
@@ -310,7 +311,7 @@ impl Trigger for Folder {
         _: &Here,
         _: &ValidatedJob,
         _: &mut TerraformConfig,
-    ) -> Result<Keep, String> {
+    ) -> Result<Keep, TriggerError> {
         Ok(None)
     }
 
@@ -319,7 +320,7 @@ impl Trigger for Folder {
 
     /// The serve loop puts the job file back in the folder, not to be tried before the delay
     /// (see [`settled`]).
-    async fn requeue(&self, _: &[u8], _: Duration) -> Result<(), String> {
+    async fn requeue(&self, _: &[u8], _: Duration) -> Result<(), TriggerError> {
         Ok(())
     }
 
@@ -327,7 +328,7 @@ impl Trigger for Folder {
         Some("a local job has no time limit but its own timeout".into())
     }
 
-    async fn start_task(&self, _: &JobRef<Here>, _: Duration) -> Result<Value, String> {
+    async fn start_task(&self, _: &JobRef<Here>, _: Duration) -> Result<Value, TriggerError> {
         Err("a local runner hands nothing off".into())
     }
 }

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::host::settings::Runtime;
 use crate::host::tenants::Tenants;
-use crate::host::trigger::{JobRef, check_job, is_final, problem, rejection};
+use crate::host::trigger::{JobRef, TriggerError, check_job, is_final, problem, rejection};
 use crate::job::validate::ValidatedJob;
 use crate::run::runner::{RunOutcome, Runner};
 use crate::run::terraform::{SharedUser, TerraformConfig};
@@ -98,25 +98,26 @@ pub trait Trigger: Send + Sync {
     /// may start reaching it (AWS reads its lease, assuming the role meanwhile).
     ///
     /// # Errors
-    /// Why it cannot be reached now, as a sentence (the message is delivered again).
+    /// Why it cannot be reached: now ([`TriggerError::Again`], the message is delivered
+    /// again), or ever ([`TriggerError::Never`], the job is rejected).
     async fn store(
         &self,
         target: &Self::Target,
         session: &str,
         ws: Option<&WorkspaceId>,
-    ) -> Result<Arc<dyn StateStore>, String>;
+    ) -> Result<Arc<dyn StateStore>, TriggerError>;
 
     /// Gives terraform access to the customer for `job` (its settings and secrets in
     /// `terraform`), and what must live as long as the job.
     ///
     /// # Errors
-    /// Why terraform cannot be given access now, as a sentence.
+    /// Why terraform cannot be given access, now or ever (as [`Trigger::store`]).
     async fn terraform_access(
         &self,
         target: &Self::Target,
         job: &ValidatedJob,
         terraform: &mut TerraformConfig,
-    ) -> Result<Keep, String>;
+    ) -> Result<Keep, TriggerError>;
 
     /// Sends a record (a result, a rejection, a hand-off) to the results channel, if any.
     async fn report(&self, record: &Value);
@@ -125,8 +126,10 @@ pub trait Trigger: Send + Sync {
     /// where the queue can delay it.
     ///
     /// # Errors
-    /// Why not (no jobs queue configured, the queue refused it), as a sentence.
-    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String>;
+    /// Why not: the queue refused it ([`TriggerError::Again`]), or this host has no jobs
+    /// queue to put it on ([`TriggerError::Never`]). Either way the message itself is then
+    /// delivered again.
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), TriggerError>;
 
     /// Sends new job messages to the jobs queue (the drift sweep's checks): for each body,
     /// `None` once it is queued, or why it is not. By default one by one through
@@ -134,7 +137,12 @@ pub trait Trigger: Send + Sync {
     async fn enqueue(&self, bodies: &[String]) -> Vec<Option<String>> {
         let mut out = Vec::with_capacity(bodies.len());
         for body in bodies {
-            out.push(self.requeue(body.as_bytes(), Duration::ZERO).await.err());
+            out.push(
+                self.requeue(body.as_bytes(), Duration::ZERO)
+                    .await
+                    .err()
+                    .map(|e| e.to_string()),
+            );
         }
         out
     }
@@ -149,12 +157,13 @@ pub trait Trigger: Send + Sync {
     /// Starts a task (of the same image) for the job staged under `reference`.
     ///
     /// # Errors
-    /// Why it was not started, as a sentence (the message is delivered again).
+    /// Why it was not started: now (the message is delivered again), or ever (the job is
+    /// rejected).
     async fn start_task(
         &self,
         reference: &JobRef<Self::Target>,
         timeout: Duration,
-    ) -> Result<Value, String>;
+    ) -> Result<Value, TriggerError>;
 }
 
 /// What became of one message, for the trigger to carry out. Every record here has been
@@ -338,6 +347,21 @@ async fn handle_one<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
     run(trigger, &target, &job, &ws, &d).await
 }
 
+/// What a trigger's failure means for the message: delivered again, or rejected for good.
+async fn cannot<T: Trigger + ?Sized>(trigger: &T, message_id: &str, e: TriggerError) -> Fate {
+    match e {
+        TriggerError::Again(why) => Fate::again(why),
+        TriggerError::Never {
+            field,
+            problem: why,
+            fix,
+        } => {
+            let record = rejection(message_id, vec![problem(field, why, &fix)]);
+            reject(trigger, record).await
+        }
+    }
+}
+
 async fn reject<T: Trigger + ?Sized>(trigger: &T, record: Value) -> Fate {
     tracing::warn!(record = %record, "job message rejected");
     trigger.report(&record).await;
@@ -355,7 +379,7 @@ async fn hand_off<T: Trigger + ?Sized>(
     let id = &job.job.id;
     let store = match trigger.store(target, id, None).await {
         Ok(store) => store,
-        Err(why) => return Fate::again(why),
+        Err(e) => return cannot(trigger, d.message_id, e).await,
     };
     // A finished job delivered again gets its result, not a task.
     if let Some(result) = final_result(&*store, ws, id, Some(job.job.operation)).await {
@@ -377,9 +401,14 @@ async fn hand_off<T: Trigger + ?Sized>(
             Fate::HandedOff(record)
         }
         // No task will read it: the next delivery stages it afresh under a name of its own.
-        Err(why) => {
+        Err(e) => {
             reference.unstage(&*store).await;
-            Fate::again(format!("could not hand the job off: {why}"))
+            cannot(
+                trigger,
+                d.message_id,
+                e.context("could not hand the job off"),
+            )
+            .await
         }
     }
 }
@@ -420,7 +449,11 @@ async fn run<T: Trigger + ?Sized>(
     );
     let (store, keep) = match (store, keep) {
         (Ok(store), Ok(keep)) => (store, keep),
-        (Err(why), _) | (_, Err(why)) => return Fate::again(why),
+        // A reason the job can never run comes first: trying again would not help.
+        (Err(e @ TriggerError::Never { .. }), _)
+        | (_, Err(e @ TriggerError::Never { .. }))
+        | (Err(e), _)
+        | (_, Err(e)) => return cannot(trigger, d.message_id, e).await,
     };
     let runner = Runner::new(store, config);
     let outcome = runner.run(job, d.cancel.clone()).await;

@@ -27,7 +27,7 @@ pub async fn sweep<T: Trigger + ?Sized>(
         let bucket = trigger.bucket_of(target);
         let session = format!("{}-sweep", kind.as_str());
         let report = match trigger.store(target, &session, None).await {
-            Err(why) => BucketReport::error(&bucket, why),
+            Err(why) => BucketReport::error(&bucket, why.to_string()),
             Ok(store) => match kind {
                 SweepKind::Backup => backup::bucket_report(&bucket, &*store, now).await,
                 SweepKind::Drift => {

@@ -11,6 +11,77 @@ use crate::job::RawJob;
 use crate::job::template::source::{SourceError, Templates};
 use crate::job::validate::{ValidatedJob, fetch_and_validate};
 
+/// Why a trigger could not do what the pipeline asked (reach the store, give terraform access,
+/// start a task, queue a message): trouble that may pass, or a reason the job can never run
+/// this way.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TriggerError {
+    /// Trouble that may pass (a service that did not answer, a throttle): the message is
+    /// delivered again.
+    #[error("{0}")]
+    Again(String),
+    /// Nothing will change by trying again (the target lacks what this cloud needs, this host
+    /// has no task to hand a job to): the job is rejected with `problem` at `field` and `fix`.
+    #[error("{problem}")]
+    Never {
+        field: &'static str,
+        problem: String,
+        fix: String,
+    },
+}
+
+impl TriggerError {
+    /// Trouble that may pass.
+    pub fn again(why: impl Into<String>) -> Self {
+        Self::Again(why.into())
+    }
+
+    /// A reason the job can never run this way, the field it is about and the fix.
+    pub fn never(field: &'static str, problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self::Never {
+            field,
+            problem: problem.into(),
+            fix: fix.into(),
+        }
+    }
+
+    /// Whether trying again may help.
+    pub fn may_pass(&self) -> bool {
+        matches!(self, Self::Again(_))
+    }
+
+    /// Adds what was being done to the reason: "could not …: why".
+    #[must_use]
+    pub fn context(self, doing: &str) -> Self {
+        match self {
+            Self::Again(why) => Self::Again(format!("{doing}: {why}")),
+            Self::Never {
+                field,
+                problem,
+                fix,
+            } => Self::Never {
+                field,
+                problem: format!("{doing}: {problem}"),
+                fix,
+            },
+        }
+    }
+}
+
+/// A sentence from a call that failed is trouble that may pass, unless the trigger says
+/// otherwise with [`TriggerError::never`].
+impl From<String> for TriggerError {
+    fn from(why: String) -> Self {
+        Self::Again(why)
+    }
+}
+
+impl From<&str> for TriggerError {
+    fn from(why: &str) -> Self {
+        Self::Again(why.to_owned())
+    }
+}
+
 /// The record of a message that will never be a job.
 pub fn rejection(message_id: &str, errors: Vec<Value>) -> Value {
     json!({ "status": "rejected", "message_id": message_id, "errors": errors })

@@ -8,10 +8,10 @@ use serde_json::{Value, json};
 use state_backends::WorkspaceId;
 use tokio_util::sync::CancellationToken;
 
-use crate::host::trigger::{JobRef, StagedError, problem, rejection};
+use crate::host::trigger::{JobRef, StagedError, TriggerError, problem, rejection};
 use crate::run::retry::Tries;
 
-use super::{Delivery, Fate, Trigger, decode, final_result, handle, reject};
+use super::{Delivery, Fate, Trigger, cannot, decode, final_result, handle, reject};
 
 /// A task puts its job back for trouble that may pass at most this many times; then the job
 /// ends with an error record (and the platform decides).
@@ -82,16 +82,16 @@ async fn task_one<T: Trigger + ?Sized>(
     let read = || async {
         let store = trigger.store(&target, &r.job_id, None).await?;
         match r.staged(&*store).await {
-            Err(StagedError::Unavailable(why)) => Err(why),
+            Err(StagedError::Unavailable(why)) => Err(TriggerError::again(why)),
             staged => Ok((store, staged)),
         }
     };
     let (store, staged) = match Tries::after(&TASK_WAITS)
-        .run("cannot read the staged job", |_| true, read)
+        .run("cannot read the staged job", TriggerError::may_pass, read)
         .await
     {
         Ok(read) => read,
-        Err(why) => return Fate::again(format!("cannot read the staged job: {why}")),
+        Err(e) => return cannot(trigger, "task", e.context("cannot read the staged job")).await,
     };
     let body = match staged {
         Ok(body) => body,
@@ -191,7 +191,7 @@ pub(super) async fn put_back<T: Trigger + ?Sized>(
     let requeued = Tries::after(&TASK_WAITS)
         .run(
             "could not queue the task's job again",
-            |_| true,
+            TriggerError::may_pass,
             || trigger.requeue(&copy, delay),
         )
         .await;

@@ -11,6 +11,7 @@ use state_backends::{LeaseRequest, StateStore, StateStoreExt};
 
 use super::task::put_back;
 use super::*;
+use crate::host::trigger::TriggerError;
 use crate::run::records::RESULT_FILE;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -33,6 +34,8 @@ struct Fake {
     requeue_fails: bool,
     hands_off: bool,
     task_fails: bool,
+    /// Terraform's access can never be given (the target lacks what the cloud needs).
+    access_never: bool,
     shutdown: CancellationToken,
     tenants: Option<Tenants<Bucket>>,
     /// The buckets the store was opened for.
@@ -72,6 +75,7 @@ impl Fake {
             requeue_fails: false,
             hands_off: true,
             task_fails: false,
+            access_never: false,
             shutdown: CancellationToken::new(),
             tenants: None,
             opened: Mutex::default(),
@@ -128,7 +132,7 @@ impl Trigger for Fake {
         target: &Bucket,
         _: &str,
         _: Option<&WorkspaceId>,
-    ) -> Result<Arc<dyn StateStore>, String> {
+    ) -> Result<Arc<dyn StateStore>, TriggerError> {
         self.opened.lock().unwrap().push(target.bucket.clone());
         if self.store_fails {
             return Err("the role cannot be assumed now".into());
@@ -141,7 +145,14 @@ impl Trigger for Fake {
         _: &Bucket,
         _: &ValidatedJob,
         _: &mut TerraformConfig,
-    ) -> Result<Keep, String> {
+    ) -> Result<Keep, TriggerError> {
+        if self.access_never {
+            return Err(TriggerError::never(
+                "target.identity",
+                "the target names no identity for terraform",
+                "give the tenant an identity in the registry",
+            ));
+        }
         Ok(None)
     }
 
@@ -149,7 +160,7 @@ impl Trigger for Fake {
         self.reported.lock().unwrap().push(record.clone());
     }
 
-    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), String> {
+    async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), TriggerError> {
         if self.requeue_fails {
             return Err("the queue refused it".into());
         }
@@ -162,7 +173,11 @@ impl Trigger for Fake {
         (!self.hands_off).then(|| "shorten the job's timeout".to_owned())
     }
 
-    async fn start_task(&self, reference: &JobRef<Bucket>, _: Duration) -> Result<Value, String> {
+    async fn start_task(
+        &self,
+        reference: &JobRef<Bucket>,
+        _: Duration,
+    ) -> Result<Value, TriggerError> {
         if self.task_fails {
             return Err("the platform's API cannot be reached".into());
         }
@@ -394,6 +409,34 @@ async fn trouble_reaching_the_customer_is_delivered_again_and_not_reported() {
     assert!(why.contains("cannot be assumed"), "{why}");
     assert!(fake.reported().is_empty());
     assert!(fake.requeued().is_empty());
+}
+
+/// A reason the job can never run (here: terraform's access cannot be given) rejects it with
+/// the field and the fix, even while the store itself failed only for now, instead of
+/// delivering it again until the queue dead-letters it without a word.
+#[tokio::test]
+async fn a_job_that_can_never_reach_the_customer_is_rejected_with_the_fix() {
+    for store_fails in [false, true] {
+        let mut fake = Fake::new();
+        fake.access_never = true;
+        fake.store_fails = store_fails;
+        let fate = handle(&fake, delivery(&message("j1", "10m"), None)).await;
+        let Fate::Rejected(record) = fate else {
+            panic!("{fate:?}")
+        };
+        assert_eq!(record["status"], "rejected");
+        assert_eq!(record["errors"][0]["field"], "target.identity");
+        assert_eq!(
+            record["errors"][0]["fix"],
+            "give the tenant an identity in the registry"
+        );
+        assert_eq!(fake.reported(), vec![record]);
+        assert!(fake.requeued().is_empty());
+        assert!(
+            fake.store.lease(&ws()).await.unwrap().is_none(),
+            "nothing ran"
+        );
+    }
 }
 
 #[tokio::test]
