@@ -94,30 +94,11 @@ impl Runner {
                 left = created.intersection(&now).cloned().collect();
             }
         }
-        while cleanup.attempts < 3 && !left.is_empty() && !s.stop.is_cancelled() {
-            cleanup.attempts += 1;
-            s.logger
-                .runner(
-                    "cleanup",
-                    &format!(
-                        "attempt {} to destroy what this run created: {}",
-                        cleanup.attempts,
-                        left.iter().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                )
-                .await;
-            match self.destroy_only(&left, s, report).await {
-                Ok(()) => {}
-                Err(e) if e.category == Category::Internal && e.step == "cleanup" => {
-                    failure = Some(e.message);
-                    break;
-                }
-                Err(e) => failure = Some(e.message),
-            }
-            let Ok(now) = self.addresses(ws).await else {
-                break;
-            };
-            left = created.intersection(&now).cloned().collect();
+        if let Some(e) = self
+            .destroy_created(&created, &mut left, s, report, &mut cleanup.attempts)
+            .await
+        {
+            failure = Some(e);
         }
         // A destroy failure matters only if something is still left; a failed rollback always.
         let failure = failure.filter(|f| !left.is_empty() || f.starts_with("rollback failed"));
@@ -128,6 +109,45 @@ impl Runner {
         cleanup.destroyed = created.difference(&left).cloned().collect();
         cleanup.left = left.into_iter().collect();
         cleanup
+    }
+
+    /// Destroys what the run created and is still `left`, up to three attempts in all, and
+    /// narrows `left` to what is still there; the last attempt's failure, if any.
+    async fn destroy_created(
+        &self,
+        created: &BTreeSet<String>,
+        left: &mut BTreeSet<String>,
+        s: &Steps<'_>,
+        report: &mut Report,
+        attempts: &mut u32,
+    ) -> Option<String> {
+        let mut failure = None;
+        while *attempts < 3 && !left.is_empty() && !s.stop.is_cancelled() {
+            *attempts += 1;
+            s.logger
+                .runner(
+                    "cleanup",
+                    &format!(
+                        "attempt {} to destroy what this run created: {}",
+                        *attempts,
+                        left.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                )
+                .await;
+            match self.destroy_only(left, s, report).await {
+                Ok(()) => {}
+                Err(e) if e.category == Category::Internal && e.step == "cleanup" => {
+                    failure = Some(e.message);
+                    break;
+                }
+                Err(e) => failure = Some(e.message),
+            }
+            let Ok(now) = self.addresses(s.ws).await else {
+                break;
+            };
+            *left = created.intersection(&now).cloned().collect();
+        }
+        failure
     }
 
     /// Plans the destruction of exactly `targets`, checks that the plan destroys nothing else

@@ -335,35 +335,16 @@ pub(super) async fn watch(w: Watch) {
         reason,
         logger,
     } = w;
-    let deadline = {
-        let (stop, reason, logger) = (stop.clone(), reason.clone(), logger.clone());
-        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            let _ = reason.set(StopReason::Timeout);
-            stop.cancel();
-            logger
-                .runner("", &format!("timeout of {}s reached", timeout.as_secs()))
-                .await;
-        }))
-    };
+    let deadline = deadline(timeout, &stop, &reason, &logger);
     let margin = fence_margin(ttl);
     // Until when the lease is known to be ours, by this clock: as granted, then a renewal
     // asked at `t` and granted holds it until `t + ttl` at least.
     let mut confirmed_until = granted + ttl;
-    // Renewed every third of the TTL, the first time no later than half way to the give-up
-    // time (the job did some work under the lease before the watchdog started).
-    let every = (ttl / 3).max(Duration::from_millis(100));
-    let now = tokio::time::Instant::now();
-    let first = every.min(
-        confirmed_until
-            .checked_sub(margin)
-            .unwrap_or(now)
-            .saturating_duration_since(now)
-            / 2,
-    );
-    let mut renew = tokio::time::interval_at(now + first, every);
-    // After a failed renewal, the next try comes sooner than the next period.
-    let soon = (ttl / 12).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    let Schedule {
+        every,
+        mut renew,
+        soon,
+    } = Schedule::new(ttl, confirmed_until.checked_sub(margin));
     // The owner and fence stay the same across renewals.
     let (owner, fence_token) = (lease.owner.clone(), lease.fence);
     let fence = |why: String| {
@@ -430,6 +411,48 @@ pub(super) async fn watch(w: Watch) {
     }
     // Lost: nothing more to renew; the deadline may still mark the reason (already set).
     drop(deadline);
+}
+
+/// Stops the job when its timeout is reached, unless dropped first.
+fn deadline(
+    timeout: Duration,
+    stop: &CancellationToken,
+    reason: &Arc<OnceLock<StopReason>>,
+    logger: &Logger,
+) -> tokio_util::task::AbortOnDropHandle<()> {
+    let (stop, reason, logger) = (stop.clone(), reason.clone(), logger.clone());
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        tokio::time::sleep(timeout).await;
+        let _ = reason.set(StopReason::Timeout);
+        stop.cancel();
+        logger
+            .runner("", &format!("timeout of {}s reached", timeout.as_secs()))
+            .await;
+    }))
+}
+
+/// When the lease is renewed.
+struct Schedule {
+    /// The period: a third of the TTL.
+    every: Duration,
+    renew: tokio::time::Interval,
+    /// After a failed renewal, the next try comes this much later, sooner than the period.
+    soon: Duration,
+}
+
+impl Schedule {
+    /// Every third of the TTL, the first time no later than half way to `give_up` (the job
+    /// did some work under the lease before the watchdog started).
+    fn new(ttl: Duration, give_up: Option<tokio::time::Instant>) -> Self {
+        let every = (ttl / 3).max(Duration::from_millis(100));
+        let now = tokio::time::Instant::now();
+        let first = every.min(give_up.unwrap_or(now).saturating_duration_since(now) / 2);
+        Self {
+            every,
+            renew: tokio::time::interval_at(now + first, every),
+            soon: (ttl / 12).clamp(Duration::from_millis(50), Duration::from_secs(5)),
+        }
+    }
 }
 
 /// The waits between tries of releasing a lease while the store fails in a way that may pass:

@@ -16,26 +16,33 @@ use super::report::Report;
 use super::steps::Steps;
 
 impl Runner {
+    /// `errored.tfstate`, if terraform left one. The workdir is terraform's (its user's, when
+    /// it has one): what is there is read as terraform left it, never through a link it made,
+    /// never beyond a state's size.
+    async fn read_unsaved(&self, path: &std::path::Path, s: &Steps<'_>) -> Option<Bytes> {
+        let read = {
+            let (path, cap) = (path.to_owned(), self.config.max_state_bytes);
+            tokio::task::spawn_blocking(move || read_own_file(&path, cap)).await
+        };
+        match read {
+            Ok(Ok(Some(data))) => Some(Bytes::from(data)),
+            Ok(Ok(None)) | Err(_) => None,
+            Ok(Err(why)) => {
+                s.logger
+                    .runner("apply", &format!("{ERRORED_STATE} is not kept: {why}"))
+                    .await;
+                None
+            }
+        }
+    }
+
     /// Terraform's own copy of a state it could not save (`errored.tfstate`): kept as a run
     /// artifact first, then pushed as a new version with the checks and the fence of any write
     /// from terraform. True when it is now the workspace's current state.
     pub(super) async fn keep_unsaved_state(&self, s: &Steps<'_>, report: &mut Report) -> bool {
         let path = s.dir.join(ERRORED_STATE);
-        // The workdir is terraform's (its user's, when it has one): what is there is read as
-        // terraform left it, never through a link it made, never beyond a state's size.
-        let read = {
-            let (path, cap) = (path.clone(), self.config.max_state_bytes);
-            tokio::task::spawn_blocking(move || read_own_file(&path, cap)).await
-        };
-        let data = match read {
-            Ok(Ok(Some(data))) => Bytes::from(data),
-            Ok(Ok(None)) | Err(_) => return false,
-            Ok(Err(why)) => {
-                s.logger
-                    .runner("apply", &format!("{ERRORED_STATE} is not kept: {why}"))
-                    .await;
-                return false;
-            }
+        let Some(data) = self.read_unsaved(&path, s).await else {
+            return false;
         };
         let mut unsaved = UnsavedState {
             artifact: format!("runs/{}/{ERRORED_STATE}", s.job_id),
