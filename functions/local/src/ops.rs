@@ -32,7 +32,7 @@ pub struct Output {
 #[derive(Clone, Debug, Serialize)]
 pub struct RunSummary {
     pub job_id: String,
-    /// `succeeded`, `failed`, `cancelled`, `timed-out`, `interrupted` (from the result);
+    /// `succeeded`, `failed`, `cancelled`, `timed-out`, `interrupted`, `superseded` (from the result);
     /// `running` (its lease is live), `unfinished` (no result, no live lease: its runner
     /// stopped; the next job on the workspace records it as interrupted), `queued` (handed to
     /// a task that has not started), `unreadable`, `unknown` (none of those records).

@@ -105,6 +105,11 @@ pub struct Job {
     /// The most the plan may add to the monthly cost (an apply over it stops before applying).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// The platform's order of its requests on the workspace, raised for each: a job whose
+    /// sequence is not above the highest one that started there never runs (its result is
+    /// `superseded`). Without it, jobs run in the order they get the workspace's lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
 }
 
 /// How transient failures are retried: exponential backoff with full jitter. Attempt `n`
@@ -147,7 +152,7 @@ impl RetryPolicy {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The fields a job file may have, for the "unknown field" message.
-pub const FIELDS: [&str; 10] = [
+pub const FIELDS: [&str; 11] = [
     "id",
     "tenant",
     "workspace",
@@ -158,6 +163,7 @@ pub const FIELDS: [&str; 10] = [
     "on_failure",
     "retry",
     "budget",
+    "sequence",
 ];
 
 /// A job document as written, before its fields are checked.

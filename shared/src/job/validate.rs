@@ -206,6 +206,7 @@ pub fn validate_for(
     };
     let retry = retry_policy(doc.get("retry"), &mut errors);
     let budget = budget(doc.get("budget"), &mut errors);
+    let sequence = sequence(doc.get("sequence"), &mut errors);
     let template = template_ref(doc.get("template"), &mut errors).and_then(|r| {
         match Template::load(templates_root, &r.name, &r.version) {
             Ok(t) => Some((r, t)),
@@ -284,6 +285,7 @@ pub fn validate_for(
             on_failure,
             retry,
             budget,
+            sequence,
         },
         template,
         sensitive_values,
@@ -346,6 +348,24 @@ fn retry_policy(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Opt
         ));
     }
     (errors.len() == before).then_some(policy)
+}
+
+/// Reads `sequence`: a positive integer, or nothing.
+fn sequence(value: Option<&Value>, errors: &mut Vec<ValidationError>) -> Option<u64> {
+    let value = value?;
+    if let Some(n) = value.as_u64().filter(|n| *n > 0) {
+        return Some(n);
+    }
+    let found = match value {
+        Value::Number(n) => n.to_string(),
+        other => kind_of(other).to_owned(),
+    };
+    errors.push(ValidationError::new(
+        "sequence",
+        format!("must be a positive integer, found {found}"),
+        "give the number the platform raises for each request on this workspace (1, 2, 3, …), or leave sequence out",
+    ));
+    None
 }
 
 /// Reads `budget: { max_monthly_increase, currency, on_unpriced }`.

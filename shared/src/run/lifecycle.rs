@@ -172,14 +172,16 @@ pub fn starting(operation: Operation, exists: bool) -> Option<Phase> {
     }
 }
 
-/// The phase a run that ended with `status` leaves its workspace in.
-pub fn ending(operation: Operation, status: Status) -> Phase {
-    match (status, operation) {
+/// The phase a run that ended with `status` leaves its workspace in; `None` for a job that
+/// never ran (superseded), which leaves it where it is.
+pub fn ending(operation: Operation, status: Status) -> Option<Phase> {
+    Some(match (status, operation) {
         (Status::Succeeded, Operation::Destroy) => Phase::Deleted,
         (Status::Succeeded, _) => Phase::Active,
         (Status::Failed | Status::TimedOut, _) => Phase::Failed,
         (Status::Cancelled | Status::Interrupted, _) => Phase::Interrupted,
-    }
+        (Status::Superseded, _) => return None,
+    })
 }
 
 /// Reads a workspace's record; `None` when it has none.
@@ -361,16 +363,23 @@ mod tests {
         assert_eq!(starting(Operation::Destroy, true), Some(Phase::Deleting));
         assert_eq!(starting(Operation::Plan, true), None);
         assert_eq!(starting(Operation::DriftCheck, true), None);
-        assert_eq!(ending(Operation::Apply, Status::Succeeded), Phase::Active);
+        assert_eq!(
+            ending(Operation::Apply, Status::Succeeded),
+            Some(Phase::Active)
+        );
         assert_eq!(
             ending(Operation::Destroy, Status::Succeeded),
-            Phase::Deleted
+            Some(Phase::Deleted)
         );
-        assert_eq!(ending(Operation::Apply, Status::TimedOut), Phase::Failed);
+        assert_eq!(
+            ending(Operation::Apply, Status::TimedOut),
+            Some(Phase::Failed)
+        );
         assert_eq!(
             ending(Operation::Apply, Status::Cancelled),
-            Phase::Interrupted
+            Some(Phase::Interrupted)
         );
+        assert_eq!(ending(Operation::Apply, Status::Superseded), None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The run records Terrace keeps beside a job, typed and versioned, read and written here only:
-//! `runs/<job>/job.json` (what ran: [`JobRecord`]) and `runs/_workspace/last-apply.json` (the
-//! workspace's last successful apply: [`LastApply`]). The result, `result.json`, is
+//! `runs/<job>/job.json` (what ran: [`JobRecord`]), `runs/_workspace/last-apply.json` (the
+//! workspace's last successful apply: [`LastApply`]) and `runs/_workspace/sequence.json` (the
+//! highest sequence that started there: [`Started`]). The result, `result.json`, is
 //! [`crate::run::result::JobResult`].
 //!
 //! A variable whose value is not recorded (it is sensitive, or redaction changed it because it
@@ -34,6 +35,9 @@ pub const WORKSPACE_RECORDS: &str = "_workspace";
 pub const LAST_APPLY: &str = "last-apply.json";
 /// The workspace's life ([`crate::run::lifecycle::WorkspaceStatus`]), under [`WORKSPACE_RECORDS`].
 pub const STATUS_FILE: &str = "status.json";
+/// The highest sequence that started on the workspace ([`Started`]), under
+/// [`WORKSPACE_RECORDS`].
+pub const SEQUENCE_FILE: &str = "sequence.json";
 
 /// Why a record cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -334,4 +338,96 @@ mod tests {
         assert!(e.to_string().contains("schema 99"), "{e}");
         assert!(e.to_string().contains("update the runner"), "{e}");
     }
+}
+
+/// `sequence.json`: the job with the highest sequence that started on the workspace. Written
+/// under that job's lease, before terraform runs, so a job whose sequence is not above it
+/// never starts after it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    #[serde(default)]
+    pub schema: u32,
+    pub sequence: u64,
+    pub job_id: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: time::OffsetDateTime,
+}
+
+impl Started {
+    pub fn new(job_id: &str, sequence: u64) -> Self {
+        Self {
+            schema: 1,
+            sequence,
+            job_id: job_id.to_owned(),
+            started_at: time::OffsetDateTime::now_utc(),
+        }
+    }
+
+    /// # Errors
+    /// Bytes that are not a record, or one of a newer schema.
+    pub fn parse(bytes: &[u8]) -> Result<Self, RecordError> {
+        let record: Self =
+            serde_json::from_slice(bytes).map_err(|source| RecordError::Malformed {
+                name: SEQUENCE_FILE,
+                source,
+            })?;
+        if record.schema > 1 {
+            return Err(RecordError::Newer {
+                name: SEQUENCE_FILE,
+                found: record.schema,
+                supported: 1,
+            });
+        }
+        Ok(record)
+    }
+
+    pub fn to_bytes(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+/// The highest sequence that started on the workspace, if any did.
+///
+/// # Errors
+/// When the store cannot be read, or holds a record Terrace cannot read.
+pub async fn started(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+) -> Result<Option<Started>, StartedError> {
+    match store.artifact(ws, WORKSPACE_RECORDS, SEQUENCE_FILE).await? {
+        None => Ok(None),
+        Some(bytes) => Ok(Some(Started::parse(&bytes)?)),
+    }
+}
+
+/// Records `started` as the workspace's highest started sequence, only while `fence` holds
+/// the workspace's lease.
+///
+/// # Errors
+/// When the store cannot write it, or the lease is no longer this run's.
+pub async fn record_started(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    started: &Started,
+    fence: &state_backends::Fence,
+) -> Result<(), state_backends::StoreError> {
+    use state_backends::StateStoreExt;
+    store
+        .put_artifact_fenced(
+            ws,
+            WORKSPACE_RECORDS,
+            SEQUENCE_FILE,
+            started.to_bytes(),
+            fence,
+        )
+        .await
+}
+
+/// Why the workspace's sequence record cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum StartedError {
+    #[error(transparent)]
+    Store(#[from] state_backends::StoreError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
 }

@@ -21,6 +21,9 @@ pub enum Status {
     /// The runner stopped without a result (killed, crashed); a later job found its lease
     /// expired. Not final: the same job id may run again.
     Interrupted,
+    /// Never ran: a job with a higher or equal `sequence` had started on the workspace
+    /// (`superseded_by` names it).
+    Superseded,
 }
 
 impl Status {
@@ -31,6 +34,7 @@ impl Status {
             Status::Cancelled => "cancelled",
             Status::TimedOut => "timed-out",
             Status::Interrupted => "interrupted",
+            Status::Superseded => "superseded",
         }
     }
 }
@@ -54,6 +58,8 @@ pub enum Category {
     Budget,
     /// A process of the job went over the runner's per-process limits (memory, CPU time).
     ResourceLimit,
+    /// A later request on the workspace started first: the job never ran.
+    Superseded,
     Internal,
 }
 
@@ -72,6 +78,7 @@ impl Category {
             Self::Cancelled => "cancelled",
             Self::Budget => "budget",
             Self::ResourceLimit => "resource-limit",
+            Self::Superseded => "superseded",
             Self::Internal => "internal",
         }
     }
@@ -504,6 +511,19 @@ pub struct JobResult {
     /// interrupted run, a workspace failing repeatedly.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attention: Vec<crate::run::lifecycle::Attention>,
+    /// The job's `sequence`, when it carried one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+    /// For a `superseded` job: the run that superseded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<SupersededBy>,
+}
+
+/// The run that superseded a job: it started on the workspace with this sequence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SupersededBy {
+    pub job_id: String,
+    pub sequence: u64,
 }
 
 impl JobResult {
@@ -724,6 +744,8 @@ mod tests {
                 kind: "resources-left".into(),
                 message: "left db-2026".into(),
             }],
+            sequence: None,
+            superseded_by: None,
         };
         let redacted = result.redacted(&redactor);
         let error = redacted.error.as_ref().unwrap();

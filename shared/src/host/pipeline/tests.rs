@@ -246,6 +246,8 @@ fn result_of(id: &str) -> crate::run::result::JobResult {
         error: None,
         lifecycle: None,
         attention: Vec::new(),
+        sequence: None,
+        superseded_by: None,
     }
 }
 
@@ -864,6 +866,7 @@ async fn a_final_result_removes_every_staging_of_the_job() {
 
 mod cleanup;
 mod fencing;
+mod order;
 mod registry;
 mod sweep;
 

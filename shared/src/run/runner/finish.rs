@@ -151,6 +151,8 @@ impl Report {
             error,
             lifecycle: None,
             attention: Vec::new(),
+            sequence: j.sequence,
+            superseded_by: None,
         }
     }
 }

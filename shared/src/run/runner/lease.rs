@@ -80,6 +80,8 @@ impl Runner {
             cleanup: None,
             recovered: Vec::new(),
             unsaved_state: None,
+            sequence: None,
+            superseded_by: None,
             error: Some(JobError::new(
                 Category::Internal,
                 "unknown",

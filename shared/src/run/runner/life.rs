@@ -157,8 +157,9 @@ impl Life {
         redactor: &Redactor,
         logger: &Logger,
     ) {
-        if self.operation.mutates() {
-            let to = lifecycle::ending(self.operation, result.status);
+        if let Some(to) =
+            lifecycle::ending(self.operation, result.status).filter(|_| self.operation.mutates())
+        {
             let reason = result.error.as_ref().map(|e| redactor.redact(&e.summary()));
             let id = self.job_id.clone();
             result.lifecycle = self

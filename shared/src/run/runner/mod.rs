@@ -13,7 +13,8 @@
 //! runs terraform's steps (a `Steps` context, gathering a `Report`); `imports` and `unsaved`
 //! recover from "already exists" and from a state terraform could not save; `cleanup` handles a
 //! failed apply; `life` moves the workspace's lifecycle; `finish` ends the run and writes its
-//! result; `previous` finds a job done; `workdir` makes the workdir.
+//! result; `previous` finds a job done; `order` keeps requests in order (`sequence`);
+//! `workdir` makes the workdir.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -45,6 +46,7 @@ mod finish;
 mod imports;
 mod lease;
 mod life;
+mod order;
 mod prepare;
 mod previous;
 mod report;
@@ -132,6 +134,9 @@ pub enum RunError {
         #[source]
         source: serde_json::Error,
     },
+    /// A workspace record (`runs/_workspace/…`) is not one this runner can read.
+    #[error(transparent)]
+    WorkspaceRecord(#[from] crate::run::records::RecordError),
     /// The task running the job under its lease ended without an outcome (it panicked).
     #[error("the job's task failed: {0}")]
     Task(String),
@@ -143,14 +148,19 @@ impl RunError {
         match self {
             RunError::Store(e) => e.is_retryable(),
             RunError::Task(_) => true,
-            RunError::Workspace(_) | RunError::Record { .. } => false,
+            RunError::Workspace(_) | RunError::Record { .. } | RunError::WorkspaceRecord(_) => {
+                false
+            }
         }
     }
 
     /// Whether the job can never run as things stand (a record in the store Terrace cannot
     /// read, a name it cannot use), whatever the store does next.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, RunError::Workspace(_) | RunError::Record { .. })
+        matches!(
+            self,
+            RunError::Workspace(_) | RunError::Record { .. } | RunError::WorkspaceRecord(_)
+        )
     }
 }
 
@@ -308,6 +318,9 @@ impl Runner {
         // Checked again under the lease: the same job may have run while we waited for it.
         if let Some(previous) = self.previous_result(ws, job).await? {
             return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
+        }
+        if let Some(superseded) = self.take_turn(job, ws, lease).await? {
+            return Ok(RunOutcome::Finished(Box::new(superseded)));
         }
         // The run starts when the workspace is ours; waiting for it is not part of the run.
         let clock = Clock::start();
