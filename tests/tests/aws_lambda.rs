@@ -628,6 +628,82 @@ async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
     assert_eq!(sweep["buckets"][0]["backed_up"], 2, "{sweep}");
 }
 
+/// The name of the cluster in a workspace's current state.
+async fn cluster_in(store: &dyn StateStore, ws: &WorkspaceId) -> String {
+    let current = store.current(ws).await.unwrap().expect("a state");
+    let state: Value = serde_json::from_slice(&current.data).unwrap();
+    state["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["type"] == "testcloud_cluster")
+        .expect("a cluster")["instances"][0]["attributes"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Runs in order on the SQS path: A (sequence 1) finds its workspace busy and goes back on the
+/// queue; B (sequence 2) gets the workspace and runs; A's copy comes back and never runs: it is
+/// `superseded`, naming B, and the state keeps B's configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_request_back_from_the_queue_after_a_later_one_ran_is_superseded() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/lam-order".parse().unwrap();
+    let other = store
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "other-job".into(),
+                ttl: Duration::from_secs(600),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let body = |id: &str, cluster: &str, sequence: u64| {
+        let mut v: Value = serde_json::from_str(&w.envelope(id, "lam-order", "5m")).unwrap();
+        v["job"]["sequence"] = json!(sequence);
+        v["job"]["variables"]["cluster_name"] = json!(cluster);
+        v.to_string()
+    };
+    let a = body("ord-a", "alpha", 1);
+    let invoke = |bodies: Vec<String>| {
+        let (w, api) = (&w, &api);
+        async move {
+            let (event, _) = w.batch(&bodies).await;
+            let response = api
+                .invoke(event, Duration::from_secs(14 * 60))
+                .await
+                .expect("the batch is answered");
+            assert!(failures(&response).is_empty(), "{response}");
+            w.results().await
+        }
+    };
+    assert!(invoke(vec![a.clone()]).await.is_empty(), "A waits");
+    store.release_lease(&ws, &other).await.unwrap();
+
+    let b = invoke(vec![body("ord-b", "beta", 2)]).await;
+    assert_eq!(b[0]["status"], "succeeded", "{b:?}");
+    assert_eq!(cluster_in(&store, &ws).await, "beta");
+    let versions = store.versions(&ws).await.unwrap().len();
+
+    // A's copy (the body the requeue put back) comes back.
+    let a = invoke(vec![a]).await;
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0]["job_id"], "ord-a");
+    assert_eq!(a[0]["status"], "superseded", "{a:?}");
+    assert_eq!(
+        a[0]["superseded_by"],
+        json!({ "job_id": "ord-b", "sequence": 2 })
+    );
+    assert_eq!(cluster_in(&store, &ws).await, "beta", "A ran");
+    assert_eq!(store.versions(&ws).await.unwrap().len(), versions);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_the_drift() {
     let w = World::new().await;

@@ -440,6 +440,69 @@ async fn a_busy_workspace_leaves_the_message_for_later() {
     assert!(!store.versions(&ws("busy")).await.unwrap().is_empty());
 }
 
+/// Runs in order on the Storage Queue path: A (sequence 1) finds its workspace busy and its
+/// message waits, invisible; B (sequence 2) runs meanwhile; when A's message comes back, A
+/// never runs: its result is `superseded`, naming B, and the state keeps B's networks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_request_that_comes_back_after_a_later_one_ran_is_superseded() {
+    let w = World::new().await;
+    let store = w.store();
+    let lease = store
+        .acquire_lease(
+            &ws("order"),
+            &LeaseRequest {
+                owner: "another-job".into(),
+                ttl: Duration::from_secs(3),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let message = |id: &str, network: &str, sequence: u64| {
+        let mut m = w.message(id, "order");
+        m["job"]["sequence"] = json!(sequence);
+        m["job"]["variables"]["networks"] = json!([network]);
+        m.to_string()
+    };
+    w.jobs.send(&message("ord-a", "alpha", 1)).await;
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 1, "A waits");
+    store.release_lease(&ws("order"), &lease).await.unwrap();
+
+    w.jobs.send(&message("ord-b", "beta", 2)).await;
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+    let reported = records(w.results.peek().await);
+    assert_eq!(reported.last().unwrap()["job_id"], "ord-b", "{reported:?}");
+    assert_eq!(reported.last().unwrap()["status"], "succeeded");
+    let versions = store.versions(&ws("order")).await.unwrap();
+
+    let mut waited = 0;
+    while w.jobs.peek().await.is_empty() {
+        assert!(waited < 120, "A's message never came back");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        waited += 1;
+    }
+    let out = w.run(&[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 0, "A's message is settled");
+    let a = records(w.results.peek().await).pop().unwrap();
+    assert_eq!(a["job_id"], "ord-a", "{a}");
+    assert_eq!(a["status"], "superseded", "{a}");
+    assert_eq!(
+        a["superseded_by"],
+        json!({ "job_id": "ord-b", "sequence": 2 })
+    );
+    assert_eq!(store.versions(&ws("order")).await.unwrap(), versions);
+    let current = store.current(&ws("order")).await.unwrap().unwrap();
+    let state = String::from_utf8(current.data.to_vec()).unwrap();
+    assert!(
+        state.contains("\"beta\"") && !state.contains("\"alpha\""),
+        "{state}"
+    );
+}
+
 /// A receive from the jobs queue that never gets an answer is given up after the call timeout
 /// (the store's HTTP client, `TERRACE_CALL_TIMEOUT`) and made again: an execution never hangs
 /// on its queue while its time runs out.

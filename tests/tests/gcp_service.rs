@@ -509,6 +509,63 @@ async fn a_busy_workspace_is_answered_429_and_the_job_runs_once_the_lease_is_fre
     assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
 }
 
+/// Runs in order on the Pub/Sub push path: A (sequence 1) is answered 429 behind a busy
+/// workspace; B (sequence 2) runs; Pub/Sub's redelivery of A is answered 200 with a
+/// `superseded` result naming B, and the state keeps B's configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_request_redelivered_after_a_later_one_ran_is_superseded() {
+    let w = World::new().await;
+    let service = w.start().await;
+    let store = w.store().await;
+    let held = store
+        .acquire_lease(
+            &ws("order"),
+            &LeaseRequest {
+                owner: "other-job".into(),
+                ttl: Duration::from_secs(600),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let message = |id: &str, cluster: &str, sequence: u64| {
+        let mut m = w.message(id, "order");
+        m["job"]["sequence"] = json!(sequence);
+        m["job"]["variables"]["cluster_name"] = json!(cluster);
+        m
+    };
+    let a = push_envelope("m-a", &message("ord-a", "alpha", 1));
+    let answer = w.push(&service, &a).await;
+    assert_eq!(answer.status, 429, "{}", answer.body);
+    store.release_lease(&ws("order"), &held).await.unwrap();
+
+    let b = w
+        .push(
+            &service,
+            &push_envelope("m-b", &message("ord-b", "beta", 2)),
+        )
+        .await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    assert!(b.body.contains("\"succeeded\""), "{}", b.body);
+    let versions = store.versions(&ws("order")).await.unwrap();
+
+    let again = w.push(&service, &a).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    let result: Value = serde_json::from_str(&again.body).unwrap();
+    assert_eq!(result["status"], "superseded", "{result}");
+    assert_eq!(
+        result["superseded_by"],
+        json!({ "job_id": "ord-b", "sequence": 2 })
+    );
+    assert_eq!(store.versions(&ws("order")).await.unwrap(), versions);
+    let current = store.current(&ws("order")).await.unwrap().unwrap();
+    let state = String::from_utf8(current.data.to_vec()).unwrap();
+    assert!(
+        state.contains("\"beta\"") && !state.contains("\"alpha\""),
+        "{state}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_interrupts_a_running_job_releases_its_lease_and_the_redelivery_runs_it() {
     let w = World::new().await;

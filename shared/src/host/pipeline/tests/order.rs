@@ -78,7 +78,10 @@ async fn a_request_that_comes_back_after_a_later_one_ran_is_superseded() {
         .unwrap()
         .expect("A's job record");
     let record = String::from_utf8(record.to_vec()).unwrap();
-    assert!(!record.contains("hunter2"), "a secret in job.json: {record}");
+    assert!(
+        !record.contains("hunter2"),
+        "a secret in job.json: {record}"
+    );
     let twice = ran(handle(&fake, delivery(&a, None)).await);
     assert_eq!(twice, a_again, "the stored result, as it was");
     assert_eq!(started(&fake).await.unwrap().job_id, "job-b");
