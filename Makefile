@@ -1,11 +1,14 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
-# what they need first (`make tools`).
-.PHONY: tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing fuzz clean
+# what they need first (`make demo-tools`, `make tools`).
+.PHONY: tools demo-tools demo test images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing fuzz clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
 
-demo: tools ## apply the demo template through the local runner
+demo-tools: ## what the demo needs: protoc, the machine's terraform (checked), the testcloud provider and its CLI config
+	scripts/install-tools.sh --demo
+
+demo: demo-tools ## apply the demo template through the local runner
 	scripts/demo.sh
 
 test: tools ## the whole test suite, with real terraform and the cloud emulators

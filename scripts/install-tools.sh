@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the tests need, idempotently, into .cache/ (git-ignored):
 # protoc (to build the testcloud provider), a check that the machine's terraform is a supported
-# client (scripts/install-terraform.sh), the testcloud provider in a filesystem mirror, a terraform CLI config using it, and
-# the cloud emulators (moto, fake-gcs-server, Azurite).
+# client (scripts/install-terraform.sh), the testcloud provider in a filesystem mirror, a
+# terraform CLI config using it, and the cloud emulators (moto, fake-gcs-server, Azurite, the
+# Pub/Sub emulator). `--demo`: only what the demo needs (no emulators).
 set -euo pipefail
+demo_only=false
+[[ "${1:-}" == "--demo" ]] && demo_only=true
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
@@ -24,6 +27,10 @@ provider_installation {
   }
 }
 HCL
+if $demo_only; then
+    echo "demo tools ready: terraform $tf, provider mirror $mirror" >&2
+    exit 0
+fi
 scripts/install-moto.sh >/dev/null
 scripts/install-fake-gcs.sh >/dev/null
 scripts/install-azurite.sh >/dev/null
