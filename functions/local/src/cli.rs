@@ -247,6 +247,17 @@ enum Cmd {
         #[command(flatten)]
         out: ops::Output,
     },
+    /// Cancel a job: a queued one never runs, a running one is stopped within a few seconds
+    /// (terraform is interrupted, then given its grace period); a finished one is left as it is.
+    Cancel {
+        /// The job's id.
+        job: String,
+        /// The job's TENANT/WORKSPACE; needed for a job that has not started yet.
+        #[arg(long, short)]
+        workspace: Option<WorkspaceId>,
+        #[command(flatten)]
+        out: ops::Output,
+    },
     /// Print a run's log from the store (the newest run unless JOB is given).
     Logs {
         /// TENANT/WORKSPACE.
@@ -386,6 +397,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             workspace,
             out,
         } => ops::result(&*g.open_store().await?, &job, workspace.as_ref(), out).await,
+        Cmd::Cancel {
+            job,
+            workspace,
+            out,
+        } => {
+            crate::cancel_cmd::cancel(&*g.open_store().await?, &job, workspace.as_ref(), out).await
+        }
         Cmd::Logs {
             workspace,
             job,

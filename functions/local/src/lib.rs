@@ -42,6 +42,7 @@ pub(crate) fn stdout_closed() -> bool {
     STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+mod cancel_cmd;
 pub mod cli;
 mod job_cmd;
 mod ops;

@@ -242,7 +242,7 @@ pub async fn runs(
 }
 
 /// Checks a job id from the command line: `None` when it is one, else why not.
-fn bad_job_id(job_id: &str) -> Option<String> {
+pub(crate) fn bad_job_id(job_id: &str) -> Option<String> {
     if job_id.starts_with('_') || state_backends::check_artifact_name(job_id, "x").is_err() {
         Some(format!(
             "{job_id:?} is not a job id: a job id has no `/` and is not `.` or `..`, and `_` \
@@ -254,7 +254,7 @@ fn bad_job_id(job_id: &str) -> Option<String> {
 }
 
 /// Where a job id is.
-enum Found {
+pub(crate) enum Found {
     One(WorkspaceId),
     None,
     Several(Vec<WorkspaceId>),
@@ -262,7 +262,7 @@ enum Found {
 
 /// Finds the workspace holding `job_id`: `ws` when given, else every workspace is looked at
 /// (one listing per workspace).
-async fn locate(
+pub(crate) async fn locate(
     store: &dyn StateStore,
     job_id: &str,
     ws: Option<&WorkspaceId>,

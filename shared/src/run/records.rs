@@ -1,7 +1,8 @@
 //! The run records Terrace keeps beside a job, typed and versioned, read and written here only:
 //! `runs/<job>/job.json` (what ran: [`JobRecord`]), `runs/_workspace/last-apply.json` (the
 //! workspace's last successful apply: [`LastApply`]) and `runs/_workspace/sequence.json` (the
-//! highest sequence that started there: [`Started`]). The result, `result.json`, is
+//! highest sequence that started there: [`Started`]) and `runs/<job>/cancel.json` (a request
+//! to cancel the job: [`CancelRequest`]). The result, `result.json`, is
 //! [`crate::run::result::JobResult`].
 //!
 //! A variable whose value is not recorded (it is sensitive, or redaction changed it because it
@@ -38,6 +39,8 @@ pub const STATUS_FILE: &str = "status.json";
 /// The highest sequence that started on the workspace ([`Started`]), under
 /// [`WORKSPACE_RECORDS`].
 pub const SEQUENCE_FILE: &str = "sequence.json";
+/// A request to cancel a job ([`CancelRequest`]), in `runs/<job>/`.
+pub const CANCEL_FILE: &str = "cancel.json";
 
 /// Why a record cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -393,7 +396,7 @@ impl Started {
 pub async fn started(
     store: &dyn StateStore,
     ws: &WorkspaceId,
-) -> Result<Option<Started>, StartedError> {
+) -> Result<Option<Started>, ReadError> {
     match store.artifact(ws, WORKSPACE_RECORDS, SEQUENCE_FILE).await? {
         None => Ok(None),
         Some(bytes) => Ok(Some(Started::parse(&bytes)?)),
@@ -423,11 +426,88 @@ pub async fn record_started(
         .await
 }
 
-/// Why the workspace's sequence record cannot be read.
+/// Why a record cannot be read from the store.
 #[derive(Debug, thiserror::Error)]
-pub enum StartedError {
+pub enum ReadError {
     #[error(transparent)]
     Store(#[from] state_backends::StoreError),
     #[error(transparent)]
     Record(#[from] RecordError),
+}
+
+/// `cancel.json`: someone asked for the job to be cancelled. A job that finds it when it gets
+/// its lease never runs; a running job looks for it every few seconds and stops.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    #[serde(default)]
+    pub schema: u32,
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
+    /// Who asked: `terrace cancel`, or the queue message that carried it.
+    pub by: String,
+}
+
+impl CancelRequest {
+    pub fn new(by: &str) -> Self {
+        Self {
+            schema: 1,
+            requested_at: time::OffsetDateTime::now_utc(),
+            by: by.to_owned(),
+        }
+    }
+
+    /// # Errors
+    /// Bytes that are not a record, or one of a newer schema.
+    pub fn parse(bytes: &[u8]) -> Result<Self, RecordError> {
+        let request: Self =
+            serde_json::from_slice(bytes).map_err(|source| RecordError::Malformed {
+                name: CANCEL_FILE,
+                source,
+            })?;
+        if request.schema > 1 {
+            return Err(RecordError::Newer {
+                name: CANCEL_FILE,
+                found: request.schema,
+                supported: 1,
+            });
+        }
+        Ok(request)
+    }
+
+    pub fn to_bytes(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+/// Asks for `job_id` to be cancelled. Not fenced: it is a request to whoever holds, or will
+/// hold, the workspace's lease for that job.
+///
+/// # Errors
+/// When the store cannot write it.
+pub async fn request_cancel(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+    by: &str,
+) -> Result<CancelRequest, state_backends::StoreError> {
+    let request = CancelRequest::new(by);
+    store
+        .put_artifact(ws, job_id, CANCEL_FILE, request.to_bytes())
+        .await?;
+    Ok(request)
+}
+
+/// The request to cancel `job_id`, if there is one.
+///
+/// # Errors
+/// When the store cannot be read, or holds a record Terrace cannot read.
+pub async fn cancel_requested(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job_id: &str,
+) -> Result<Option<CancelRequest>, ReadError> {
+    match store.artifact(ws, job_id, CANCEL_FILE).await? {
+        None => Ok(None),
+        Some(bytes) => Ok(Some(CancelRequest::parse(&bytes)?)),
+    }
 }

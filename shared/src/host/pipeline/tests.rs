@@ -864,6 +864,7 @@ async fn a_final_result_removes_every_staging_of_the_job() {
     assert!(!left.contains(&name_in(&second)), "{left:?}");
 }
 
+mod cancel;
 mod cleanup;
 mod fencing;
 mod order;

@@ -8,8 +8,9 @@ use state_backends::{Lease, StateStoreExt, StoreError, WorkspaceId};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
+use crate::job::redact::Redactor;
 use crate::job::validate::ValidatedJob;
-use crate::run::records::RESULT_FILE;
+use crate::run::records::{JOB_FILE, JobRecord, RESULT_FILE};
 use crate::run::result::{Category, JobError, JobResult, Status};
 use crate::run::retry::Tries;
 
@@ -110,6 +111,29 @@ impl Runner {
             )
             .await?;
         Ok(())
+    }
+}
+
+impl Runner {
+    /// Ends a job that never ran (superseded, cancelled before it started) with `result`:
+    /// its `job.json` (what was asked, as every run records it, so the stored result is known
+    /// as this job's own and a delivery of it again gets the same answer) and its result,
+    /// both fenced by its lease.
+    pub(super) async fn never_ran(
+        &self,
+        job: &ValidatedJob,
+        ws: &WorkspaceId,
+        lease: &Lease,
+        result: JobResult,
+    ) -> Result<JobResult, RunError> {
+        let redactor = Redactor::new(job.sensitive_values.iter().cloned());
+        let record = JobRecord::new(job, &redactor, lease).to_bytes();
+        self.store
+            .put_artifact_fenced(ws, &job.job.id, JOB_FILE, record, &lease.fence())
+            .await?;
+        self.write_result(ws, lease, &CancellationToken::new(), &result)
+            .await?;
+        Ok(result)
     }
 }
 

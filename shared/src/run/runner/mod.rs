@@ -41,6 +41,7 @@ use report::{Earlier, Report};
 use steps::Steps;
 use workdir::prepare_workdir;
 
+mod cancel;
 mod cleanup;
 mod finish;
 mod imports;
@@ -134,12 +135,22 @@ pub enum RunError {
         #[source]
         source: serde_json::Error,
     },
-    /// A workspace record (`runs/_workspace/…`) is not one this runner can read.
+    /// A record of the workspace or a request about the job (`runs/_workspace/…`,
+    /// `cancel.json`) is not one this runner can read.
     #[error(transparent)]
     WorkspaceRecord(#[from] crate::run::records::RecordError),
     /// The task running the job under its lease ended without an outcome (it panicked).
     #[error("the job's task failed: {0}")]
     Task(String),
+}
+
+impl From<crate::run::records::ReadError> for RunError {
+    fn from(e: crate::run::records::ReadError) -> Self {
+        match e {
+            crate::run::records::ReadError::Store(e) => RunError::Store(e),
+            crate::run::records::ReadError::Record(e) => RunError::WorkspaceRecord(e),
+        }
+    }
 }
 
 impl RunError {
@@ -315,12 +326,8 @@ impl Runner {
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         let j = &job.job;
-        // Checked again under the lease: the same job may have run while we waited for it.
-        if let Some(previous) = self.previous_result(ws, job).await? {
-            return Ok(RunOutcome::AlreadyDone(Box::new(previous)));
-        }
-        if let Some(superseded) = self.take_turn(job, ws, lease).await? {
-            return Ok(RunOutcome::Finished(Box::new(superseded)));
+        if let Some(settled) = self.settled_before_running(job, ws, lease).await? {
+            return Ok(settled);
         }
         // The run starts when the workspace is ours; waiting for it is not part of the run.
         let clock = Clock::start();
@@ -352,6 +359,14 @@ impl Runner {
             logger: logger.clone(),
         })));
 
+        // A cancel asked for while the job runs stops it as the caller's cancel does.
+        let _cancel = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(cancel::watch(
+            self.store.clone(),
+            ws.clone(),
+            j.id.clone(),
+            (stop.clone(), reason.clone()),
+            logger.clone(),
+        )));
         let mut report = Report {
             earlier: Earlier {
                 runs: life.unfinished_runs().to_vec(),

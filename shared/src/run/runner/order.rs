@@ -1,22 +1,46 @@
-//! Runs in order: a job that carries a `sequence` starts only if no job with a higher or equal
-//! one has started on the workspace, and then records its own, under its lease, before
-//! terraform runs. A job that comes back after a later request ran (it waited for a busy
+//! What settles a job before it runs (done before, cancelled, superseded), and runs in order:
+//! a job that carries a `sequence` starts only if no job with a higher or equal one has
+//! started on the workspace, and then records its own, under its lease, before terraform runs. A job that comes back after a later request ran (it waited for a busy
 //! workspace and was queued again, or its queue does not keep order) never puts an older
 //! configuration back: its result is `superseded`.
 
-use bytes::Bytes;
-use state_backends::{Lease, StateStoreExt, WorkspaceId};
+use state_backends::{Lease, WorkspaceId};
 
-use crate::job::redact::Redactor;
 use crate::job::validate::ValidatedJob;
-use crate::run::records::{self, JOB_FILE, RESULT_FILE, Started, StartedError};
+use crate::run::records::{self, Started};
 use crate::run::result::{Category, JobError, JobResult, Status, SupersededBy};
 
 use super::finish::Clock;
 use super::report::Report;
-use super::{RunError, Runner};
+use super::{RunError, RunOutcome, Runner};
 
 impl Runner {
+    /// What settles the job before it runs, under its lease: it ran before (the same job
+    /// delivered again), it was cancelled before it started, or a later request started first.
+    pub(super) async fn settled_before_running(
+        &self,
+        job: &ValidatedJob,
+        ws: &WorkspaceId,
+        lease: &Lease,
+    ) -> Result<Option<RunOutcome>, RunError> {
+        let j = &job.job;
+        // Checked again under the lease: the same job may have run while we waited for it.
+        // A request to cancel it is read side by side.
+        let (previous, asked) = tokio::join!(
+            self.previous_result(ws, job),
+            records::cancel_requested(self.store.as_ref(), ws, &j.id)
+        );
+        if let Some(previous) = previous? {
+            return Ok(Some(RunOutcome::AlreadyDone(Box::new(previous))));
+        }
+        if let Some(request) = asked? {
+            let cancelled = self.cancelled_before(job, ws, lease, &request).await?;
+            return Ok(Some(RunOutcome::Finished(Box::new(cancelled))));
+        }
+        let superseded = self.take_turn(job, ws, lease).await?;
+        Ok(superseded.map(|result| RunOutcome::Finished(Box::new(result))))
+    }
+
     /// Checks the job's place in the workspace's order, under its lease. `Some` with the
     /// job's `superseded` result (written) when a later request started first; otherwise the
     /// job's sequence, if it has one, is now the workspace's highest started.
@@ -31,36 +55,16 @@ impl Runner {
             return Ok(None);
         };
         let store = self.store.as_ref();
-        let unreadable = |e: StartedError| match e {
-            StartedError::Store(e) => RunError::Store(e),
-            StartedError::Record(e) => RunError::WorkspaceRecord(e),
-        };
-        match records::started(store, ws).await.map_err(unreadable)? {
+        match records::started(store, ws).await? {
             // The same job again (its run was interrupted): its turn is still its own.
             Some(started) if started.job_id == j.id => Ok(None),
             Some(started) if started.sequence >= sequence => {
-                // What was asked, as every run records it: the stored result is then known as
-                // this job's own, and a delivery of it again gets the same answer.
-                let redactor = Redactor::new(job.sensitive_values.iter().cloned());
-                let record = records::JobRecord::new(job, &redactor, lease).to_bytes();
-                store
-                    .put_artifact_fenced(ws, &j.id, JOB_FILE, record, &lease.fence())
-                    .await?;
-                let result = superseded(job, lease, started);
-                let data =
-                    serde_json::to_vec_pretty(&result).map_err(|source| RunError::Record {
-                        job_id: j.id.clone(),
-                        name: RESULT_FILE,
-                        source,
-                    })?;
-                store
-                    .put_artifact_fenced(ws, &j.id, RESULT_FILE, Bytes::from(data), &lease.fence())
-                    .await?;
                 tracing::info!(
-                    superseded_by = %result.superseded_by.as_ref().map_or("", |s| s.job_id.as_str()),
+                    superseded_by = %started.job_id,
                     "job superseded: a later request on the workspace started first"
                 );
-                Ok(Some(result))
+                let result = superseded(job, lease, started);
+                Ok(Some(self.never_ran(job, ws, lease, result).await?))
             }
             _ => {
                 records::record_started(store, ws, &Started::new(&j.id, sequence), &lease.fence())
