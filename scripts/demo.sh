@@ -30,6 +30,19 @@ ENV
 echo "== terrace run examples/demo-job.yaml"
 "$terrace" run examples/demo-job.yaml
 echo
+echo "== an older request (sequence 1) arrives after demo-apply-1 (sequence 2) ran"
+sed -e 's/^id: demo-apply-1/id: demo-apply-0/' -e 's/^sequence: 2/sequence: 1/' \
+    -e 's/node_count: 3/node_count: 5/' examples/demo-job.yaml > "$demo/older-request.yaml"
+code=0
+"$terrace" run -q "$demo/older-request.yaml" || code=$?
+if [[ "$code" != 1 ]]; then
+    echo "the older request should have been superseded (exit 1); it exited $code" >&2
+    exit 1
+fi
+echo
+echo "== terrace cancel demo-apply-1 (a finished job: nothing changes)"
+"$terrace" cancel demo-apply-1
+echo
 echo "== terrace state versions acme/demo"
 "$terrace" state versions acme/demo
 echo
@@ -47,5 +60,6 @@ and see what happened to the workspace:
   terrace status acme/demo
   terrace runs acme/demo
   terrace logs acme/demo          # --follow while a job runs
+  terrace cancel JOB -w acme/demo # a queued job never runs, a running one stops
 (make demo starts again from nothing.)
 TXT

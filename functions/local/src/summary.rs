@@ -34,7 +34,9 @@ pub(crate) fn print_summary(r: &JobResult) {
         .iter()
         .map(|s| format!("{} {}ms", s.step, s.duration_ms))
         .collect();
-    outln!("steps:      {}", steps.join(", "));
+    if !steps.is_empty() {
+        outln!("steps:      {}", steps.join(", "));
+    }
     if let Some(c) = &r.changes {
         outln!(
             "changes:    {} to add, {} to change, {} to destroy",
