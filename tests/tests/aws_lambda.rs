@@ -704,6 +704,51 @@ async fn an_older_request_back_from_the_queue_after_a_later_one_ran_is_supersede
     assert_eq!(store.versions(&ws).await.unwrap().len(), versions);
 }
 
+/// A cancel on the jobs queue, for the tenant's own job: the job, delivered afterwards, never
+/// runs; a cancel for a tenant the registry does not know is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_on_the_queue_stops_the_tenants_queued_job() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let invoke = |bodies: Vec<String>| {
+        let (w, api) = (&w, &api);
+        async move {
+            let (event, _) = w.batch(&bodies).await;
+            let response = api
+                .invoke(event, Duration::from_secs(14 * 60))
+                .await
+                .expect("the batch is answered");
+            assert!(failures(&response).is_empty(), "{response}");
+            w.results().await
+        }
+    };
+    let cancel = |tenant: &str| {
+        json!({ "cancel": { "job": "cx-1", "tenant": tenant, "workspace": "lam-cancel" } })
+            .to_string()
+    };
+    let answers = invoke(vec![cancel("acme"), cancel("mallory")]).await;
+    let of = |tenant: &str| {
+        answers
+            .iter()
+            .find(|a| {
+                a["cancel"]["tenant"] == tenant || a["status"] == "rejected" && tenant == "mallory"
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no answer for {tenant}: {answers:?}"))
+    };
+    assert_eq!(of("acme")["status"], "cancel-requested", "{answers:?}");
+    assert_eq!(of("mallory")["status"], "rejected", "{answers:?}");
+
+    let job = invoke(vec![w.envelope("cx-1", "lam-cancel", "5m")]).await;
+    assert_eq!(job[0]["job_id"], "cx-1", "{job:?}");
+    assert_eq!(job[0]["status"], "cancelled", "{job:?}");
+    assert_eq!(job[0]["error"]["step"], "start", "{job:?}");
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/lam-cancel".parse().unwrap();
+    assert!(store.versions(&ws).await.unwrap().is_empty(), "nothing ran");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_the_drift() {
     let w = World::new().await;

@@ -170,8 +170,8 @@ pub trait Trigger: Send + Sync {
 /// reported already when the fate says so.
 #[derive(Debug)]
 pub enum Fate {
-    /// The job has a final result, from this delivery or an earlier one: acknowledge.
-    /// Reported.
+    /// The job has a final result, from this delivery or an earlier one, or the message was a
+    /// cancel that is now recorded (or found its job finished): acknowledge. Reported.
     Ran(Value),
     /// The message can never be a job: acknowledge it, or dead-letter it where the trigger
     /// keeps those. Reported.
@@ -329,6 +329,9 @@ pub async fn handle<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
 }
 
 async fn handle_one<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
+    if let Some(fate) = cancel::handle_cancel(trigger, &d).await {
+        return fate;
+    }
     let (target, job) = match check(trigger, &d).await {
         Ok(checked) => checked,
         Err(Ok(problems)) => return reject(trigger, rejection(d.message_id, problems)).await,
@@ -528,6 +531,7 @@ async fn final_result(
     serde_json::to_value(result).ok()
 }
 
+mod cancel;
 mod task;
 pub use task::{MAX_TASK_REQUEUES, task, task_exit};
 

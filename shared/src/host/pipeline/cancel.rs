@@ -1,0 +1,113 @@
+//! A cancel on the queue: `{"cancel": {"job", "tenant", "workspace"}}`. The tenant is checked
+//! against the registry as a job's is, and the request is written where the job's runner looks
+//! for it (`runs/<job>/cancel.json`): a queued job then never runs, a running one stops within
+//! a few seconds. A job that already finished is left as it is; the answer says so.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use state_backends::WorkspaceId;
+
+use crate::host::trigger::{json_or_base64, problem, rejection};
+use crate::run::records;
+use crate::run::runner::previous_result;
+
+use super::{Delivery, Fate, Trigger, cannot, reject};
+
+/// The message: the job to cancel and where it is; a target only where the trigger has no
+/// tenant registry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelEnvelope<T> {
+    cancel: CancelAsk,
+    #[serde(default = "Option::default")]
+    target: Option<T>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelAsk {
+    job: String,
+    tenant: String,
+    workspace: String,
+}
+
+const FIX: &str =
+    "send {\"cancel\": {\"job\": JOB_ID, \"tenant\": TENANT, \"workspace\": WORKSPACE}}";
+
+/// `Some` with the message's fate when it is a cancel (a JSON object with a `cancel` key).
+pub(super) async fn handle_cancel<T: Trigger + ?Sized>(
+    trigger: &T,
+    d: &Delivery<'_>,
+) -> Option<Fate> {
+    let body: Value = json_or_base64(d.body).ok()?;
+    body.get("cancel")?;
+    Some(cancel(trigger, d, body).await)
+}
+
+async fn cancel<T: Trigger + ?Sized>(trigger: &T, d: &Delivery<'_>, body: Value) -> Fate {
+    let refuse = |field: &str, why: String, fix: &str| {
+        rejection(d.message_id, vec![problem(field, why, fix)])
+    };
+    let envelope: CancelEnvelope<T::Target> = match serde_json::from_value(body) {
+        Ok(envelope) => envelope,
+        Err(e) => {
+            let why = format!(
+                "the message is not a cancel: {}",
+                crate::job::redact::unquoted(&e.to_string())
+            );
+            return reject(trigger, refuse("cancel", why, FIX)).await;
+        }
+    };
+    let ask = envelope.cancel;
+    // Honoured only for the tenant's own jobs, on the tenant's own store.
+    let target = match (trigger.tenants(), envelope.target) {
+        (Some(tenants), message) => {
+            match tenants.resolve(&ask.tenant, message.as_ref(), trigger.registry_only()) {
+                Ok(target) => target,
+                Err(problems) => return reject(trigger, rejection(d.message_id, problems)).await,
+            }
+        }
+        (None, Some(target)) => target,
+        (None, None) => {
+            let record = refuse("target", "is missing".into(), trigger.envelope_fix());
+            return reject(trigger, record).await;
+        }
+    };
+    let ws = match WorkspaceId::new(&ask.tenant, &ask.workspace) {
+        Ok(ws) => ws,
+        Err(e) => return reject(trigger, refuse("cancel.workspace", e.to_string(), FIX)).await,
+    };
+    if ask.job.starts_with('_') || state_backends::check_artifact_name(&ask.job, "x").is_err() {
+        let why = format!("{:?} is not a job id", ask.job);
+        return reject(trigger, refuse("cancel.job", why, "name the job's id")).await;
+    }
+    let store = match trigger.store(&target, &ask.job, None).await {
+        Ok(store) => store,
+        Err(e) => return cannot(trigger, d.message_id, e).await,
+    };
+    let finished = match previous_result(&*store, &ws, &ask.job, None).await {
+        Ok(finished) => finished,
+        Err(e) if e.is_retryable() => return Fate::again(e.to_string()),
+        Err(e) => return reject(trigger, refuse("cancel.job", e.to_string(), "")).await,
+    };
+    let mut record = json!({
+        "cancel": { "job_id": ask.job, "tenant": ask.tenant, "workspace": ask.workspace },
+        "message_id": d.message_id,
+    });
+    match finished {
+        Some(result) => {
+            record["status"] = json!("already-finished");
+            record["job_status"] = json!(result.status);
+        }
+        None => {
+            let by = format!("message {}", d.message_id);
+            if let Err(e) = records::request_cancel(&*store, &ws, &ask.job, &by).await {
+                return Fate::again(format!("could not record the cancel: {e}"));
+            }
+            record["status"] = json!("cancel-requested");
+        }
+    }
+    tracing::info!(record = %record, "cancel message answered");
+    trigger.report(&record).await;
+    Fate::Ran(record)
+}
