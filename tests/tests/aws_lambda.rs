@@ -216,6 +216,18 @@ impl World {
     }
 
     /// Every message on the results queue now (consumed).
+    /// Sends `bodies` as one SQS batch to the function, checks that none is returned to the
+    /// queue, and gives what it reported on the results queue.
+    async fn answer(&self, api: &RuntimeApi, bodies: &[String]) -> Vec<Value> {
+        let (event, _) = self.batch(bodies).await;
+        let response = api
+            .invoke(event, Duration::from_secs(14 * 60))
+            .await
+            .expect("the batch is answered");
+        assert!(failures(&response).is_empty(), "{response}");
+        self.results().await
+    }
+
     async fn results(&self) -> Vec<Value> {
         let mut out = Vec::new();
         loop {
@@ -671,28 +683,19 @@ async fn an_older_request_back_from_the_queue_after_a_later_one_ran_is_supersede
         v.to_string()
     };
     let a = body("ord-a", "alpha", 1);
-    let invoke = |bodies: Vec<String>| {
-        let (w, api) = (&w, &api);
-        async move {
-            let (event, _) = w.batch(&bodies).await;
-            let response = api
-                .invoke(event, Duration::from_secs(14 * 60))
-                .await
-                .expect("the batch is answered");
-            assert!(failures(&response).is_empty(), "{response}");
-            w.results().await
-        }
-    };
-    assert!(invoke(vec![a.clone()]).await.is_empty(), "A waits");
+    assert!(
+        w.answer(&api, std::slice::from_ref(&a)).await.is_empty(),
+        "A waits"
+    );
     store.release_lease(&ws, &other).await.unwrap();
 
-    let b = invoke(vec![body("ord-b", "beta", 2)]).await;
+    let b = w.answer(&api, &[body("ord-b", "beta", 2)]).await;
     assert_eq!(b[0]["status"], "succeeded", "{b:?}");
     assert_eq!(cluster_in(&store, &ws).await, "beta");
     let versions = store.versions(&ws).await.unwrap().len();
 
     // A's copy (the body the requeue put back) comes back.
-    let a = invoke(vec![a]).await;
+    let a = w.answer(&api, &[a]).await;
     assert_eq!(a.len(), 1, "{a:?}");
     assert_eq!(a[0]["job_id"], "ord-a");
     assert_eq!(a[0]["status"], "superseded", "{a:?}");
@@ -711,23 +714,11 @@ async fn a_cancel_on_the_queue_stops_the_tenants_queued_job() {
     let w = World::new().await;
     let api = RuntimeApi::start().await;
     let _function = w.start(&api);
-    let invoke = |bodies: Vec<String>| {
-        let (w, api) = (&w, &api);
-        async move {
-            let (event, _) = w.batch(&bodies).await;
-            let response = api
-                .invoke(event, Duration::from_secs(14 * 60))
-                .await
-                .expect("the batch is answered");
-            assert!(failures(&response).is_empty(), "{response}");
-            w.results().await
-        }
-    };
     let cancel = |tenant: &str| {
         json!({ "cancel": { "job": "cx-1", "tenant": tenant, "workspace": "lam-cancel" } })
             .to_string()
     };
-    let answers = invoke(vec![cancel("acme"), cancel("mallory")]).await;
+    let answers = w.answer(&api, &[cancel("acme"), cancel("mallory")]).await;
     let of = |tenant: &str| {
         answers
             .iter()
@@ -740,7 +731,9 @@ async fn a_cancel_on_the_queue_stops_the_tenants_queued_job() {
     assert_eq!(of("acme")["status"], "cancel-requested", "{answers:?}");
     assert_eq!(of("mallory")["status"], "rejected", "{answers:?}");
 
-    let job = invoke(vec![w.envelope("cx-1", "lam-cancel", "5m")]).await;
+    let job = w
+        .answer(&api, &[w.envelope("cx-1", "lam-cancel", "5m")])
+        .await;
     assert_eq!(job[0]["job_id"], "cx-1", "{job:?}");
     assert_eq!(job[0]["status"], "cancelled", "{job:?}");
     assert_eq!(job[0]["error"]["step"], "start", "{job:?}");

@@ -485,7 +485,11 @@ fn required_str<'a>(
     }
 }
 
-fn check_id(id: &str) -> Result<(), ValidationError> {
+/// Whether `id` can be a job's id (it names the run's folder in every store).
+///
+/// # Errors
+/// What is wrong and the fix, at field `id`.
+pub(crate) fn check_id(id: &str) -> Result<(), ValidationError> {
     let ok = id.len() <= 128
         && id.starts_with(|c: char| c.is_ascii_alphanumeric())
         && id

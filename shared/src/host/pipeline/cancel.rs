@@ -77,9 +77,8 @@ async fn cancel<T: Trigger + ?Sized>(trigger: &T, d: &Delivery<'_>, body: Value)
         Ok(ws) => ws,
         Err(e) => return reject(trigger, refuse("cancel.workspace", e.to_string(), FIX)).await,
     };
-    if ask.job.starts_with('_') || state_backends::check_artifact_name(&ask.job, "x").is_err() {
-        let why = format!("{:?} is not a job id", ask.job);
-        return reject(trigger, refuse("cancel.job", why, "name the job's id")).await;
+    if let Err(e) = crate::job::validate::check_id(&ask.job) {
+        return reject(trigger, refuse("cancel.job", e.problem, &e.fix)).await;
     }
     let store = match trigger.store(&target, &ask.job, None).await {
         Ok(store) => store,
