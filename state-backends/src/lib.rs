@@ -254,6 +254,12 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether this store seals what holds a state (see [`sealed::seals_artifact`]) with the
+    /// workspace's key: `false` for a store that writes them as they are.
+    fn seals(&self) -> bool {
+        false
+    }
+
     /// Accepts `state` as the workspace's new current state and records it as a new version.
     ///
     /// # Errors

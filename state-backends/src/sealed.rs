@@ -261,6 +261,10 @@ impl StateStore for SealedStore {
         self.inner.current_version(ws).await
     }
 
+    fn seals(&self) -> bool {
+        self.keys.is_some()
+    }
+
     /// A data key made and unwrapped again, for nothing: the key can seal and open.
     async fn check_keys(&self, ws: &WorkspaceId) -> Result<()> {
         let Some(keys) = &self.keys else {

@@ -50,6 +50,9 @@ impl StateStore for FailingPuts {
     fn kind(&self) -> &'static str {
         "failing-puts"
     }
+    fn seals(&self) -> bool {
+        self.inner.seals()
+    }
     async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>> {
         self.inner.current(ws).await
     }

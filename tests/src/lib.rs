@@ -87,17 +87,6 @@ pub async fn leased_state_server(
     .expect("the state server starts")
 }
 
-/// The `-backend-config` file of terraform's `http` backend for a state server.
-pub fn http_backend_config(ep: &shared::run::state_server::Endpoint) -> String {
-    format!(
-        "address = {a:?}\nlock_address = {a:?}\nunlock_address = {a:?}\nlock_method = \"LOCK\"\n\
-         unlock_method = \"UNLOCK\"\nusername = {u:?}\npassword = {p:?}\n",
-        a = ep.address,
-        u = ep.username,
-        p = ep.password
-    )
-}
-
 /// The filesystem mirror holding the testcloud provider.
 pub fn plugin_mirror() -> PathBuf {
     let mirror = repo_root().join(".cache/plugins");
@@ -189,7 +178,7 @@ impl Sandbox {
             .expect("link demo");
         for name in [
             "leaky", "fleet", "tiers", "awscreds", "probe", "lurker", "hog", "tagged", "stack",
-            "_modules",
+            "approval", "_modules",
         ] {
             std::os::unix::fs::symlink(
                 repo.join("tests/templates").join(name),

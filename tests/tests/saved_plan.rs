@@ -76,11 +76,6 @@ impl Bench {
         let work = dir.path().join("work");
         std::fs::create_dir_all(work.join(".home")).unwrap();
         std::fs::write(work.join("main.tf"), main).unwrap();
-        std::fs::write(
-            work.join("backend.hcl"),
-            tests::http_backend_config(server.endpoint()),
-        )
-        .unwrap();
         let (logger, pump) = logs::start(Redactor::default(), Vec::new());
         let cli_config = dir.path().join("terraformrc");
         std::fs::write(
@@ -98,6 +93,7 @@ impl Bench {
                 "TESTCLOUD_ROOT".into(),
                 dir.path().join("cloud").display().to_string(),
             )],
+            backend: server.endpoint().backend_env(),
             ..TerraformConfig::default()
         };
         let bench = Self {
@@ -110,8 +106,7 @@ impl Bench {
             logger,
             _pump: pump,
         };
-        let backend_config = bench.work.join("backend.hcl");
-        let init = bench.run(&Command::Init { backend_config }).await;
+        let init = bench.run(&Command::Init).await;
         assert!(init.success(), "init: {:?}", init.errors);
         bench
     }

@@ -10,11 +10,16 @@ use serde_json::Value;
 use state_backends::fs::FsStore;
 use state_backends::{StateStore, WorkspaceId};
 
-fn terraform(dir: &Path, args: &[&str]) -> std::process::Output {
+fn terraform(
+    dir: &Path,
+    args: &[&str],
+    ep: &shared::run::state_server::Endpoint,
+) -> std::process::Output {
     Command::new(tests::terraform())
         .args(args)
         .current_dir(dir)
         .env_clear()
+        .envs(ep.backend_env())
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("HOME", dir)
         .env("CHECKPOINT_DISABLE", "1")
@@ -47,16 +52,7 @@ async fn writes_with_an_older_serial_or_another_lineage_are_refused_and_history_
         "terraform {\n  backend \"http\" {}\n}\n",
     )
     .unwrap();
-    std::fs::write(work.join("backend.hcl"), tests::http_backend_config(&ep)).unwrap();
-    let init = terraform(
-        &work,
-        &[
-            "init",
-            "-input=false",
-            "-no-color",
-            "-backend-config=backend.hcl",
-        ],
-    );
+    let init = terraform(&work, &["init", "-input=false", "-no-color"], &ep);
     assert!(
         init.status.success(),
         "init: {}",
@@ -65,7 +61,7 @@ async fn writes_with_an_older_serial_or_another_lineage_are_refused_and_history_
 
     let push = |name: &str, content: String| {
         std::fs::write(work.join(name), content).unwrap();
-        terraform(&work, &["state", "push", "-force", name])
+        terraform(&work, &["state", "push", "-force", name], &ep)
     };
     // Into an empty workspace terraform pushes under a lineage of its own choosing.
     let first = push("first.tfstate", state("lin-first", 1, "one"));

@@ -464,6 +464,7 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
                 cpu_seconds: g.job_cpu_seconds.0,
             },
             job_user: None,
+            backend: Vec::new(),
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
         // The CLI's stores read `TERRACE_CALL_TIMEOUT` as they are opened (store.rs).

@@ -245,6 +245,7 @@ impl Runtime {
                 shared_user: crate::run::terraform::SharedUser::Unguarded,
                 limits: job_limits()?,
                 job_user: None,
+                backend: Vec::new(),
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
             call_timeout: call_timeout()?,

@@ -110,6 +110,18 @@ pub struct Job {
     /// `superseded`). Without it, jobs run in the order they get the workspace's lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<u64>,
+    /// An approved plan to apply: the id of the `plan` job that made it. The job applies
+    /// exactly that plan file and plans nothing itself (see `docs/approval.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// The key of an approved plan sealed with a key of its own (a store without keys), as
+    /// the plan's result gave it once. A secret: never logged or recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_key: Option<String>,
+    /// A plan job plans destroying everything in the workspace (`terraform plan -destroy`),
+    /// for a `destroy` job to apply once approved.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub destroy: bool,
 }
 
 /// How transient failures are retried: exponential backoff with full jitter. Attempt `n`
@@ -152,7 +164,7 @@ impl RetryPolicy {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The fields a job file may have, for the "unknown field" message.
-pub const FIELDS: [&str; 11] = [
+pub const FIELDS: [&str; 14] = [
     "id",
     "tenant",
     "workspace",
@@ -164,6 +176,9 @@ pub const FIELDS: [&str; 11] = [
     "retry",
     "budget",
     "sequence",
+    "plan",
+    "plan_key",
+    "destroy",
 ];
 
 /// A job document as written, before its fields are checked.

@@ -116,6 +116,11 @@ pub struct Variable {
     pub default: Option<serde_json::Value>,
     #[serde(default)]
     pub sensitive: bool,
+    /// Declared `ephemeral = true` in terraform (1.10 and later): its value is in no plan and
+    /// no state, so an approved plan's apply is given it again; Terrace records it nowhere
+    /// (masked as a sensitive value is).
+    #[serde(default)]
+    pub ephemeral: bool,
     #[serde(default)]
     pub description: Option<String>,
     #[serde(flatten)]

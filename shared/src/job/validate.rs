@@ -14,7 +14,9 @@ use crate::job::{self, FIELDS, Job, OnFailure, Operation, RawJob, RetryPolicy, T
 mod quote;
 use quote::{quoted, suggest};
 
+mod approval;
 mod variables;
+pub use approval::PLAN_KEY_CHARS;
 pub(crate) use variables::check_constraint;
 use variables::check_variables;
 
@@ -207,6 +209,7 @@ pub fn validate_for(
     let retry = retry_policy(doc.get("retry"), &mut errors);
     let budget = budget(doc.get("budget"), &mut errors);
     let sequence = sequence(doc.get("sequence"), &mut errors);
+    let approval = approval::approval(doc, operation, on_failure, &mut errors);
     let template = template_ref(doc.get("template"), &mut errors).and_then(|r| {
         match Template::load(templates_root, &r.name, &r.version) {
             Ok(t) => Some((r, t)),
@@ -237,6 +240,13 @@ pub fn validate_for(
         }
     };
     let variables = match (&template, &supplied) {
+        (Some((_, t)), Some(vars)) if approval.plan.is_some() => {
+            approval::only_ephemeral(t, vars, &mut errors);
+            let mut ephemeral = t.clone();
+            ephemeral.spec.variables.retain(|_, v| v.ephemeral);
+            ephemeral.spec.rules.clear();
+            Some(check_variables(&ephemeral, vars, cloud, &mut errors))
+        }
         (Some((_, t)), Some(vars)) => Some(check_variables(t, vars, cloud, &mut errors)),
         _ => None,
     };
@@ -269,7 +279,7 @@ pub fn validate_for(
         .spec
         .variables
         .iter()
-        .filter(|(_, v)| v.sensitive)
+        .filter(|(_, v)| v.sensitive || v.ephemeral)
         .filter_map(|(name, _)| variables.get(name))
         .flat_map(secret_strings)
         .collect();
@@ -286,6 +296,9 @@ pub fn validate_for(
             retry,
             budget,
             sequence,
+            plan: approval.plan,
+            plan_key: approval.plan_key,
+            destroy: approval.destroy,
         },
         template,
         sensitive_values,

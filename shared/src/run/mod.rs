@@ -14,6 +14,7 @@ pub mod leftovers;
 pub mod lifecycle;
 pub mod logs;
 pub mod metrics;
+pub mod plans;
 pub mod records;
 pub mod recover;
 pub mod result;

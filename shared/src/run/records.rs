@@ -84,6 +84,12 @@ pub struct JobRecord {
     pub on_failure: Option<OnFailure>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseFacts>,
+    /// The approved plan the job applied (its `plan_key` is never recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// A plan job's plan destroys everything.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub destroy: bool,
 }
 
 /// The lease a run held.
@@ -102,7 +108,9 @@ impl JobRecord {
         let mut variables = BTreeMap::new();
         let mut masked = BTreeSet::new();
         for (name, value) in &job.job.variables {
-            let sensitive = declared.get(name).is_some_and(|v| v.sensitive);
+            let sensitive = declared
+                .get(name)
+                .is_some_and(|v| v.sensitive || v.ephemeral);
             let shown = if sensitive {
                 Value::String(MASK.to_owned())
             } else {
@@ -129,6 +137,8 @@ impl JobRecord {
                 fence: lease.fence,
                 acquired_at: state_backends::display_time(lease.acquired_at),
             }),
+            plan: j.plan.clone(),
+            destroy: j.destroy,
         }
     }
 

@@ -58,8 +58,12 @@ pub enum Category {
     Budget,
     /// A process of the job went over the runner's per-process limits (memory, CPU time).
     ResourceLimit,
-    /// A later request on the workspace started first: the job never ran.
+    /// A later request on the workspace started first: the job never ran. For an approved
+    /// plan: a later run changed the state it was made from.
     Superseded,
+    /// The approved plan a job names may not be applied (expired, applied already, made by
+    /// another version, of another kind, failed, or not there): nothing ran.
+    PlanRefused,
     Internal,
 }
 
@@ -79,6 +83,7 @@ impl Category {
             Self::Budget => "budget",
             Self::ResourceLimit => "resource-limit",
             Self::Superseded => "superseded",
+            Self::PlanRefused => "plan-refused",
             Self::Internal => "internal",
         }
     }
@@ -517,6 +522,12 @@ pub struct JobResult {
     /// For a `superseded` job: the run that superseded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<SupersededBy>,
+    /// For a plan job: the plan it kept for approval (see `docs/approval.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::run::plans::PlanSummary>,
+    /// For an apply or destroy of an approved plan: the plan job whose plan it applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_plan: Option<String>,
 }
 
 /// The run that superseded a job: it started on the workspace with this sequence.
@@ -746,6 +757,8 @@ mod tests {
             }],
             sequence: None,
             superseded_by: None,
+            plan: None,
+            applied_plan: None,
         };
         let redacted = result.redacted(&redactor);
         let error = redacted.error.as_ref().unwrap();

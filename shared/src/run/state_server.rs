@@ -53,6 +53,29 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Terraform's `http` backend configuration as its environment variables (`TF_HTTP_*`).
+    ///
+    /// Given this way rather than with `-backend-config`, none of it is written into a saved
+    /// plan: `-backend-config` values are kept in the plan file (the password with them), and
+    /// an approved plan applied later by another run would carry the old run's address and
+    /// password. Values from the environment are read afresh by each command.
+    pub fn backend_env(&self) -> Vec<(String, String)> {
+        [
+            ("TF_HTTP_ADDRESS", self.address.as_str()),
+            ("TF_HTTP_LOCK_ADDRESS", self.address.as_str()),
+            ("TF_HTTP_UNLOCK_ADDRESS", self.address.as_str()),
+            ("TF_HTTP_LOCK_METHOD", "LOCK"),
+            ("TF_HTTP_UNLOCK_METHOD", "UNLOCK"),
+            ("TF_HTTP_USERNAME", self.username.as_str()),
+            ("TF_HTTP_PASSWORD", self.password.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+}
+
 /// What the server did, for the job's result.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Activity {

@@ -68,6 +68,9 @@ pub struct TerraformConfig {
     /// runner's task under the lease included), so it is given back only once the last of them
     /// is done, even when whoever started the job stopped waiting for it.
     pub job_user: Option<std::sync::Arc<JobUser>>,
+    /// The run's state server as terraform's `http` backend sees it, `TF_HTTP_*` (see
+    /// [`crate::run::state_server::Endpoint::backend_env`]): set per run, never inherited.
+    pub backend: Vec<(String, String)>,
 }
 
 /// What each process of a job may use, set as resource limits (`setrlimit`) on terraform before
@@ -123,6 +126,7 @@ impl Default for TerraformConfig {
             shared_user: SharedUser::Unguarded,
             limits: Limits::default(),
             job_user: None,
+            backend: Vec::new(),
         }
     }
 }
@@ -131,8 +135,9 @@ impl Default for TerraformConfig {
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Variables that change how terraform itself behaves; never passed through from the runner.
-const NEVER_PASS: [&str; 8] = [
+const NEVER_PASS: [&str; 9] = [
     "TF_LOG",
+    "TF_HTTP_",
     "TF_CLI_ARGS",
     "TF_WORKSPACE",
     "TF_DATA_DIR",
@@ -165,9 +170,8 @@ pub enum PlanMode {
 /// A terraform subcommand, with the flags Terrace always uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    Init {
-        backend_config: PathBuf,
-    },
+    /// `init` with the `http` backend, configured by [`TerraformConfig::backend`].
+    Init,
     Plan {
         mode: PlanMode,
         detailed_exitcode: bool,
@@ -188,7 +192,7 @@ impl Command {
     /// The step name used in logs and results.
     pub fn step(&self) -> &'static str {
         match self {
-            Command::Init { .. } => "init",
+            Command::Init => "init",
             Command::Plan { .. } => "plan",
             Command::ShowPlan => "show",
             Command::Apply => "apply",
@@ -208,8 +212,7 @@ impl Command {
         }
         args.push("-no-color".into());
         let positional = match self {
-            Command::Init { backend_config } => {
-                args.push(format!("-backend-config={}", backend_config.display()));
+            Command::Init => {
                 args.push("-reconfigure".into());
                 vec![]
             }
@@ -473,6 +476,7 @@ pub(crate) fn environment(config: &TerraformConfig, workdir: &Path) -> Vec<(Stri
             .filter(|(name, _)| may_pass(name))
             .cloned(),
     );
+    env.extend(config.backend.iter().cloned());
     env.extend([
         ("TF_IN_AUTOMATION".to_owned(), "1".to_owned()),
         ("TF_INPUT".to_owned(), "0".to_owned()),

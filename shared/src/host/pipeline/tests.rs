@@ -248,6 +248,8 @@ fn result_of(id: &str) -> crate::run::result::JobResult {
         attention: Vec::new(),
         sequence: None,
         superseded_by: None,
+        plan: None,
+        applied_plan: None,
     }
 }
 

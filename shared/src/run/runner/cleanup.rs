@@ -14,7 +14,7 @@ use crate::run::terraform::{Command, PlanMode};
 use super::Runner;
 use super::report::Report;
 use super::steps::{Ran, Steps};
-use super::workdir::{BACKEND_CONFIG, prepare_workdir};
+use super::workdir::prepare_workdir;
 
 impl Runner {
     /// The managed resources in the workspace's current state.
@@ -219,7 +219,6 @@ impl Runner {
             self.config.work_root.as_deref(),
             &previous,
             &to,
-            s.server.endpoint(),
             self.config.terraform.user,
         )
         .map_err(|e| format!("cannot prepare the workdir: {e}"))?;
@@ -228,8 +227,7 @@ impl Runner {
             ..*s
         };
         let failed = |e: JobError| format!("{} (step {})", e.message, e.step);
-        let backend_config = r.dir.join(BACKEND_CONFIG);
-        r.run(&Command::Init { backend_config }, report)
+        r.run(&Command::Init, report)
             .await
             .and_then(Ran::ok)
             .map_err(failed)?;

@@ -177,6 +177,8 @@ impl Report {
             attention: Vec::new(),
             sequence: j.sequence,
             superseded_by: None,
+            plan: self.plan,
+            applied_plan: j.plan.clone(),
         }
     }
 }

@@ -82,6 +82,8 @@ impl Runner {
             unsaved_state: None,
             sequence: None,
             superseded_by: None,
+            plan: None,
+            applied_plan: None,
             error: Some(JobError::new(
                 Category::Internal,
                 "unknown",

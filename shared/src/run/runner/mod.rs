@@ -41,6 +41,7 @@ use report::{Earlier, Report};
 use steps::Steps;
 use workdir::prepare_workdir;
 
+mod approved;
 mod cancel;
 mod cleanup;
 mod finish;
@@ -56,7 +57,7 @@ mod unsaved;
 mod workdir;
 
 pub use previous::previous_result;
-pub use workdir::{BACKEND_CONFIG, sweep_workdirs};
+pub use workdir::sweep_workdirs;
 
 /// How the runner works on this machine.
 #[derive(Clone, Debug)]
@@ -87,6 +88,8 @@ pub struct RunnerConfig {
     /// A folder of price books (see [`crate::run::cost`]): plans are estimated when it exists, read
     /// afresh by each job.
     pub price_books: Option<PathBuf>,
+    /// How long a plan job's plan may wait for its approval (see [`crate::run::plans`]).
+    pub plan_ttl: Duration,
 }
 
 impl Default for RunnerConfig {
@@ -103,6 +106,7 @@ impl Default for RunnerConfig {
             metrics: None,
             price_books: None,
             max_state_bytes: crate::run::state_server::MAX_STATE_BYTES,
+            plan_ttl: crate::run::plans::DEFAULT_PLAN_TTL,
         }
     }
 }
@@ -396,7 +400,12 @@ impl Runner {
         pump.finish().await;
 
         let redacted = result.redacted(&redactor);
-        let written = self.write_result(ws, lease, &lost, &redacted).await;
+        // A plan's own key is delivered with the result, never stored with it.
+        let mut stored = redacted.clone();
+        if let Some(plan) = stored.plan.as_mut() {
+            plan.key = None;
+        }
+        let written = self.write_result(ws, lease, &lost, &stored).await;
         drop(watchdog);
         tracing::info!(
             status = redacted.status.as_str(),
@@ -485,27 +494,44 @@ impl Runner {
             self.config.work_root.as_deref(),
             job,
             &tag_job,
-            server.endpoint(),
             self.config.terraform.user,
         )
         .map_err(|e| JobError::internal("prepare", format!("cannot prepare the workdir: {e}")))?;
         let dir = workdir.path();
+        if j.plan.is_some() {
+            let record = self.fetch_plan(job, ws, dir).await?;
+            report.changes = Some(record.changes);
+        }
+        // This run's state server, in terraform's environment.
+        let terraform = TerraformConfig {
+            backend: server.endpoint().backend_env(),
+            ..self.config.terraform.clone()
+        };
 
         let steps = Steps {
             job_id: &j.id,
             ws,
             server: &server,
-            config: &self.config.terraform,
+            config: &terraform,
             dir,
             logger,
             stop,
             costing: costing.as_ref(),
+            destroy: j.destroy,
+            approved: j.plan.is_some(),
         };
-        let result = self.steps(j.operation, j.retry, &steps, report).await;
+        let mut result = self.steps(j.operation, j.retry, &steps, report).await;
+        if result.is_ok() && j.operation == Operation::Plan {
+            let state = server.current().await.ok().flatten();
+            let state = state.map(|c| crate::run::plans::StateFacts::of(&c.version));
+            result = self.keep_plan(job, lease, state, &steps, report).await;
+        }
         if result.is_ok() && j.operation == Operation::Apply {
-            // What a later `on_failure: rollback` returns to.
+            // What a later `on_failure: rollback` returns to: for an approved plan, the plan
+            // job, whose record holds the variables.
+            let made = j.plan.as_deref().unwrap_or(&j.id);
             if let Err(e) =
-                crate::run::records::record_last_apply(self.store.as_ref(), ws, &j.id).await
+                crate::run::records::record_last_apply(self.store.as_ref(), ws, made).await
             {
                 logger
                     .runner(

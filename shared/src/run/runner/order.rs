@@ -37,8 +37,11 @@ impl Runner {
             let cancelled = self.cancelled_before(job, ws, lease, &request).await?;
             return Ok(Some(RunOutcome::Finished(Box::new(cancelled))));
         }
-        let superseded = self.take_turn(job, ws, lease).await?;
-        Ok(superseded.map(|result| RunOutcome::Finished(Box::new(result))))
+        if let Some(superseded) = self.take_turn(job, ws, lease).await? {
+            return Ok(Some(RunOutcome::Finished(Box::new(superseded))));
+        }
+        let refused = self.check_approved(job, ws, lease).await?;
+        Ok(refused.map(|result| RunOutcome::Finished(Box::new(result))))
     }
 
     /// Checks the job's place in the workspace's order, under its lease. `Some` with the

@@ -33,6 +33,8 @@ pub(super) struct Report {
     pub(super) unsaved_state: Option<UnsavedState>,
     /// Something in the workdir could not be saved elsewhere: do not delete it.
     pub(super) keep_workdir: bool,
+    /// A plan job's plan, kept for approval.
+    pub(super) plan: Option<crate::run::plans::PlanSummary>,
 }
 
 /// Earlier runs of the workspace that ended without finishing (failed, timed out, killed),

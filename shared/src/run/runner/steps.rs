@@ -23,7 +23,6 @@ use super::imports::{MAX_IMPORTS, NotImported};
 use super::prepare::BUDGET_CURRENCY_HINT;
 use super::report::{Costing, Report};
 use super::unsaved::is_state_save_error;
-use super::workdir::BACKEND_CONFIG;
 
 impl Runner {
     /// `init` once, then attempts of the operation; a transient failure is retried with
@@ -35,10 +34,18 @@ impl Runner {
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Result<(), JobError> {
-        let backend_config = s.dir.join(BACKEND_CONFIG);
-        s.run(&Command::Init { backend_config }, report)
-            .await?
-            .ok()?;
+        s.run(&Command::Init, report).await?.ok()?;
+        if s.approved {
+            // Once: a saved plan cannot be applied again after an apply that changed anything.
+            let applied = self.apply_planned(s, report).await;
+            report.attempts.push(Attempt {
+                attempt: 1,
+                error: applied.as_ref().err().cloned(),
+                retry_after_ms: None,
+                max_retry_after_ms: None,
+            });
+            return applied;
+        }
         let mut attempt = 1;
         loop {
             let error = match self.attempt(op, s, report).await {
@@ -236,7 +243,7 @@ impl Runner {
             self.check_drift(s, report).await?;
         }
         let plan = Command::Plan {
-            mode: if op == Operation::Destroy {
+            mode: if op == Operation::Destroy || s.destroy {
                 PlanMode::Destroy
             } else {
                 PlanMode::Normal
@@ -272,6 +279,16 @@ impl Runner {
         if !op.mutates() {
             return Ok(());
         }
+        self.apply_planned(s, report).await
+    }
+
+    /// Applies the workdir's plan file (this attempt's, or an approved one) and reads the
+    /// outputs.
+    pub(super) async fn apply_planned(
+        &self,
+        s: &Steps<'_>,
+        report: &mut Report,
+    ) -> Result<(), JobError> {
         let applied = s.run(&Command::Apply, report).await?;
         let saved_by_runner = self.keep_unsaved_state(s, report).await;
         let applied = if saved_by_runner && applied.errors.iter().all(|e| is_state_save_error(e)) {
@@ -328,6 +345,10 @@ pub(super) struct Steps<'a> {
     pub(super) stop: &'a CancellationToken,
     /// Price books (and the job's budget) when plans are estimated.
     pub(super) costing: Option<&'a Costing>,
+    /// A plan job plans a destroy (`destroy: true`).
+    pub(super) destroy: bool,
+    /// The workdir holds an approved plan: terraform applies it and plans nothing.
+    pub(super) approved: bool,
 }
 
 /// A finished step and its outcome.

@@ -10,14 +10,13 @@ use super::*;
 /// beside the older `t.old` and fails; `plan -destroy -target=…` plans deleting the targets
 /// (and `t.old` too when the file `beyond` exists, as a dependency would); `apply` of that
 /// plan saves the state without `t.created`. States go to the address and with the
-/// credentials of the backend configuration `init` was given.
+/// credentials terraform's environment gives its `http` backend (`TF_HTTP_*`).
 const CLEANUP_TERRAFORM: &str = r#"#!/bin/sh
 here="$(dirname "$0")"
-field() { sed -n "s/^$1 *= *\"\(.*\)\"\$/\1/p" .backend; }
-save() { curl -sf -u "$(field username):$(field password)" --data-binary @"$here/$1" "$(field address)" >/dev/null || exit 3; }
+save() { curl -sf -u "$TF_HTTP_USERNAME:$TF_HTTP_PASSWORD" --data-binary @"$here/$1" "$TF_HTTP_ADDRESS" >/dev/null || exit 3; }
 case "$1" in
   version) echo '{"terraform_version":"1.11.4","platform":"linux_amd64","provider_selections":{}}' ;;
-  init) for a in "$@"; do case "$a" in -backend-config=*) cp "${a#-backend-config=}" .backend ;; esac; done ;;
+  init) ;;
   plan)
     mode=apply
     for a in "$@"; do [ "$a" = -destroy ] && mode=destroy; done
