@@ -350,6 +350,65 @@ async fn an_approved_plan_that_no_longer_fits_is_refused_before_anything_runs() 
     );
     assert_eq!(destroyed["status"], "succeeded", "{destroyed}");
     assert!(names_in_state(&sb, ws).is_empty());
+
+    // A plan whose time is up: the hourly sweep deletes its file, and its apply is refused.
+    let path = sb.job("short.yaml", &plan_job("p-short", "refused", "late", ""));
+    let out = sb
+        .terrace()
+        .env("TERRACE_PLAN_TTL", "1")
+        .args(["run", "-q", "--json", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let short: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let key_short = short["plan"]["key"].as_str().unwrap().to_owned();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let swept = sb.run(&["backup"]);
+    swept.expect_code(0);
+    assert!(
+        swept
+            .stdout()
+            .contains("acme/refused: deleted plan p-short (expired)"),
+        "{}",
+        swept.stdout()
+    );
+    let wsid: state_backends::WorkspaceId = ws.parse().unwrap();
+    use state_backends::StateStore as _;
+    let store = sb.fs_store();
+    assert!(
+        store
+            .artifact(&wsid, "p-short", "plan.tfplan")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .artifact(&wsid, "pd", "plan.tfplan")
+            .await
+            .unwrap()
+            .is_some(),
+        "not expired yet"
+    );
+    let late = run_json(
+        &sb,
+        "late.yaml",
+        &apply_job("a-late", "refused", "apply", "p-short", Some(&key_short)),
+        1,
+    );
+    assert!(
+        late["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("plan p-short expired at"),
+        "{late}"
+    );
+    // Swept once: the next sweep has no plan to delete.
+    let again = sb.run(&["backup"]);
+    assert!(
+        again.stdout().contains("; 0 expired plans deleted"),
+        "{}",
+        again.stdout()
+    );
 }
 
 /// With a workspace key the store seals the plan itself: no key of its own, none to give back.

@@ -116,6 +116,10 @@ pub(crate) struct Global {
     #[arg(long, env = "TERRACE_LEASE_TTL", default_value_t = 60, global = true,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) lease_ttl: u64,
+    /// Seconds a plan job's plan may wait for its approval before it expires (docs/approval.md).
+    #[arg(long, env = "TERRACE_PLAN_TTL", default_value_t = 86_400, global = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) plan_ttl: u64,
     /// Seconds terraform has to stop after an interrupt before it is killed.
     #[arg(long, env = "TERRACE_GRACE", default_value_t = 30, global = true,
           value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -467,6 +471,7 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
             backend: Vec::new(),
         },
         lease_ttl: Duration::from_secs(g.lease_ttl.max(1)),
+        plan_ttl: Duration::from_secs(g.plan_ttl),
         // The CLI's stores read `TERRACE_CALL_TIMEOUT` as they are opened (store.rs).
         call_timeout: state_backends::CALL_TIMEOUT,
         task_lease_wait: Duration::ZERO,

@@ -22,15 +22,23 @@ pub(crate) async fn backup(g: &Global, hourly: usize, daily: usize) -> anyhow::R
     for (ws, why) in &report.failed {
         eprintln!("{ws}: not backed up: {why}");
     }
+    let plans = shared::sweeps::plans::sweep(&*store, time::OffsetDateTime::now_utc()).await?;
+    for (ws, plan) in &plans.deleted {
+        outln!("{ws}: deleted plan {plan} (expired)");
+    }
+    for (ws, why) in &plans.failed {
+        eprintln!("{ws}: expired plans not deleted: {why}");
+    }
     outln!(
-        "{} changed, {} backed up, {} unchanged, {} dropped, {} failed",
+        "{} changed, {} backed up, {} unchanged, {} dropped, {} failed; {} expired plans deleted",
         report.changed,
         report.backed_up.len(),
         report.unchanged.len(),
         report.pruned.len(),
-        report.failed.len()
+        report.failed.len() + plans.failed.len(),
+        plans.deleted.len()
     );
-    Ok(if report.failed.is_empty() {
+    Ok(if report.failed.is_empty() && plans.failed.is_empty() {
         exit::OK
     } else {
         exit::FAILED

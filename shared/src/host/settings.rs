@@ -176,6 +176,8 @@ pub struct Runtime {
     pub terraform: TerraformConfig,
     /// `TERRACE_LEASE_TTL` (60 s).
     pub lease_ttl: Duration,
+    /// `TERRACE_PLAN_TTL` (86400 s): how long a plan job's plan may wait for its approval.
+    pub plan_ttl: Duration,
     /// [`call_timeout`]: one attempt of a store call.
     pub call_timeout: Duration,
     /// `TERRACE_TASK_LEASE_WAIT` (240 s): how long a handed-off task waits for a busy
@@ -248,6 +250,10 @@ impl Runtime {
                 backend: Vec::new(),
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
+            plan_ttl: seconds(
+                "TERRACE_PLAN_TTL",
+                crate::run::plans::DEFAULT_PLAN_TTL.as_secs(),
+            )?,
             call_timeout: call_timeout()?,
             task_lease_wait: seconds("TERRACE_TASK_LEASE_WAIT", 240)?,
             client_cache: var("TERRACE_CACHE_DIR").map(Into::into),
@@ -395,6 +401,7 @@ impl Runtime {
         RunnerConfig {
             terraform: self.terraform.clone(),
             lease_ttl: self.lease_ttl,
+            plan_ttl: self.plan_ttl,
             templates: Some(self.templates.clone()),
             price_books: Some(self.price_books.clone()),
             client_cache: self.client_cache.clone(),
@@ -468,6 +475,7 @@ mod tests {
                 ..TerraformConfig::default()
             },
             lease_ttl: Duration::from_secs(60),
+            plan_ttl: Duration::from_secs(3600),
             call_timeout: state_backends::CALL_TIMEOUT,
             task_lease_wait: Duration::from_secs(1),
             client_cache: None,

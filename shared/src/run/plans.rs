@@ -10,6 +10,10 @@
 //! - `plan.json`: the [`PlanRecord`].
 //! - `plan-applied.json`: the [`Applied`] claim of the job that applies it, written under that
 //!   job's lease before terraform runs, so a plan is applied at most once.
+//!
+//! And in `runs/_workspace/plans.json`, the workspace's [`KeptPlans`]: which plans it keeps and
+//! until when, for the hourly sweep to delete each plan file once it has expired
+//! ([`crate::sweeps::plans`]) with one read per workspace.
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
@@ -29,6 +33,9 @@ pub const PLAN_FILE: &str = "plan.tfplan";
 pub const PLAN_RECORD: &str = "plan.json";
 /// Which job applied the plan ([`Applied`]), in `runs/<plan job>/`.
 pub const PLAN_APPLIED: &str = "plan-applied.json";
+
+/// The workspace's kept plans ([`KeptPlans`]), under [`crate::run::records::WORKSPACE_RECORDS`].
+pub const PLANS_INDEX: &str = "plans.json";
 
 /// The format of a [`PlanRecord`] written now.
 pub const PLAN_RECORD_SCHEMA: u32 = 1;
@@ -152,6 +159,81 @@ impl Applied {
     pub fn to_bytes(&self) -> Bytes {
         Bytes::from(serde_json::to_vec_pretty(self).unwrap_or_default())
     }
+}
+
+/// `plans.json`: the plans a workspace keeps, each until it expires.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptPlans {
+    pub plans: Vec<Kept>,
+}
+
+/// A kept plan in [`KeptPlans`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    pub job_id: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+}
+
+impl KeptPlans {
+    /// Reads an index.
+    ///
+    /// # Errors
+    /// Bytes that are not one.
+    pub fn parse(bytes: &[u8]) -> Result<Self, RecordError> {
+        serde_json::from_slice(bytes).map_err(|source| RecordError::Malformed {
+            name: PLANS_INDEX,
+            source,
+        })
+    }
+
+    pub fn to_bytes(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec_pretty(self).unwrap_or_default())
+    }
+
+    /// The plans expired at `now`.
+    pub fn expired(&self, now: OffsetDateTime) -> impl Iterator<Item = &Kept> {
+        self.plans.iter().filter(move |k| k.expires_at <= now)
+    }
+}
+
+/// The workspace's kept plans; none when it has no index.
+///
+/// # Errors
+/// The store's, or an index that is not one.
+pub async fn kept(
+    store: &dyn state_backends::StateStore,
+    ws: &state_backends::WorkspaceId,
+) -> Result<KeptPlans, crate::run::records::ReadError> {
+    match store
+        .artifact(ws, crate::run::records::WORKSPACE_RECORDS, PLANS_INDEX)
+        .await?
+    {
+        None => Ok(KeptPlans::default()),
+        Some(raw) => Ok(KeptPlans::parse(&raw)?),
+    }
+}
+
+/// Writes the workspace's kept plans, fenced by the lease of whoever holds the workspace.
+///
+/// # Errors
+/// The store's; [`state_backends::StoreError::LeaseLost`] when `fence` is not the live lease.
+pub async fn record_kept(
+    store: &dyn state_backends::StateStore,
+    ws: &state_backends::WorkspaceId,
+    kept: &KeptPlans,
+    fence: &state_backends::Fence,
+) -> Result<(), state_backends::StoreError> {
+    use state_backends::StateStoreExt;
+    store
+        .put_artifact_fenced(
+            ws,
+            crate::run::records::WORKSPACE_RECORDS,
+            PLANS_INDEX,
+            kept.to_bytes(),
+            fence,
+        )
+        .await
 }
 
 /// The plan's summary in its result: what a platform shows the person who approves it.

@@ -105,23 +105,40 @@ pub async fn sweep(
 }
 
 /// One bucket's hourly sweep, as a function reports it: what [`sweep`] did with the default
-/// retention, or why it could not run.
+/// retention and the expired plans it deleted ([`super::plans::sweep`]), or why it could not
+/// run.
 pub async fn bucket_report(
     bucket: &str,
     store: &dyn StateStore,
     now: OffsetDateTime,
 ) -> BucketReport {
-    match sweep(store, now, Retention::default()).await {
+    let (backups, plans) = tokio::join!(
+        sweep(store, now, Retention::default()),
+        super::plans::sweep(store, now)
+    );
+    let (plans_done, plans_failed) = match plans {
+        Ok(p) => (p.deleted.len(), p.failed),
+        Err(e) => (
+            0,
+            vec![(
+                "(every workspace)".to_owned(),
+                format!("expired plans: {e}"),
+            )],
+        ),
+    };
+    match backups {
         Ok(r) => BucketReport {
             bucket: bucket.to_owned(),
             backup: Some(BackupDone {
                 changed: r.changed,
                 backed_up: r.backed_up.len(),
                 pruned: r.pruned.len(),
+                expired_plans: plans_done,
             }),
             failed: r
                 .failed
                 .into_iter()
+                .chain(plans_failed)
                 .map(|(workspace, error)| WorkspaceFailure { workspace, error })
                 .collect(),
             ..BucketReport::default()

@@ -87,6 +87,9 @@ pub struct BackupDone {
     pub backed_up: usize,
     /// Backups dropped by retention.
     pub pruned: usize,
+    /// Plans kept for approval deleted after they expired ([`crate::sweeps::plans`]).
+    #[serde(default)]
+    pub expired_plans: usize,
 }
 
 /// What a drift sweep did to a bucket.
@@ -124,6 +127,7 @@ mod tests {
                 changed: 3,
                 backed_up: 2,
                 pruned: 1,
+                expired_plans: 2,
             }),
             failed: vec![WorkspaceFailure {
                 workspace: "acme/net".into(),
@@ -135,7 +139,7 @@ mod tests {
             serde_json::to_value(&backup).unwrap(),
             serde_json::json!({
                 "bucket": "acme-states", "changed": 3, "backed_up": 2, "pruned": 1,
-                "failed": [{ "workspace": "acme/net", "error": "503" }],
+                "expired_plans": 2, "failed": [{ "workspace": "acme/net", "error": "503" }],
             })
         );
         assert!(backup.failed());

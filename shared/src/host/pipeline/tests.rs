@@ -58,6 +58,7 @@ impl Fake {
                     ..TerraformConfig::default()
                 },
                 lease_ttl: Duration::from_secs(60),
+                plan_ttl: Duration::from_secs(3600),
                 call_timeout: state_backends::CALL_TIMEOUT,
                 task_lease_wait: Duration::from_secs(1),
                 client_cache: None,

@@ -3,6 +3,10 @@
 //! (an attribute built from it, an encoding of it) in clear, beyond what Terrace's redaction of
 //! the literal value can find; if only the terraform files say so, Terrace keeps the value in
 //! clear in the job's record. Either way a secret reaches a log, so such a template is refused.
+//!
+//! They must agree on `ephemeral` too (terraform 1.10 and later): a value no plan keeps is given
+//! again to an approved plan's apply, and only the variables `template.yaml` calls ephemeral
+//! may be given there.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,19 +18,32 @@ use super::{SPEC_FILE, TemplateError, TemplateSpec};
 struct Declared {
     /// The file that declares it.
     file: String,
+    /// Its `sensitive` (or `ephemeral`, as read).
     sensitive: bool,
 }
 
 /// Refuses a template whose `template.yaml` and terraform files disagree on a variable's
-/// `sensitive`.
+/// `sensitive` or `ephemeral`.
 ///
 /// # Errors
 /// [`TemplateError::Invalid`] naming the variable, both files and the fix; or a terraform file
 /// that cannot be read.
 pub(super) fn check(spec: &TemplateSpec, dir: &Path) -> Result<(), TemplateError> {
-    let declared = declared(dir)?;
+    let declared = declared(dir, "sensitive")?;
     let mut problems = Vec::new();
+    let ephemeral = declared_ephemeral(dir)?;
     for (name, var) in &spec.variables {
+        match (var.ephemeral, ephemeral.get(name)) {
+            (true, Some(tf)) if !tf.sensitive => problems.push(format!(
+                "variables.{name} is ephemeral in {SPEC_FILE} but not in {}: add `ephemeral = true` to its `variable \"{name}\"` block, or every plan keeps its value",
+                tf.file
+            )),
+            (false, Some(tf)) if tf.sensitive => problems.push(format!(
+                "variables.{name} is ephemeral in {} but not in {SPEC_FILE}: add `ephemeral: true` to it there, or the apply of an approved plan cannot be given it",
+                tf.file
+            )),
+            _ => {}
+        }
         let Some(tf) = declared.get(name) else {
             continue;
         };
@@ -65,7 +82,7 @@ fn is_override(name: &str) -> bool {
 /// The root module's variables, from every `*.tf` and `*.tf.json` file in `dir`, as terraform
 /// merges them: the primary files, then the override files in name order, whose `sensitive`
 /// (when they set one) replaces the variable's.
-fn declared(dir: &Path) -> Result<BTreeMap<String, Declared>, TemplateError> {
+fn declared(dir: &Path, attr: &str) -> Result<BTreeMap<String, Declared>, TemplateError> {
     let entries = std::fs::read_dir(dir).map_err(|source| TemplateError::Read {
         path: dir.to_owned(),
         source,
@@ -92,14 +109,14 @@ fn declared(dir: &Path) -> Result<BTreeMap<String, Declared>, TemplateError> {
             message,
         };
         let found = if name.ends_with(".tf.json") {
-            from_json(&text).map_err(|e| invalid(format!("is not terraform JSON: {e}")))?
+            from_json(&text, attr).map_err(|e| invalid(format!("is not terraform JSON: {e}")))?
         } else {
-            from_hcl(&text).map_err(|e| invalid(format!("is not valid HCL: {e}")))?
+            from_hcl(&text, attr).map_err(|e| invalid(format!("is not valid HCL: {e}")))?
         };
         for (var, sensitive) in found {
             let sensitive = sensitive.map_err(|found| {
                 invalid(format!(
-                    "variable {var:?} has `sensitive = {found}`: write true or false"
+                    "variable {var:?} has `{attr} = {found}`: write true or false"
                 ))
             })?;
             match (overrides, sensitive, out.get_mut(&var)) {
@@ -130,15 +147,20 @@ fn declared(dir: &Path) -> Result<BTreeMap<String, Declared>, TemplateError> {
 /// expression that is neither.
 type Setting = Result<Option<bool>, String>;
 
-/// `variable "NAME" { sensitive = … }` blocks of a `.tf` file.
-fn from_hcl(text: &str) -> Result<Vec<(String, Setting)>, hcl::Error> {
+/// The variables the terraform files declare `ephemeral`, as [`declared`] reads `sensitive`.
+fn declared_ephemeral(dir: &Path) -> Result<BTreeMap<String, Declared>, TemplateError> {
+    declared(dir, "ephemeral")
+}
+
+/// `variable "NAME" { ATTR = … }` blocks of a `.tf` file.
+fn from_hcl(text: &str, attr: &str) -> Result<Vec<(String, Setting)>, hcl::Error> {
     let body = hcl::parse(text)?;
     Ok(body
         .blocks()
         .filter(|b| b.identifier() == "variable")
         .filter_map(|b| {
             let name = b.labels().first()?.as_str().to_owned();
-            let setting = match b.body().attributes().find(|a| a.key() == "sensitive") {
+            let setting = match b.body().attributes().find(|a| a.key() == attr) {
                 None => Ok(None),
                 Some(a) => match a.expr() {
                     hcl::Expression::Bool(value) => Ok(Some(*value)),
@@ -151,7 +173,7 @@ fn from_hcl(text: &str) -> Result<Vec<(String, Setting)>, hcl::Error> {
 }
 
 /// The `variable` object of a `.tf.json` file.
-fn from_json(text: &str) -> Result<Vec<(String, Setting)>, serde_json::Error> {
+fn from_json(text: &str, attr: &str) -> Result<Vec<(String, Setting)>, serde_json::Error> {
     let doc: serde_json::Value = serde_json::from_str(text)?;
     let mut out = Vec::new();
     // `"variable": {"name": {…}}`, or a list of such objects.
@@ -161,7 +183,7 @@ fn from_json(text: &str) -> Result<Vec<(String, Setting)>, serde_json::Error> {
     };
     for group in groups {
         for (name, decl) in group.as_object().into_iter().flatten() {
-            let setting = match decl.get("sensitive") {
+            let setting = match decl.get(attr) {
                 None => Ok(None),
                 Some(serde_json::Value::Bool(value)) => Ok(Some(*value)),
                 Some(other) => Err(other.to_string()),
@@ -213,6 +235,33 @@ variable "token" {
 variable "name" { type = string }
 "#;
     const PLAIN: &str = "variable \"token\" {\n  type = string\n}\nvariable \"name\" {}\n";
+
+    #[test]
+    fn ephemeral_must_agree_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t/1.0.0");
+        std::fs::create_dir_all(&t).unwrap();
+        let eph = "variable \"token\" {\n  type = string\n  ephemeral = true\n}\n";
+        let load = |yaml_ephemeral: bool, tf: &str| {
+            std::fs::write(
+                t.join("template.yaml"),
+                format!("variables:\n  token: {{ type: string, ephemeral: {yaml_ephemeral} }}\n"),
+            )
+            .unwrap();
+            std::fs::write(t.join("main.tf"), tf).unwrap();
+            Template::load(dir.path(), "t", "1.0.0")
+                .err()
+                .map(|e| e.to_string())
+        };
+        assert_eq!(load(true, eph), None);
+        let e = load(false, eph).unwrap();
+        assert!(
+            e.contains("variables.token is ephemeral in main.tf but not in template.yaml"),
+            "{e}"
+        );
+        let e = load(true, "variable \"token\" {}\n").unwrap();
+        assert!(e.contains("add `ephemeral = true`"), "{e}");
+    }
 
     #[test]
     fn agreeing_declarations_load() {

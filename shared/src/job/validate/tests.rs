@@ -211,3 +211,129 @@ fn a_job_id_ending_with_a_dot_is_refused() {
     assert!(errors[0].fix.contains("not ending with '.'"), "{errors:?}");
     assert!(check(&GOOD.replace("id: job-1", "id: job-1.2")).is_ok());
 }
+
+/// The approval flow's fields: each misuse is refused naming its field and the fix.
+#[test]
+fn approval_fields_are_checked_against_the_operation_and_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("app/1.0.0");
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::write(
+        t.join("template.yaml"),
+        "variables:\n  name: { type: string, required: true }\n  token: { type: string, required: true, sensitive: true, ephemeral: true }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        t.join("main.tf"),
+        "variable \"token\" {\n  type = string\n  sensitive = true\n  ephemeral = true\n}\n",
+    )
+    .unwrap();
+    let check = |extra: &str| {
+        let text = format!(
+            "id: j1\ntenant: acme\nworkspace: web\ntemplate: {{ name: app, version: 1.0.0 }}\n{extra}"
+        );
+        validate(&RawJob::parse(&text).unwrap(), dir.path())
+    };
+    let fields = |extra: &str| -> Vec<(String, String)> {
+        check(extra)
+            .unwrap_err()
+            .into_iter()
+            .map(|e| (e.field, format!("{} / {}", e.problem, e.fix)))
+            .collect()
+    };
+    let key = "k".repeat(PLAN_KEY_CHARS);
+
+    // A plan for approval, and its apply with only the ephemeral variable.
+    let plan =
+        check("operation: plan\ndestroy: true\nvariables: { name: web, token: t0k3n }\n").unwrap();
+    assert!(plan.job.destroy);
+    assert_eq!(
+        plan.sensitive_values,
+        vec!["t0k3n".to_owned()],
+        "ephemeral values are secret"
+    );
+    let apply = check(&format!(
+        "operation: apply\nplan: p1\nplan_key: {key}\nvariables: {{ token: t0k3n }}\n"
+    ))
+    .unwrap();
+    assert_eq!(apply.job.plan.as_deref(), Some("p1"));
+    assert_eq!(apply.job.plan_key.as_deref(), Some(key.as_str()));
+    assert_eq!(apply.job.variables.len(), 1, "only the ephemeral variable");
+
+    for (extra, field, says) in [
+        (
+            "operation: plan\nplan: p1\nvariables: { name: web, token: t }\n",
+            "plan",
+            "a plan job does not do",
+        ),
+        (
+            "operation: drift-check\nplan: p1\nvariables: { name: web, token: t }\n",
+            "plan",
+            "a drift-check job does not do",
+        ),
+        (
+            "operation: apply\nplan: ../p1\nvariables: { token: t }\n",
+            "plan",
+            "is not a plan job's id",
+        ),
+        (
+            "operation: apply\nplan: 7\nvariables: { token: t }\n",
+            "plan",
+            "must be a plan job's id, found a number",
+        ),
+        (
+            "operation: apply\ndestroy: true\nvariables: { name: web, token: t }\n",
+            "destroy",
+            "is for plan jobs only",
+        ),
+        (
+            "operation: plan\ndestroy: yes please\nvariables: { name: web, token: t }\n",
+            "destroy",
+            "must be true or false",
+        ),
+        (
+            "operation: apply\nplan_key: abc\nvariables: { name: web, token: t }\n",
+            "plan_key",
+            "is given without plan",
+        ),
+        (
+            "operation: apply\nplan: p1\nplan_key: short\nvariables: { token: t }\n",
+            "plan_key",
+            "is not a plan key (5 characters)",
+        ),
+        (
+            "operation: apply\nplan: p1\nvariables: { name: web, token: t }\n",
+            "variables.name",
+            "is kept in the approved plan",
+        ),
+        (
+            "operation: apply\nplan: p1\nvariables: {}\n",
+            "variables.token",
+            "required",
+        ),
+        (
+            "operation: apply\nplan: p1\non_failure: destroy-created\nvariables: { token: t }\n",
+            "on_failure",
+            "destroy-created needs a plan of its own",
+        ),
+        (
+            "operation: apply\nplan: p1\nbudget: { max_monthly_increase: 10 }\nvariables: { token: t }\n",
+            "budget",
+            "checked when the plan is made",
+        ),
+    ] {
+        let found = fields(extra);
+        assert!(
+            found
+                .iter()
+                .any(|(f, text)| f == field && text.contains(says)),
+            "{extra}: {found:?}"
+        );
+    }
+    // A malformed key is never quoted.
+    let secret = "S3cr3t-but-malformed";
+    let found = fields(&format!(
+        "operation: apply\nplan: p1\nplan_key: {secret}\nvariables: {{ token: t }}\n"
+    ));
+    assert!(!format!("{found:?}").contains(secret), "{found:?}");
+}

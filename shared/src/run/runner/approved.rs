@@ -214,15 +214,49 @@ impl Runner {
             expires_at,
         };
         let fence = lease.fence();
-        // The file first: a record is never there without the plan it describes.
-        self.store
-            .put_artifact_fenced(s.ws, &j.id, PLAN_FILE, stored, &fence)
-            .await
-            .map_err(|e| fail("the plan file cannot be stored", &e, e.is_retryable()))?;
-        self.store
-            .put_artifact_fenced(s.ws, &j.id, PLAN_RECORD, record.to_bytes(), &fence)
-            .await
-            .map_err(|e| fail("the plan's record cannot be stored", &e, e.is_retryable()))?;
+        // The file first (while the workspace's index of kept plans is read): a record is never
+        // there without the plan it describes.
+        let store = self.store.as_ref();
+        let (put, index) = tokio::join!(
+            store.put_artifact_fenced(s.ws, &j.id, PLAN_FILE, stored, &fence),
+            plans::kept(store, s.ws),
+        );
+        put.map_err(|e| fail("the plan file cannot be stored", &e, e.is_retryable()))?;
+        let mut index = match index {
+            Ok(index) => index,
+            // Unlisted, the file would never expire: it goes, and the plan job fails.
+            Err(crate::run::records::ReadError::Store(e)) => {
+                let _ = store.delete_artifact(s.ws, &j.id, PLAN_FILE).await;
+                let what = "the workspace's index of kept plans cannot be read";
+                return Err(fail(what, &e, e.is_retryable()));
+            }
+            // Not an index at all: started afresh (the plans it listed stay, sealed, until an
+            // operator deletes them).
+            Err(crate::run::records::ReadError::Record(e)) => {
+                let line = format!(
+                    "the workspace's index of kept plans is not one ({e}); starting a new one"
+                );
+                s.logger.runner("plan", &line).await;
+                plans::KeptPlans::default()
+            }
+        };
+        index.plans.retain(|k| k.job_id != j.id);
+        index.plans.push(plans::Kept {
+            job_id: j.id.clone(),
+            expires_at,
+        });
+        let (record, indexed) = tokio::join!(
+            store.put_artifact_fenced(s.ws, &j.id, PLAN_RECORD, record.to_bytes(), &fence),
+            plans::record_kept(store, s.ws, &index, &fence),
+        );
+        record.map_err(|e| fail("the plan's record cannot be stored", &e, e.is_retryable()))?;
+        indexed.map_err(|e| {
+            fail(
+                "the workspace's index of kept plans cannot be written",
+                &e,
+                e.is_retryable(),
+            )
+        })?;
         let expiry = state_backends::display_time(expires_at);
         let line = match sealing {
             Sealing::WorkspaceKey => format!(
