@@ -40,6 +40,37 @@ if [[ "$code" != 1 ]]; then
     exit 1
 fi
 echo
+echo "== a plan for approval: examples/demo-plan.yaml (what it changes, what it costs)"
+"$terrace" run --json -q examples/demo-plan.yaml > "$demo/plan-result.json" || {
+    echo "the plan job failed: $(cat "$demo/plan-result.json")" >&2
+    exit 1
+}
+"$terrace" result demo-plan-1 -w acme/demo
+# The plan's own key is in the result as it is delivered (here, run's output), stored nowhere.
+key="$(sed -n 's/.*"key": *"\([A-Za-z0-9_-]*\)".*/\1/p' "$demo/plan-result.json")"
+cat > "$demo/approved-apply.yaml" <<JOB
+# The approved plan, applied exactly as it was shown: terraform plans nothing again.
+id: demo-approved-1
+tenant: acme
+workspace: demo
+operation: apply
+template: { name: demo, version: 1.0.0 }
+plan: demo-plan-1
+plan_key: $key
+JOB
+echo
+echo "== the approved plan applied ($demo/approved-apply.yaml)"
+"$terrace" run "$demo/approved-apply.yaml"
+echo
+echo "== the same plan once more: refused, nothing runs"
+sed -e 's/^id: demo-approved-1/id: demo-approved-2/' "$demo/approved-apply.yaml" > "$demo/approved-again.yaml"
+code=0
+"$terrace" run "$demo/approved-again.yaml" || code=$?
+if [[ "$code" != 1 ]]; then
+    echo "a plan applied twice should be refused (exit 1); it exited $code" >&2
+    exit 1
+fi
+echo
 echo "== terrace cancel demo-apply-1 (a finished job: nothing changes)"
 "$terrace" cancel demo-apply-1
 echo
@@ -61,5 +92,7 @@ and see what happened to the workspace:
   terrace runs acme/demo
   terrace logs acme/demo          # --follow while a job runs
   terrace cancel JOB -w acme/demo # a queued job never runs, a running one stops
+and plan for approval: edit examples/demo-plan.yaml (its id too), run it, then apply the
+plan it kept with a job naming it (see .terrace-demo/approved-apply.yaml, docs/approval.md).
 (make demo starts again from nothing.)
 TXT

@@ -151,7 +151,7 @@ async fn an_approved_plan_is_applied_exactly_as_planned_once_and_its_secrets_sta
         0,
     );
     assert_eq!(applied["status"], "succeeded", "{applied}");
-    assert_eq!(applied["applied_plan"], "plan-1", "{applied}");
+    assert_eq!(applied["approved_plan"], "plan-1", "{applied}");
     assert_eq!(tests::step_names(&applied), ["init", "apply"], "{applied}");
     assert_eq!(applied["changes"]["add"], 2, "{applied}");
     assert_eq!(applied["outputs"]["name"]["value"], "first", "{applied}");

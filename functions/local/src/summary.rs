@@ -139,6 +139,22 @@ pub(crate) fn print_summary(r: &JobResult) {
             outln!("            {e}");
         }
     }
+    if let Some(p) = &r.plan {
+        let what = if p.destroy { "destroy plan" } else { "plan" };
+        outln!(
+            "approval:   {what} {} kept until {}; to apply it send {} job with `plan: {}`",
+            p.id,
+            state_backends::display_time(p.expires_at),
+            if p.destroy { "a destroy" } else { "an apply" },
+            p.id
+        );
+        if let Some(key) = &p.key {
+            outln!("            and `plan_key: {key}` (its own key: shown once, stored nowhere)");
+        }
+    }
+    if let Some(plan) = &r.approved_plan {
+        outln!("approved:   plan {plan}");
+    }
     if let Some(t) = &r.lifecycle {
         outln!("workspace:  {} → {}", t.from_name(), t.to.as_str());
     }

@@ -525,9 +525,10 @@ pub struct JobResult {
     /// For a plan job: the plan it kept for approval (see `docs/approval.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::run::plans::PlanSummary>,
-    /// For an apply or destroy of an approved plan: the plan job whose plan it applied.
+    /// For an apply or destroy of an approved plan: the plan job it names (whose plan it
+    /// applied, when it succeeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub applied_plan: Option<String>,
+    pub approved_plan: Option<String>,
 }
 
 /// The run that superseded a job: it started on the workspace with this sequence.
@@ -758,7 +759,7 @@ mod tests {
             sequence: None,
             superseded_by: None,
             plan: None,
-            applied_plan: None,
+            approved_plan: None,
         };
         let redacted = result.redacted(&redactor);
         let error = redacted.error.as_ref().unwrap();

@@ -250,7 +250,7 @@ fn result_of(id: &str) -> crate::run::result::JobResult {
         sequence: None,
         superseded_by: None,
         plan: None,
-        applied_plan: None,
+        approved_plan: None,
     }
 }
 

@@ -178,7 +178,7 @@ impl Report {
             sequence: j.sequence,
             superseded_by: None,
             plan: self.plan,
-            applied_plan: j.plan.clone(),
+            approved_plan: j.plan.clone(),
         }
     }
 }

@@ -83,7 +83,7 @@ impl Runner {
             sequence: None,
             superseded_by: None,
             plan: None,
-            applied_plan: None,
+            approved_plan: None,
             error: Some(JobError::new(
                 Category::Internal,
                 "unknown",
