@@ -1785,3 +1785,76 @@ async fn otlp_collector() -> (
     });
     (url, exports)
 }
+
+/// Approved plans on the Lambda's path: the plan job's result on the results queue carries the
+/// plan's own key (the S3 store here has no key of its own), the stored result does not, and
+/// the apply that gives it back applies that plan; a second apply of it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_plan_is_planned_then_applied_once_through_sqs() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let job = |id: &str, extra: Value| {
+        let mut job = json!({
+            "id": id, "tenant": "acme", "workspace": "lam-approved",
+            "template": { "name": "approval", "version": "1.0.0" },
+            "variables": { "token": "tok-lambda-1" }, "timeout": "5m",
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            job[k] = v.clone();
+        }
+        json!({ "job": job }).to_string()
+    };
+    let planned = w
+        .answer(
+            &api,
+            &[job(
+                "lp-1",
+                json!({ "operation": "plan",
+                        "variables": { "name": "from-lambda", "secret": "s3cret-lambda", "token": "tok-lambda-1" } }),
+            )],
+        )
+        .await;
+    assert_eq!(planned[0]["status"], "succeeded", "{planned:?}");
+    let key = planned[0]["plan"]["key"]
+        .as_str()
+        .expect("the key")
+        .to_owned();
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/lam-approved".parse().unwrap();
+    let stored = store
+        .artifact(&ws, "lp-1", "result.json")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&stored).contains(&key),
+        "the stored result keeps the plan's key"
+    );
+    assert!(
+        store.versions(&ws).await.unwrap().is_empty(),
+        "a plan applies nothing"
+    );
+
+    let apply = |id: &str| {
+        job(
+            id,
+            json!({ "operation": "apply", "plan": "lp-1", "plan_key": key }),
+        )
+    };
+    let applied = w.answer(&api, &[apply("la-1")]).await;
+    assert_eq!(applied[0]["status"], "succeeded", "{applied:?}");
+    assert_eq!(applied[0]["approved_plan"], "lp-1", "{applied:?}");
+    assert_eq!(
+        applied[0]["outputs"]["name"]["value"], "from-lambda",
+        "{applied:?}"
+    );
+    assert_eq!(store.versions(&ws).await.unwrap().len(), 1);
+    let again = w.answer(&api, &[apply("la-2")]).await;
+    assert_eq!(again[0]["error"]["category"], "plan-refused", "{again:?}");
+    assert_eq!(
+        store.versions(&ws).await.unwrap().len(),
+        1,
+        "refused: nothing ran"
+    );
+}

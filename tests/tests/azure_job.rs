@@ -668,3 +668,86 @@ async fn the_image_takes_a_queued_job_applies_it_and_its_sweep_backs_it_up() {
     assert_eq!(sweep.wait(), Some(0), "the sweep ends well");
     assert_eq!(store.backups(&ws("image")).await.unwrap().len(), 1);
 }
+
+/// Approved plans and cancel on the Container Apps job's path: the plan's own key is in the
+/// reported result, the apply giving it back applies that plan once; a cancel queued before
+/// its job stops the job before it starts, and one for a finished job changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_plan_applies_once_and_a_queued_cancel_stops_its_job() {
+    let w = World::new().await;
+    let store = w.store();
+    let job = |id: &str, extra: Value| {
+        let mut m = json!({ "job": {
+            "id": id, "tenant": "acme", "workspace": "az-approved",
+            "template": { "name": "approval", "version": "1.0.0" },
+            "variables": { "token": "tok-az-1" }, "timeout": "5m",
+        }});
+        for (k, v) in extra.as_object().unwrap() {
+            m["job"][k] = v.clone();
+        }
+        m.to_string()
+    };
+    w.jobs
+        .send(&job(
+            "zp-1",
+            json!({ "operation": "plan", "variables": { "name": "from-azure", "secret": "s3cret-az", "token": "tok-az-1" } }),
+        ))
+        .await;
+    assert!(w.run(&[]).status.success());
+    let planned = last(&w, "zp-1").await;
+    assert_eq!(planned["status"], "succeeded", "{planned}");
+    let key = planned["plan"]["key"].as_str().expect("the key").to_owned();
+
+    let apply = |id: &str| {
+        job(
+            id,
+            json!({ "operation": "apply", "plan": "zp-1", "plan_key": key }),
+        )
+    };
+    w.jobs.send(&apply("za-1")).await;
+    assert!(w.run(&[]).status.success());
+    let applied = last(&w, "za-1").await;
+    assert_eq!(applied["status"], "succeeded", "{applied}");
+    assert_eq!(
+        applied["outputs"]["name"]["value"], "from-azure",
+        "{applied}"
+    );
+    w.jobs.send(&apply("za-2")).await;
+    assert!(w.run(&[]).status.success());
+    assert_eq!(last(&w, "za-2").await["error"]["category"], "plan-refused");
+    assert_eq!(store.versions(&ws("az-approved")).await.unwrap().len(), 1);
+
+    // Cancel: before its job, then after a finished one.
+    let cancel = |id: &str| {
+        json!({ "cancel": { "job": id, "tenant": "acme", "workspace": "az-cancel" } }).to_string()
+    };
+    w.jobs.send(&cancel("zc-1")).await;
+    assert!(w.run(&[]).status.success());
+    w.jobs
+        .send(&w.message("zc-1", "az-cancel").to_string())
+        .await;
+    assert!(w.run(&[]).status.success());
+    assert_eq!(last(&w, "zc-1").await["status"], "cancelled");
+    assert!(
+        store.versions(&ws("az-cancel")).await.unwrap().is_empty(),
+        "nothing ran"
+    );
+    w.jobs
+        .send(&w.message("zc-2", "az-cancel").to_string())
+        .await;
+    assert!(w.run(&[]).status.success());
+    w.jobs.send(&cancel("zc-2")).await;
+    assert!(w.run(&[]).status.success());
+    let late = last(&w, "zc-2").await;
+    assert!(late.to_string().contains("already-finished"), "{late}");
+    assert_eq!(w.jobs.count().await, 0, "every message is settled");
+}
+
+/// The last record reported for `id` (a job's result, or a cancel's answer).
+async fn last(w: &World, id: &str) -> Value {
+    records(w.results.peek().await)
+        .into_iter()
+        .rev()
+        .find(|r| r["job_id"] == id || r["cancel"]["job_id"] == id)
+        .unwrap_or_else(|| panic!("no record for {id}"))
+}

@@ -935,3 +935,103 @@ async fn the_image_answers_a_signed_push_and_applies_the_job() {
     assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
     w.sb.assert_probe_got_nothing("image-probe", &["TERRACE_PUSH_SERVICE_ACCOUNTS"], &[], true);
 }
+
+/// Approved plans on Cloud Run's path: the plan's own key is in the push's answer, the apply
+/// that gives it back applies that plan once, and a second apply is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_plan_pushed_then_applied_once() {
+    let w = World::new().await;
+    let service = w.start().await;
+    let store = w.store().await;
+    let job = |id: &str, extra: Value| {
+        let mut m = json!({ "job": {
+            "id": id, "tenant": "acme", "workspace": "run-approved",
+            "template": { "name": "approval", "version": "1.0.0" },
+            "variables": { "token": "tok-run-1" }, "timeout": "5m",
+        }});
+        for (k, v) in extra.as_object().unwrap() {
+            m["job"][k] = v.clone();
+        }
+        m
+    };
+    let plan = job(
+        "rp-1",
+        json!({ "operation": "plan", "variables": { "name": "from-run", "secret": "s3cret-run", "token": "tok-run-1" } }),
+    );
+    let planned = w.push(&service, &push_envelope("m-rp", &plan)).await;
+    assert_eq!(planned.status, 200, "{}", planned.body);
+    let planned: Value = serde_json::from_str(&planned.body).unwrap();
+    assert_eq!(planned["status"], "succeeded", "{planned}");
+    let key = planned["plan"]["key"].as_str().expect("the key").to_owned();
+    assert!(
+        store
+            .versions(&ws("run-approved"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let apply = |id: &str| {
+        job(
+            id,
+            json!({ "operation": "apply", "plan": "rp-1", "plan_key": key }),
+        )
+    };
+    let applied = w
+        .push(&service, &push_envelope("m-ra1", &apply("ra-1")))
+        .await;
+    let applied: Value = serde_json::from_str(&applied.body).unwrap();
+    assert_eq!(applied["status"], "succeeded", "{applied}");
+    assert_eq!(applied["outputs"]["name"]["value"], "from-run", "{applied}");
+    let again = w
+        .push(&service, &push_envelope("m-ra2", &apply("ra-2")))
+        .await;
+    let again: Value = serde_json::from_str(&again.body).unwrap();
+    assert_eq!(again["error"]["category"], "plan-refused", "{again}");
+    assert_eq!(store.versions(&ws("run-approved")).await.unwrap().len(), 1);
+}
+
+/// A cancel pushed before its job arrives stops the job before it starts; one pushed for a
+/// finished job changes nothing and says so; one for another tenant is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_pushed_stops_a_queued_job_and_leaves_a_finished_one() {
+    let w = World::new().await;
+    let service = w.start().await;
+    let store = w.store().await;
+    let cancel = |job: &str, tenant: &str| json!({ "cancel": { "job": job, "tenant": tenant, "workspace": "run-cancel" } });
+    let asked = w
+        .push(&service, &push_envelope("m-c1", &cancel("rc-1", "acme")))
+        .await;
+    assert_eq!(asked.status, 200, "{}", asked.body);
+    assert!(asked.body.contains("cancel-requested"), "{}", asked.body);
+    let stranger = w
+        .push(&service, &push_envelope("m-c2", &cancel("rc-1", "mallory")))
+        .await;
+    assert!(stranger.body.contains("rejected"), "{}", stranger.body);
+
+    let ran = w
+        .push(
+            &service,
+            &push_envelope("m-j1", &w.message("rc-1", "run-cancel")),
+        )
+        .await;
+    let ran: Value = serde_json::from_str(&ran.body).unwrap();
+    assert_eq!(ran["status"], "cancelled", "{ran}");
+    assert!(
+        store.versions(&ws("run-cancel")).await.unwrap().is_empty(),
+        "nothing ran"
+    );
+
+    let done = w
+        .push(
+            &service,
+            &push_envelope("m-j2", &w.message("rc-2", "run-cancel")),
+        )
+        .await;
+    assert!(done.body.contains("\"succeeded\""), "{}", done.body);
+    let late = w
+        .push(&service, &push_envelope("m-c3", &cancel("rc-2", "acme")))
+        .await;
+    assert!(late.body.contains("already-finished"), "{}", late.body);
+    assert_eq!(store.versions(&ws("run-cancel")).await.unwrap().len(), 1);
+}
