@@ -93,3 +93,56 @@ async fn a_running_apply_is_interrupted_soon_after_a_cancel_and_what_it_made_is_
     let after = sb.artifact_json("acme/cancel", "c1", "result.json").await;
     assert_eq!(after, result);
 }
+
+/// `on_failure: destroy-created` holds for a cancelled apply too: what it made before the
+/// cancel is destroyed (under the lease, in a clean-up of its own), and the result says so.
+#[tokio::test]
+async fn a_cancelled_apply_with_destroy_created_destroys_what_it_made() {
+    let sb = Sandbox::new();
+    sb.faults(json!([{ "resource": "testcloud_cluster", "op": "create", "kind": "slow", "delay_ms": 60000, "times": 1 }]));
+    let text = job("c2").replace(
+        "timeout: 5m\n",
+        "timeout: 5m\non_failure: destroy-created\n",
+    );
+    assert!(text.contains("destroy-created"), "{text}");
+    let path = sb.job("c2.yaml", &text);
+    let mut child = sb.start(&["-q", "run", path.to_str().unwrap()]);
+    sb.wait_for_log(
+        "acme/cancel",
+        "c2",
+        "testcloud_cluster.main: Creating",
+        Duration::from_secs(60),
+    )
+    .await;
+    sb.run(&["cancel", "c2"]).expect_code(0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "a cancelled run is not a success");
+
+    let result = sb.artifact_json("acme/cancel", "c2", "result.json").await;
+    assert_eq!(result["status"], "cancelled", "{result}");
+    let cleanup = &result["cleanup"];
+    assert_eq!(cleanup["policy"], "destroy-created", "{result}");
+    let destroyed: Vec<&str> = cleanup["destroyed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(destroyed.contains(&"testcloud_network.main"), "{result}");
+    assert!(cleanup["error"].is_null(), "{result}");
+    // Nothing of the network is left: not in the state, not in the cloud.
+    let state = sb.current_state("acme/cancel");
+    let left: Vec<&str> = state["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["type"].as_str())
+        .collect();
+    assert!(!left.contains(&"testcloud_network"), "{state}");
+    let cloud = sb.cloud_files();
+    assert!(
+        !cloud.keys().any(|k| k.starts_with("network/")),
+        "{:?}",
+        cloud.keys()
+    );
+}

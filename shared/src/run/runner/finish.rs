@@ -49,11 +49,7 @@ impl Runner {
         let Err(e) = outcome else {
             return (Status::Succeeded, None);
         };
-        let shutting_down = self
-            .config
-            .shutdown
-            .as_ref()
-            .is_some_and(CancellationToken::is_cancelled);
+        let shutting_down = self.shutting_down();
         let stopped = reason
             .cloned()
             .or_else(|| stop.is_cancelled().then_some(StopReason::Cancelled))
@@ -65,6 +61,14 @@ impl Runner {
             Some(reason) => stopped_error(&reason, e),
             None => (Status::Failed, Some(e)),
         }
+    }
+
+    /// Whether the host is shutting down (a job it stops runs again).
+    pub(super) fn shutting_down(&self) -> bool {
+        self.config
+            .shutdown
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled)
     }
 
     /// Writes the result (redacted already) while the lease is still renewed, and only while

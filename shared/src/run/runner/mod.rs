@@ -111,6 +111,26 @@ impl Default for RunnerConfig {
     }
 }
 
+/// The longest a cancelled job's clean-up (`on_failure`) may take.
+const CANCELLED_CLEANUP: Duration = Duration::from_secs(10 * 60);
+
+/// A token for a cancelled job's clean-up: fired when the lease is lost or after `limit`. The
+/// guard stops the timer when dropped.
+fn cleanup_token(
+    lost: &CancellationToken,
+    limit: Duration,
+) -> (CancellationToken, tokio_util::task::AbortOnDropHandle<()>) {
+    let token = lost.child_token();
+    let timer = {
+        let token = token.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(limit).await;
+            token.cancel();
+        })
+    };
+    (token, tokio_util::task::AbortOnDropHandle::new(timer))
+}
+
 /// What became of a request to run a job.
 #[derive(Debug)]
 pub enum RunOutcome {
@@ -387,7 +407,7 @@ impl Runner {
                 lease,
                 &password,
                 &logger,
-                (&stop, &lost),
+                (&stop, &lost, &reason),
                 &mut report,
             )
             .await;
@@ -470,7 +490,11 @@ impl Runner {
         lease: &Lease,
         password: &str,
         logger: &Logger,
-        (stop, lost): (&CancellationToken, &CancellationToken),
+        (stop, lost, reason): (
+            &CancellationToken,
+            &CancellationToken,
+            &OnceLock<StopReason>,
+        ),
         report: &mut Report,
     ) -> Result<(), JobError> {
         let j = &job.job;
@@ -542,12 +566,19 @@ impl Runner {
             }
         }
         // Never without a live lease: a clean-up's destroy could otherwise reach what another
-        // runner, which took the workspace, has made since.
+        // runner, which took the workspace, has made since. A job cancelled (not stopped by its
+        // host's shutdown, which runs it again) is cleaned up too, under a token of its own.
+        let cancelled = reason.get() == Some(&StopReason::Cancelled) && !self.shutting_down();
         if result.is_err()
             && j.operation == Operation::Apply
-            && !stop.is_cancelled()
+            && (!stop.is_cancelled() || cancelled)
             && !lost.is_cancelled()
         {
+            let (bounded, _guard) = cleanup_token(lost, j.timeout.min(CANCELLED_CLEANUP));
+            let steps = Steps {
+                stop: if cancelled { &bounded } else { stop },
+                ..steps
+            };
             report.cleanup = Some(self.clean_up(job, before, &steps, report).await);
         }
         let activity = server.shutdown().await;
