@@ -1858,3 +1858,152 @@ async fn an_approved_plan_is_planned_then_applied_once_through_sqs() {
         "refused: nothing ran"
     );
 }
+
+/// A FIFO jobs queue (`MessageGroupId` = the workspace): a busy workspace's request waits at
+/// the head of its group, never copied behind later ones, and the later request of the same
+/// group in the batch is returned unhandled; once the workspace is free both run, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_fifo_queue_a_busy_workspaces_requests_wait_in_order_and_are_never_copied() {
+    use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+    let mut w = World::new().await;
+    w.jobs = w
+        .sqs
+        .create_queue()
+        .queue_name(format!("{}.fifo", aws::unique("jobs")))
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .attributes(QueueAttributeName::ContentBasedDeduplication, "true")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_owned();
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/fifo".parse().unwrap();
+    let held = store
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "another-job".into(),
+                ttl: Duration::from_secs(4),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let message = |id: &str, cluster: &str, sequence: u64| {
+        let mut m: Value = serde_json::from_str(&w.envelope(id, "fifo", "3m")).unwrap();
+        m["job"]["sequence"] = json!(sequence);
+        m["job"]["variables"]["cluster_name"] = json!(cluster);
+        m.to_string()
+    };
+    for (id, cluster, sequence) in [("fa", "alpha", 1), ("fb", "beta", 2)] {
+        w.sqs
+            .send_message()
+            .queue_url(&w.jobs)
+            .message_body(message(id, cluster, sequence))
+            .message_group_id("acme/fifo")
+            .send()
+            .await
+            .unwrap();
+    }
+    let receive = || async {
+        let mut records = Vec::new();
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while records.len() < 2 {
+            assert!(std::time::Instant::now() < give_up, "{records:?}");
+            let got = w
+                .sqs
+                .receive_message()
+                .queue_url(&w.jobs)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .unwrap();
+            for m in got.messages() {
+                records.push(json!({
+                    "messageId": m.message_id(), "receiptHandle": m.receipt_handle(),
+                    "body": m.body(),
+                    "attributes": { "ApproximateReceiveCount": "1", "MessageGroupId": "acme/fifo" },
+                    "messageAttributes": {}, "md5OfBody": m.md5_of_body(),
+                    "eventSource": "aws:sqs",
+                    "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:jobs.fifo",
+                    "awsRegion": "us-east-1",
+                }));
+            }
+        }
+        json!({ "Records": records })
+    };
+    let first = receive().await;
+    let ids: Vec<String> = first["Records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["messageId"].as_str().unwrap().to_owned())
+        .collect();
+    let response = api.invoke(first, Duration::from_secs(300)).await.unwrap();
+    let mut returned = failures(&response);
+    returned.sort();
+    let mut both = ids.clone();
+    both.sort();
+    assert_eq!(returned, both, "both returned: {response}");
+    assert!(w.results().await.is_empty(), "nothing ran");
+    // No copy: the queue holds the two messages and nothing else.
+    let attrs = w
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&w.jobs)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap();
+    let count = |name: QueueAttributeName| -> u64 {
+        attrs
+            .attributes()
+            .and_then(|a| a.get(&name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        count(QueueAttributeName::ApproximateNumberOfMessages)
+            + count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        2,
+        "{attrs:?}"
+    );
+
+    // Free again: the two run, in their order, and the later configuration is the one left.
+    store.release_lease(&ws, &held).await.unwrap();
+    let again = receive().await;
+    let order: Vec<String> = again["Records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let body: Value = serde_json::from_str(r["body"].as_str().unwrap()).unwrap();
+            body["job"]["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(order, ["fa", "fb"], "SQS keeps the group's order");
+    let response = api.invoke(again, Duration::from_secs(300)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let results = w.results().await;
+    let ran: Vec<&str> = results
+        .iter()
+        .filter_map(|r| r["job_id"].as_str())
+        .collect();
+    assert_eq!(
+        ran,
+        ["fa", "fb"],
+        "one after the other, in order: {results:?}"
+    );
+    assert!(
+        results.iter().all(|r| r["status"] == "succeeded"),
+        "{results:?}"
+    );
+    assert_eq!(cluster_in(&store, &ws).await, "beta");
+}

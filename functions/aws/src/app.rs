@@ -135,11 +135,14 @@ impl App {
         let Some(url) = &self.config.results_queue_url else {
             return;
         };
+        // A FIFO results queue keeps each workspace's records in order.
+        let group = crate::config::is_fifo(Some(url)).then(|| message_group(body));
         if let Err(e) = self
             .sqs
             .send_message()
             .queue_url(url)
             .message_body(body.to_string())
+            .set_message_group_id(group)
             .send()
             .await
         {
@@ -309,12 +312,22 @@ impl Trigger for App {
     }
 
     /// Sends `body` to the jobs queue again, delayed by `delay` (SQS allows 15 minutes at most).
+    /// Never on a FIFO queue: a copy would go to the back of its workspace's group, behind
+    /// later requests, and FIFO queues delay no single message; the message itself waits
+    /// instead, at the head of its group.
     async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), TriggerError> {
         let url = self
             .config
             .jobs_queue_url
             .as_ref()
             .ok_or("TERRACE_JOBS_QUEUE_URL is not set")?;
+        if self.config.jobs_fifo() {
+            return Err(TriggerError::never(
+                "queue",
+                "the jobs queue is FIFO: the message waits at the head of its workspace's group instead of a copy going behind later requests",
+                "nothing to do: it is delivered again when it is visible",
+            ));
+        }
         let body = std::str::from_utf8(body).map_err(|e| e.to_string())?;
         let seconds = i32::try_from(delay.as_secs().min(900)).unwrap_or(900);
         self.sqs
@@ -341,9 +354,14 @@ impl Trigger for App {
                 .iter()
                 .enumerate()
                 .map(|(i, body)| {
+                    let group = self
+                        .config
+                        .jobs_fifo()
+                        .then(|| message_group(&serde_json::from_str(body).unwrap_or_default()));
                     SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
                         .message_body(body)
+                        .set_message_group_id(group)
                         .build()
                 })
                 .collect();
@@ -395,5 +413,36 @@ impl Trigger for App {
         _timeout: Duration,
     ) -> Result<Value, TriggerError> {
         Ok(self.run_task(reference).await?)
+    }
+}
+
+/// The FIFO message group of a job or a record: its workspace (`tenant/workspace`), so a
+/// workspace's messages keep their order and different workspaces do not wait for each other.
+/// A body that names none goes to the group `terrace`.
+pub fn message_group(body: &Value) -> String {
+    let of = |v: &Value| {
+        let (t, w) = (v["tenant"].as_str()?, v["workspace"].as_str()?);
+        Some(format!("{t}/{w}"))
+    };
+    of(&body["job"])
+        .or_else(|| of(&body["cancel"]))
+        .or_else(|| of(body))
+        .unwrap_or_else(|| "terrace".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::message_group;
+    use serde_json::json;
+
+    #[test]
+    fn a_fifo_group_is_the_messages_workspace() {
+        let job = json!({ "job": { "id": "j", "tenant": "acme", "workspace": "web" } });
+        assert_eq!(message_group(&job), "acme/web");
+        let cancel = json!({ "cancel": { "job": "j", "tenant": "acme", "workspace": "db" } });
+        assert_eq!(message_group(&cancel), "acme/db");
+        let result = json!({ "job_id": "j", "tenant": "acme", "workspace": "api", "status": "succeeded" });
+        assert_eq!(message_group(&result), "acme/api");
+        assert_eq!(message_group(&json!({ "status": "rejected" })), "terrace");
     }
 }

@@ -49,7 +49,18 @@ pub struct Config {
     pub call_timeout: Duration,
 }
 
+/// Whether a queue is an SQS FIFO queue (its name ends in `.fifo`).
+pub fn is_fifo(url: Option<&str>) -> bool {
+    url.is_some_and(|u| u.ends_with(".fifo"))
+}
+
 impl Config {
+    /// Whether the jobs queue is FIFO: each workspace's messages are one group, delivered in
+    /// order and one at a time (see `transport`).
+    pub fn jobs_fifo(&self) -> bool {
+        is_fifo(self.jobs_queue_url.as_deref())
+    }
+
     /// Reads the settings.
     ///
     /// # Errors

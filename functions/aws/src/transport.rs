@@ -8,6 +8,12 @@
 //! deletes it once the job has a result or a fresh copy on the queue ([`settle`]). A task that
 //! never starts, is killed or gives up leaves the message to come back, and (past the queue's
 //! `maxReceiveCount`) to be dead-lettered: a handed-off job is never lost without a word.
+//!
+//! A FIFO jobs queue (its URL ends in `.fifo`; `MessageGroupId` = the job's workspace) keeps
+//! each workspace's requests in order. A batch's groups then run side by side, each group's
+//! records one after another in their order; once a record of a group is to be seen again (a
+//! busy workspace, trouble that may pass), every later record of its group is returned
+//! unhandled, so SQS delivers them again after it, in order ([`handle_fifo`]).
 
 use std::time::Duration;
 
@@ -23,6 +29,9 @@ pub async fn handle_batch(
     event: SqsEvent,
     deadline: OffsetDateTime,
 ) -> SqsBatchResponse {
+    if app.config.jobs_fifo() {
+        return handle_fifo(app, event, deadline).await;
+    }
     let mut running = tokio::task::JoinSet::new();
     let mut ids = std::collections::HashMap::new();
     for message in event.records {
@@ -44,6 +53,11 @@ pub async fn handle_batch(
             }
         }
     }
+    response(failures)
+}
+
+/// The response listing the records to see again.
+fn response(mut failures: Vec<String>) -> SqsBatchResponse {
     failures.sort();
     let mut response = SqsBatchResponse::default();
     response.batch_item_failures = failures
@@ -55,6 +69,61 @@ pub async fn handle_batch(
         })
         .collect();
     response
+}
+
+/// A FIFO batch: groups side by side, each group in order, and after the first record of a
+/// group to be seen again, the rest of that group returned unhandled (made visible again at
+/// once: SQS still delivers none of them before the one that waits).
+async fn handle_fifo(app: &App, event: SqsEvent, deadline: OffsetDateTime) -> SqsBatchResponse {
+    let mut groups: Vec<(String, Vec<SqsMessage>)> = Vec::new();
+    for message in event.records {
+        let group = message
+            .attributes
+            .get("MessageGroupId")
+            .cloned()
+            .unwrap_or_default();
+        match groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, records)) => records.push(message),
+            None => groups.push((group, vec![message])),
+        }
+    }
+    let mut running = tokio::task::JoinSet::new();
+    let mut ids = std::collections::HashMap::new();
+    for (group, records) in groups {
+        let all: Vec<String> = records
+            .iter()
+            .map(|m| m.message_id.clone().unwrap_or_default())
+            .collect();
+        let app = app.clone();
+        let task = running.spawn(async move {
+            let mut failures = Vec::new();
+            for message in records {
+                let id = message.message_id.clone().unwrap_or_default();
+                if !failures.is_empty() {
+                    tracing::info!(message_id = %id, group, "returned unhandled: an earlier request of its workspace waits");
+                    if let Some(receipt) = &message.receipt_handle {
+                        set_visibility(&app, receipt, Duration::ZERO).await;
+                    }
+                    failures.push(id);
+                } else if !handle_record(&app, message, deadline).await {
+                    failures.push(id);
+                }
+            }
+            failures
+        });
+        ids.insert(task.id(), all);
+    }
+    let mut failures = Vec::new();
+    while let Some(joined) = running.join_next_with_id().await {
+        match joined {
+            Ok((_, failed)) => failures.extend(failed),
+            Err(e) => {
+                tracing::error!(error = %e, "a message group's task failed");
+                failures.extend(ids.remove(&e.id()).unwrap_or_default());
+            }
+        }
+    }
+    response(failures)
 }
 
 /// True when the record is done with (delete it), false to see it again.

@@ -3,22 +3,28 @@
 resource "aws_sqs_queue" "dead_letter" {
   for_each = toset(["jobs", "events"])
 
-  name                              = "${var.name}-${each.key}-dlq"
+  # A FIFO queue's dead-letter queue is FIFO too.
+  name                              = "${var.name}-${each.key}-dlq${each.key == "jobs" && var.queues.fifo ? ".fifo" : ""}"
+  fifo_queue                        = each.key == "jobs" && var.queues.fifo ? true : null
   message_retention_seconds         = 1209600
   kms_master_key_id                 = local.kms_key_arn
   kms_data_key_reuse_period_seconds = 300
   tags                              = var.tags
 }
 
-# Standard, not FIFO: a busy workspace's job is sent again with a delay, which FIFO queues do not
-# allow per message.
+# The jobs queue is standard by default: a busy workspace's job is sent again with a delay
+# (order is kept by the jobs' `sequence`). With queues.fifo it is FIFO, one message group per
+# workspace: each workspace's requests are delivered in order, one at a time, and a busy one
+# waits at the head of its group instead (docs/ordering.md).
 resource "aws_sqs_queue" "this" {
   for_each = {
-    jobs    = { visibility_timeout_seconds = var.queues.visibility_timeout_seconds, dead_letter = "jobs" }
-    results = { visibility_timeout_seconds = 30, dead_letter = null }
+    jobs    = { visibility_timeout_seconds = var.queues.visibility_timeout_seconds, dead_letter = "jobs", fifo = var.queues.fifo }
+    results = { visibility_timeout_seconds = 30, dead_letter = null, fifo = false }
   }
 
-  name                              = "${var.name}-${each.key}"
+  name                              = "${var.name}-${each.key}${each.value.fifo ? ".fifo" : ""}"
+  fifo_queue                        = each.value.fifo ? true : null
+  content_based_deduplication       = each.value.fifo ? true : null
   visibility_timeout_seconds        = each.value.visibility_timeout_seconds
   message_retention_seconds         = var.queues.message_retention_seconds
   kms_master_key_id                 = local.kms_key_arn

@@ -123,6 +123,10 @@ variable "queues" {
       null for no limit but function.reserved_concurrent_executions.
     - batch_size (1): jobs a function invocation takes from the queue at once, 1 to 10. Keep 1 where tenants
       must not reach each other: on Lambda, jobs of one batch share a user (docs/SECURITY.md).
+    - fifo (false): make the jobs queue (and its dead-letter queue) FIFO, named `<name>-jobs.fifo`, with
+      content-based deduplication. The platform sends each job with MessageGroupId = "<tenant>/<workspace>":
+      a workspace's requests then run in the order sent, one at a time, and a busy workspace's request waits at
+      the head of its group (counting a receive each time) instead of being sent again behind later ones.
   EOT
   type = object({
     visibility_timeout_seconds = optional(number, 900)
@@ -130,6 +134,7 @@ variable "queues" {
     message_retention_seconds  = optional(number, 345600)
     maximum_concurrency        = optional(number)
     batch_size                 = optional(number, 1)
+    fifo                       = optional(bool, false)
   })
   default  = {}
   nullable = false
