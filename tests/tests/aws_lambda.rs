@@ -2007,3 +2007,72 @@ async fn on_a_fifo_queue_a_busy_workspaces_requests_wait_in_order_and_are_never_
     );
     assert_eq!(cluster_in(&store, &ws).await, "beta");
 }
+
+/// Cancel mid-apply on Lambda's path, with two function instances as Lambda runs them side by
+/// side: one runs a slow apply, the other takes the cancel message; the apply stops within
+/// seconds, its `on_failure: destroy-created` destroys what it made, and the result says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_message_stops_a_running_apply_and_its_clean_up_destroys_what_it_made() {
+    let w = World::new().await;
+    let api = Arc::new(RuntimeApi::start().await);
+    let _running = w.start(&api);
+    let _idle = w.start(&api);
+    w.sb.faults(json!([{ "resource": "testcloud_cluster", "op": "create", "kind": "slow", "delay_ms": 90000, "times": 1 }]));
+    let mut job: Value = serde_json::from_str(&w.envelope("cm-1", "lam-cancel-run", "3m")).unwrap();
+    job["job"]["on_failure"] = json!("destroy-created");
+    let (event, _) = w.batch(&[job.to_string()]).await;
+    let apply = tokio::spawn({
+        let api = api.clone();
+        async move { api.invoke(event, Duration::from_secs(300)).await }
+    });
+
+    // Mid-apply: the cluster is being created (its log says so in the bucket).
+    let store = w.store().await;
+    let ws: WorkspaceId = "acme/lam-cancel-run".parse().unwrap();
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    'creating: loop {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the apply never started creating"
+        );
+        for name in store.artifacts(&ws, "cm-1").await.unwrap_or_default() {
+            if !name.starts_with("log/") {
+                continue;
+            }
+            if let Ok(Some(chunk)) = store.artifact(&ws, "cm-1", &name).await
+                && String::from_utf8_lossy(&chunk).contains("testcloud_cluster.main: Creating")
+            {
+                break 'creating;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let asked = std::time::Instant::now();
+    let cancel =
+        json!({ "cancel": { "job": "cm-1", "tenant": "acme", "workspace": "lam-cancel-run" } });
+    let (event, _) = w.batch(&[cancel.to_string()]).await;
+    let answered = api.invoke(event, Duration::from_secs(60)).await.unwrap();
+    assert!(failures(&answered).is_empty(), "{answered}");
+
+    let response = apply.await.unwrap().unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(60),
+        "stopped after {:?}",
+        asked.elapsed()
+    );
+    let results = w.results().await;
+    let requested = results.iter().find(|r| r["status"] == "cancel-requested");
+    assert!(requested.is_some(), "{results:?}");
+    let result = results
+        .iter()
+        .find(|r| r["job_id"] == "cm-1")
+        .unwrap_or_else(|| panic!("{results:?}"));
+    assert_eq!(result["status"], "cancelled", "{result}");
+    assert_eq!(result["cleanup"]["policy"], "destroy-created", "{result}");
+    let destroyed = result["cleanup"]["destroyed"].to_string();
+    assert!(destroyed.contains("testcloud_network.main"), "{result}");
+    let state = store.current(&ws).await.unwrap().unwrap();
+    let state = String::from_utf8_lossy(&state.data).into_owned();
+    assert!(!state.contains("testcloud_network"), "{state}");
+}

@@ -441,7 +441,8 @@ mod tests {
         assert_eq!(message_group(&job), "acme/web");
         let cancel = json!({ "cancel": { "job": "j", "tenant": "acme", "workspace": "db" } });
         assert_eq!(message_group(&cancel), "acme/db");
-        let result = json!({ "job_id": "j", "tenant": "acme", "workspace": "api", "status": "succeeded" });
+        let result =
+            json!({ "job_id": "j", "tenant": "acme", "workspace": "api", "status": "succeeded" });
         assert_eq!(message_group(&result), "acme/api");
         assert_eq!(message_group(&json!({ "status": "rejected" })), "terrace");
     }
