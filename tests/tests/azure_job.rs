@@ -751,3 +751,54 @@ async fn last(w: &World, id: &str) -> Value {
         .find(|r| r["job_id"] == id || r["cancel"]["job_id"] == id)
         .unwrap_or_else(|| panic!("no record for {id}"))
 }
+
+/// Cancel mid-apply on the Container Apps job's path: one execution runs a slow apply, a
+/// second takes the cancel message; the apply stops within seconds and its `on_failure:
+/// destroy-created` destroys what it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_queued_mid_apply_stops_it_and_its_clean_up_destroys_what_it_made() {
+    let w = World::new().await;
+    let store = w.store();
+    w.sb.faults(json!([{ "resource": "testcloud_cluster", "op": "create", "kind": "slow", "delay_ms": 90000, "times": 1 }]));
+    let mut job = w.message("zm-1", "az-cancel-mid");
+    job["job"]["template"] = json!({ "name": "demo", "version": "1.0.0" });
+    job["job"]["variables"] = json!({ "cluster_name": "az-cancel-mid", "region": "eu-west-1", "admin_password": "correct-horse-battery" });
+    job["job"]["on_failure"] = json!("destroy-created");
+    w.jobs.send(&job.to_string()).await;
+    let running = w.command(&[]).spawn().expect("terrace-azure runs");
+    let ws = ws("az-cancel-mid");
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    'creating: loop {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the apply never started creating"
+        );
+        for name in store.artifacts(&ws, "zm-1").await.unwrap_or_default() {
+            if let Ok(Some(chunk)) = store.artifact(&ws, "zm-1", &name).await
+                && name.starts_with("log/")
+                && String::from_utf8_lossy(&chunk).contains("testcloud_cluster.main: Creating")
+            {
+                break 'creating;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cancel =
+        json!({ "cancel": { "job": "zm-1", "tenant": "acme", "workspace": "az-cancel-mid" } });
+    w.jobs.send(&cancel.to_string()).await;
+    assert!(w.run(&[]).status.success());
+    let out = running.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let result = last(&w, "zm-1").await;
+    assert_eq!(result["status"], "cancelled", "{result}");
+    assert_eq!(result["cleanup"]["policy"], "destroy-created", "{result}");
+    assert!(
+        result["cleanup"]["destroyed"]
+            .to_string()
+            .contains("testcloud_network"),
+        "{result}"
+    );
+    let state = store.current(&ws).await.unwrap().unwrap();
+    assert!(!String::from_utf8_lossy(&state.data).contains("testcloud_network"));
+    assert_eq!(w.jobs.count().await, 0, "both messages are settled");
+}

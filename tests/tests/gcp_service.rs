@@ -1035,3 +1035,59 @@ async fn a_cancel_pushed_stops_a_queued_job_and_leaves_a_finished_one() {
     assert!(late.body.contains("already-finished"), "{}", late.body);
     assert_eq!(store.versions(&ws("run-cancel")).await.unwrap().len(), 1);
 }
+
+/// Cancel mid-apply on Cloud Run's path: a cancel pushed while the job's own push is being
+/// answered stops the apply within seconds; its `on_failure: destroy-created` destroys what it
+/// made, and the job's answer says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_pushed_mid_apply_stops_it_and_its_clean_up_destroys_what_it_made() {
+    let w = World::new().await;
+    let service = w.start().await;
+    let store = w.store().await;
+    w.sb.faults(json!([{ "resource": "testcloud_cluster", "op": "create", "kind": "slow", "delay_ms": 90000, "times": 1 }]));
+    let mut job = w.message("rm-1", "run-cancel-mid");
+    job["job"]["on_failure"] = json!("destroy-created");
+    let bearer = w.key.bearer();
+    let url = format!("{}/pubsub", service.url);
+    let envelope = push_envelope("m-rm1", &job);
+    let running =
+        tokio::spawn(
+            async move { post_json(&url, &[("authorization", &bearer)], &envelope).await },
+        );
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    'creating: loop {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the apply never started creating"
+        );
+        for name in store
+            .artifacts(&ws("run-cancel-mid"), "rm-1")
+            .await
+            .unwrap_or_default()
+        {
+            if let Ok(Some(chunk)) = store.artifact(&ws("run-cancel-mid"), "rm-1", &name).await
+                && name.starts_with("log/")
+                && String::from_utf8_lossy(&chunk).contains("testcloud_cluster.main: Creating")
+            {
+                break 'creating;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cancel =
+        json!({ "cancel": { "job": "rm-1", "tenant": "acme", "workspace": "run-cancel-mid" } });
+    let asked = w.push(&service, &push_envelope("m-rmc", &cancel)).await;
+    assert!(asked.body.contains("cancel-requested"), "{}", asked.body);
+    let answer = running.await.unwrap();
+    let result: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(result["status"], "cancelled", "{result}");
+    assert_eq!(result["cleanup"]["policy"], "destroy-created", "{result}");
+    assert!(
+        result["cleanup"]["destroyed"]
+            .to_string()
+            .contains("testcloud_network"),
+        "{result}"
+    );
+    let state = store.current(&ws("run-cancel-mid")).await.unwrap().unwrap();
+    assert!(!String::from_utf8_lossy(&state.data).contains("testcloud_network"));
+}
