@@ -13,7 +13,7 @@
 //! each workspace's requests in order. A batch's groups then run side by side, each group's
 //! records one after another in their order; once a record of a group is to be seen again (a
 //! busy workspace, trouble that may pass), every later record of its group is returned
-//! unhandled, so SQS delivers them again after it, in order ([`handle_fifo`]).
+//! unhandled, so SQS delivers them again after it, in order.
 
 use std::time::Duration;
 
