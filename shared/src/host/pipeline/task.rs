@@ -211,6 +211,15 @@ pub(super) async fn put_back<T: Trigger + ?Sized>(
     }
 }
 
+/// A task's record as its stdout (the task's log) shows it: a plan's own key goes only to the
+/// results channel.
+fn for_the_log(mut record: Value) -> Value {
+    if let Some(plan) = record.get_mut("plan").and_then(Value::as_object_mut) {
+        plan.remove("key");
+    }
+    record
+}
+
 /// A handed-off task's exit code for its job's fate, with the record on stdout: 0 the job
 /// succeeded or went back on the queue to run later, 1 it failed, 65 the message was refused,
 /// 75 it could neither run nor go back on the queue (a retry of the task may).
@@ -218,6 +227,7 @@ pub fn task_exit(name: &str, fate: Fate) -> std::process::ExitCode {
     use std::process::ExitCode;
     match fate {
         Fate::Ran(record) => {
+            let record = for_the_log(record);
             println!("{record}");
             if record["status"] == "succeeded" {
                 ExitCode::SUCCESS
@@ -248,5 +258,19 @@ pub fn task_exit(name: &str, fate: Fate) -> std::process::ExitCode {
             println!("{record}");
             ExitCode::from(75)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tasks_log_never_shows_a_plans_own_key() {
+        let record = json!({ "status": "succeeded", "plan": { "id": "p1", "key": "k".repeat(43) } });
+        let shown = for_the_log(record);
+        assert_eq!(shown["plan"]["id"], "p1");
+        assert!(shown["plan"].get("key").is_none(), "{shown}");
+        assert_eq!(for_the_log(json!({ "status": "failed" })), json!({ "status": "failed" }));
     }
 }
