@@ -260,6 +260,26 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
         false
     }
 
+    /// A run artifact that this store sealed, opened: one stored plain (which anyone who can
+    /// write the bucket could have put there) is refused. A store that does not seal has none.
+    ///
+    /// # Errors
+    /// [`StoreError::Sealed`] for an object that was not sealed (or cannot be opened); backend
+    /// failures.
+    async fn sealed_artifact(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        name: &str,
+    ) -> Result<Option<Bytes>> {
+        let _ = (job_id, name);
+        Err(StoreError::Sealed {
+            workspace: ws.clone(),
+            what: format!("runs/{job_id}/{name}"),
+            reason: "this store has no key to have sealed it".into(),
+        })
+    }
+
     /// Accepts `state` as the workspace's new current state and records it as a new version.
     ///
     /// # Errors

@@ -398,6 +398,27 @@ impl StateStore for SealedStore {
         }
     }
 
+    async fn sealed_artifact(
+        &self,
+        ws: &WorkspaceId,
+        job_id: &str,
+        name: &str,
+    ) -> Result<Option<Bytes>> {
+        let what = format!("runs/{job_id}/{name}");
+        match self.inner.artifact(ws, job_id, name).await? {
+            Some(stored) if self.keys.is_some() && is_sealed(&stored) => {
+                Ok(Some(self.open(ws, &what, stored).await?))
+            }
+            Some(_) => Err(StoreError::Sealed {
+                workspace: ws.clone(),
+                what,
+                reason: "it is stored plain, and only an object this runner's keys sealed is taken"
+                    .into(),
+            }),
+            None => Ok(None),
+        }
+    }
+
     async fn delete_artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<()> {
         self.inner.delete_artifact(ws, job_id, name).await
     }

@@ -210,6 +210,15 @@ pub fn validate_for(
     let budget = budget(doc.get("budget"), &mut errors);
     let sequence = sequence(doc.get("sequence"), &mut errors);
     let approval = approval::approval(doc, operation, on_failure, &mut errors);
+    if let (Some(plan), Some(id)) = (&approval.plan, &id)
+        && plan == id
+    {
+        errors.push(ValidationError::new(
+            "plan",
+            "names this job itself",
+            "give the apply its own id, and name the plan job's id in plan",
+        ));
+    }
     let template = template_ref(doc.get("template"), &mut errors).and_then(|r| {
         match Template::load(templates_root, &r.name, &r.version) {
             Ok(t) => Some((r, t)),
@@ -282,6 +291,8 @@ pub fn validate_for(
         .filter(|(_, v)| v.sensitive || v.ephemeral)
         .filter_map(|(name, _)| variables.get(name))
         .flat_map(secret_strings)
+        // A plan's own key opens the plan and its values: a secret like them.
+        .chain(approval.plan_key.clone())
         .collect();
     Ok(ValidatedJob {
         job: Job {

@@ -263,6 +263,32 @@ pub enum OpenError {
     WrongKey,
     #[error("the stored plan is not one sealed with a key of its own")]
     NotSealed,
+    #[error("the stored plan is not this plan job's (it was made by another job, or changed)")]
+    OtherPlan,
+}
+
+/// What a plan sealed with the workspace's key holds before the plan file: the plan job's id,
+/// so that a plan sealed for another job of the same workspace (the store's sealing binds the
+/// workspace, not the object's name) never passes for this one.
+const BOUND: &str = "TERRACE-PLAN-OF/1 ";
+
+/// The plan file with the id of the job that made it in front, to be sealed by the store.
+pub fn bind(job_id: &str, plan: &[u8]) -> Bytes {
+    let mut out = format!("{BOUND}{job_id}\n").into_bytes();
+    out.extend_from_slice(plan);
+    Bytes::from(out)
+}
+
+/// The plan file [`bind`] bound to `job_id`, opened by the store.
+///
+/// # Errors
+/// [`OpenError::OtherPlan`] when it is bound to another job, or to none.
+pub fn unbind(job_id: &str, opened: &[u8]) -> Result<Vec<u8>, OpenError> {
+    let head = format!("{BOUND}{job_id}\n");
+    opened
+        .strip_prefix(head.as_bytes())
+        .map(<[u8]>::to_vec)
+        .ok_or(OpenError::OtherPlan)
 }
 
 /// A fresh plan key (32 random bytes).

@@ -257,3 +257,62 @@ async fn the_conformance_suite_passes_through_the_sealing() {
     let inner = Arc::new(MemoryStore::new());
     crate::conformance::run_all_sealed(sealed(&inner, Some(Keyring::new(key(1))))).await;
 }
+
+/// What must have been sealed is taken only sealed: a plain object put beside it (by anyone
+/// who can write the bucket) is refused, and a store without keys has nothing sealed to give.
+#[tokio::test]
+async fn a_sealed_artifact_is_taken_only_as_this_stores_keys_sealed_it() {
+    let inner = Arc::new(MemoryStore::new());
+    let store = sealed(&inner, Some(Keyring::new(key(1))));
+    let plan = Bytes::from_static(b"a plan with secret values");
+    store
+        .put_artifact(&ws(), "p1", "plan.tfplan", plan.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .sealed_artifact(&ws(), "p1", "plan.tfplan")
+            .await
+            .unwrap(),
+        Some(plan.clone())
+    );
+    assert_eq!(
+        store
+            .sealed_artifact(&ws(), "p2", "plan.tfplan")
+            .await
+            .unwrap(),
+        None
+    );
+    // Put plain behind the runner's back: refused by name.
+    inner
+        .put_artifact(&ws(), "p3", "plan.tfplan", plan.clone())
+        .await
+        .unwrap();
+    let e = store
+        .sealed_artifact(&ws(), "p3", "plan.tfplan")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("runs/p3/plan.tfplan") && e.contains("stored plain"),
+        "{e}"
+    );
+    // The plain read still takes it as it is (what every other artifact read does).
+    assert_eq!(
+        store.artifact(&ws(), "p3", "plan.tfplan").await.unwrap(),
+        Some(plan.clone())
+    );
+    let keyless = sealed(&inner, None);
+    assert!(
+        keyless
+            .sealed_artifact(&ws(), "p1", "plan.tfplan")
+            .await
+            .is_err()
+    );
+    assert!(
+        inner
+            .sealed_artifact(&ws(), "p1", "plan.tfplan")
+            .await
+            .is_err()
+    );
+}

@@ -267,10 +267,14 @@ mod tests {
 
     #[test]
     fn a_tasks_log_never_shows_a_plans_own_key() {
-        let record = json!({ "status": "succeeded", "plan": { "id": "p1", "key": "k".repeat(43) } });
+        let record =
+            json!({ "status": "succeeded", "plan": { "id": "p1", "key": "k".repeat(43) } });
         let shown = for_the_log(record);
         assert_eq!(shown["plan"]["id"], "p1");
         assert!(shown["plan"].get("key").is_none(), "{shown}");
-        assert_eq!(for_the_log(json!({ "status": "failed" })), json!({ "status": "failed" }));
+        assert_eq!(
+            for_the_log(json!({ "status": "failed" })),
+            json!({ "status": "failed" })
+        );
     }
 }

@@ -259,6 +259,10 @@ fn approval_fields_are_checked_against_the_operation_and_each_other() {
     assert_eq!(apply.job.plan.as_deref(), Some("p1"));
     assert_eq!(apply.job.plan_key.as_deref(), Some(key.as_str()));
     assert_eq!(apply.job.variables.len(), 1, "only the ephemeral variable");
+    assert!(
+        apply.sensitive_values.contains(&key),
+        "the plan's key is a secret"
+    );
 
     for (extra, field, says) in [
         (
@@ -320,6 +324,11 @@ fn approval_fields_are_checked_against_the_operation_and_each_other() {
             "operation: apply\nplan: p1\nbudget: { max_monthly_increase: 10 }\nvariables: { token: t }\n",
             "budget",
             "checked when the plan is made",
+        ),
+        (
+            "operation: apply\nplan: j1\nvariables: { token: t }\n",
+            "plan",
+            "names this job itself",
         ),
     ] {
         let found = fields(extra);

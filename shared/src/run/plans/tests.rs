@@ -208,3 +208,13 @@ fn a_plan_record_of_a_newer_schema_is_refused_by_name() {
     let back = PlanRecord::parse(&record().to_bytes()).unwrap();
     assert_eq!(back.job_id, "plan-1");
 }
+
+#[test]
+fn a_plan_bound_to_its_job_opens_as_that_jobs_only() {
+    let bound = bind("plan-1", b"PK plan");
+    assert_eq!(unbind("plan-1", &bound).unwrap(), b"PK plan");
+    assert_eq!(unbind("plan-2", &bound), Err(OpenError::OtherPlan));
+    assert_eq!(unbind("plan-1", b"PK plan"), Err(OpenError::OtherPlan));
+    // A job id that is a prefix of another's does not pass for it.
+    assert_eq!(unbind("plan", &bound), Err(OpenError::OtherPlan));
+}

@@ -98,7 +98,10 @@ impl Runner {
                     now: OffsetDateTime::now_utc(),
                     applied: claim.as_ref(),
                 };
-                let checked = if record.tenant == j.tenant && record.workspace == j.workspace {
+                let ours = record.job_id == plan
+                    && record.tenant == j.tenant
+                    && record.workspace == j.workspace;
+                let checked = if ours {
                     plans::check(&record, &applying)
                 } else {
                     Err(refusal(
@@ -156,11 +159,25 @@ impl Runner {
         &self,
         job: &ValidatedJob,
         lease: &Lease,
-        state: Option<StateFacts>,
+        server: &crate::run::state_server::StateServer,
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Result<(), JobError> {
         let j = &job.job;
+        // Over its budget, a plan is shown but never kept: its apply would skip the budget.
+        if let Some(over) = report
+            .cost
+            .as_ref()
+            .and_then(|c| c.budget.as_ref())
+            .filter(|b| b.exceeded)
+        {
+            let line = format!(
+                "plan not kept for approval: it is over the job's budget ({})",
+                over.reason.as_deref().unwrap_or_default()
+            );
+            s.logger.runner("plan", &line).await;
+            return Ok(());
+        }
         let fail = |what: &str, e: &dyn std::fmt::Display, retryable: bool| {
             JobError::new(
                 if retryable {
@@ -176,6 +193,17 @@ impl Runner {
         };
         let file = std::fs::read(s.dir.join(terraform::PLAN_FILE))
             .map_err(|e| fail("terraform's plan file cannot be read", &e, false))?;
+        // What the plan was made from (the state server read it before terraform did).
+        let state = match server.current().await {
+            Ok(current) => current.map(|c| StateFacts::of(&c.version)),
+            Err(e) => {
+                return Err(fail(
+                    "the state it was made from cannot be read",
+                    &e,
+                    e.is_retryable(),
+                ));
+            }
+        };
         let lock = std::fs::read(s.dir.join(".terraform.lock.hcl")).ok();
         let client = self
             .client()
@@ -184,11 +212,7 @@ impl Runner {
         let made_at = OffsetDateTime::now_utc();
         let expires_at = made_at + self.config.plan_ttl;
         let (sealing, stored, key) = if self.store.seals() {
-            (
-                Sealing::WorkspaceKey,
-                bytes::Bytes::from(file.clone()),
-                None,
-            )
+            (Sealing::WorkspaceKey, plans::bind(&j.id, &file), None)
         } else {
             let key = plans::new_key();
             let sealed = plans::seal(&key, &file, (&j.tenant, &j.workspace, &j.id));
@@ -249,14 +273,13 @@ impl Runner {
             store.put_artifact_fenced(s.ws, &j.id, PLAN_RECORD, record.to_bytes(), &fence),
             plans::record_kept(store, s.ws, &index, &fence),
         );
+        if let Err(e) = indexed {
+            // Unlisted, the file would never expire: it goes, and the plan job fails.
+            let _ = store.delete_artifact(s.ws, &j.id, PLAN_FILE).await;
+            let what = "the workspace's index of kept plans cannot be written";
+            return Err(fail(what, &e, e.is_retryable()));
+        }
         record.map_err(|e| fail("the plan's record cannot be stored", &e, e.is_retryable()))?;
-        indexed.map_err(|e| {
-            fail(
-                "the workspace's index of kept plans cannot be written",
-                &e,
-                e.is_retryable(),
-            )
-        })?;
         let expiry = state_backends::display_time(expires_at);
         let line = match sealing {
             Sealing::WorkspaceKey => format!(
@@ -326,28 +349,45 @@ impl Runner {
                 false,
             )
         };
-        let stored = self
-            .store
-            .artifact(ws, plan, PLAN_FILE)
-            .await
-            .map_err(unreadable("file"))?
-            .ok_or_else(|| refused(format!("plan {plan} has no plan file"), "plan again"))?;
-        let file = match record.sealing {
-            Sealing::WorkspaceKey => stored.to_vec(),
-            Sealing::PlanKey => plans::open(
-                j.plan_key.as_deref(),
-                &stored,
-                (&j.tenant, &j.workspace, plan),
-            )
-            .map_err(|e| {
-                let fix = match e {
-                    plans::OpenError::NoKey => {
-                        "give the key the plan's result gave (plan.key) as plan_key"
-                    }
-                    _ => "give the key of this plan, exactly as its result gave it (plan.key)",
-                };
-                refused(format!("plan {plan}: {e}"), fix)
-            })?,
+        let missing = || refused(format!("plan {plan} has no plan file"), "plan again");
+        let open_failed = |e: plans::OpenError| {
+            let fix = match e {
+                plans::OpenError::NoKey => {
+                    "give the key the plan's result gave (plan.key) as plan_key"
+                }
+                plans::OpenError::NotSealed if j.plan_key.is_some() => {
+                    "this plan is sealed with the workspace's key: drop plan_key"
+                }
+                _ => {
+                    "give the key of this plan, exactly as its result gave it (plan.key); or plan again"
+                }
+            };
+            refused(format!("plan {plan}: {e}"), fix)
+        };
+        // How it is opened follows the job (a key given, or none), never the record alone,
+        // which anyone who can write the bucket could change: a plan key's plan opens only
+        // with that key, a workspace key's only if the store itself sealed it.
+        let file = match (j.plan_key.as_deref(), record.sealing) {
+            (None, Sealing::PlanKey) => return Err(open_failed(plans::OpenError::NoKey)),
+            (Some(key), _) => {
+                let stored = self
+                    .store
+                    .artifact(ws, plan, PLAN_FILE)
+                    .await
+                    .map_err(unreadable("file"))?
+                    .ok_or_else(missing)?;
+                plans::open(Some(key), &stored, (&j.tenant, &j.workspace, plan))
+                    .map_err(open_failed)?
+            }
+            (None, Sealing::WorkspaceKey) => {
+                let opened = self
+                    .store
+                    .sealed_artifact(ws, plan, PLAN_FILE)
+                    .await
+                    .map_err(unreadable("file"))?
+                    .ok_or_else(missing)?;
+                plans::unbind(plan, &opened).map_err(open_failed)?
+            }
         };
         if sha256_hex(&file) != record.plan_sha256 {
             return Err(refused(
@@ -379,14 +419,19 @@ fn unreadable(what: &'static str) -> impl Fn(state_backends::StoreError) -> JobE
     }
 }
 
-/// SHA-256 of the job's variables (ephemeral ones left out) as JSON, keys in order.
+/// SHA-256 of the job's variables as JSON, keys in order, sensitive and ephemeral ones left out:
+/// an unsalted digest of a secret would let whoever reads the bucket test guesses of it.
 fn variables_digest(job: &ValidatedJob) -> String {
     let declared = &job.template.spec.variables;
     let kept: std::collections::BTreeMap<&String, &serde_json::Value> = job
         .job
         .variables
         .iter()
-        .filter(|(name, _)| !declared.get(*name).is_some_and(|v| v.ephemeral))
+        .filter(|(name, _)| {
+            !declared
+                .get(*name)
+                .is_some_and(|v| v.ephemeral || v.sensitive)
+        })
         .collect();
     sha256_hex(&serde_json::to_vec(&kept).unwrap_or_default())
 }

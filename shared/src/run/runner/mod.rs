@@ -114,17 +114,22 @@ impl Default for RunnerConfig {
 /// The longest a cancelled job's clean-up (`on_failure`) may take.
 const CANCELLED_CLEANUP: Duration = Duration::from_secs(10 * 60);
 
-/// A token for a cancelled job's clean-up: fired when the lease is lost or after `limit`. The
-/// guard stops the timer when dropped.
+/// A token for a cancelled job's clean-up: fired when the lease is lost, the host shuts down
+/// (its deadline, a signal) or after `limit`. The guard stops the timer when dropped.
 fn cleanup_token(
     lost: &CancellationToken,
+    shutdown: Option<&CancellationToken>,
     limit: Duration,
 ) -> (CancellationToken, tokio_util::task::AbortOnDropHandle<()>) {
     let token = lost.child_token();
     let timer = {
         let token = token.clone();
+        let shutdown = shutdown.cloned().unwrap_or_default();
         tokio::spawn(async move {
-            tokio::time::sleep(limit).await;
+            tokio::select! {
+                () = tokio::time::sleep(limit) => {}
+                () = shutdown.cancelled() => {}
+            }
             token.cancel();
         })
     };
@@ -546,9 +551,7 @@ impl Runner {
         };
         let mut result = self.steps(j.operation, j.retry, &steps, report).await;
         if result.is_ok() && j.operation == Operation::Plan {
-            let state = server.current().await.ok().flatten();
-            let state = state.map(|c| crate::run::plans::StateFacts::of(&c.version));
-            result = self.keep_plan(job, lease, state, &steps, report).await;
+            result = self.keep_plan(job, lease, &server, &steps, report).await;
         }
         if result.is_ok() && j.operation == Operation::Apply {
             // What a later `on_failure: rollback` returns to: for an approved plan, the plan
@@ -568,13 +571,24 @@ impl Runner {
         // Never without a live lease: a clean-up's destroy could otherwise reach what another
         // runner, which took the workspace, has made since. A job cancelled (not stopped by its
         // host's shutdown, which runs it again) is cleaned up too, under a token of its own.
-        let cancelled = reason.get() == Some(&StopReason::Cancelled) && !self.shutting_down();
+        // Only a cancel asked for (`terrace cancel`, a cancel message): a signal to the runner
+        // stops the job and nothing else.
+        let cancelled = reason.get() == Some(&StopReason::Cancelled)
+            && !self.shutting_down()
+            && matches!(
+                crate::run::records::cancel_requested(self.store.as_ref(), ws, &j.id).await,
+                Ok(Some(_))
+            );
         if result.is_err()
             && j.operation == Operation::Apply
             && (!stop.is_cancelled() || cancelled)
             && !lost.is_cancelled()
         {
-            let (bounded, _guard) = cleanup_token(lost, j.timeout.min(CANCELLED_CLEANUP));
+            let (bounded, _guard) = cleanup_token(
+                lost,
+                self.config.shutdown.as_ref(),
+                j.timeout.min(CANCELLED_CLEANUP),
+            );
             let steps = Steps {
                 stop: if cancelled { &bounded } else { stop },
                 ..steps

@@ -1,6 +1,8 @@
 //! What settles a job before it runs (done before, cancelled, superseded), and runs in order:
 //! a job that carries a `sequence` starts only if no job with a higher or equal one has
-//! started on the workspace, and then records its own, under its lease, before terraform runs. A job that comes back after a later request ran (it waited for a busy
+//! started on the workspace, and then records its own, under its lease, before terraform
+//! runs (after an approved plan's checks: a refused one never started). A job that comes back
+//! after a later request ran (it waited for a busy
 //! workspace and was queued again, or its queue does not keep order) never puts an older
 //! configuration back: its result is `superseded`.
 
@@ -37,45 +39,50 @@ impl Runner {
             let cancelled = self.cancelled_before(job, ws, lease, &request).await?;
             return Ok(Some(RunOutcome::Finished(Box::new(cancelled))));
         }
-        if let Some(superseded) = self.take_turn(job, ws, lease).await? {
-            return Ok(Some(RunOutcome::Finished(Box::new(superseded))));
+        let turn = self.turn(job, ws).await?;
+        if let Turn::Superseded(started) = turn {
+            tracing::info!(
+                superseded_by = %started.job_id,
+                "job superseded: a later request on the workspace started first"
+            );
+            let result = superseded(job, lease, started);
+            let result = self.never_ran(job, ws, lease, result).await?;
+            return Ok(Some(RunOutcome::Finished(Box::new(result))));
         }
-        let refused = self.check_approved(job, ws, lease).await?;
-        Ok(refused.map(|result| RunOutcome::Finished(Box::new(result))))
+        // An approved plan refused never started: its sequence is not recorded.
+        if let Some(refused) = self.check_approved(job, ws, lease).await? {
+            return Ok(Some(RunOutcome::Finished(Box::new(refused))));
+        }
+        if let Turn::Record(sequence) = turn {
+            let started = Started::new(&job.job.id, sequence);
+            records::record_started(self.store.as_ref(), ws, &started, &lease.fence()).await?;
+        }
+        Ok(None)
     }
 
-    /// Checks the job's place in the workspace's order, under its lease. `Some` with the
-    /// job's `superseded` result (written) when a later request started first; otherwise the
-    /// job's sequence, if it has one, is now the workspace's highest started.
-    pub(super) async fn take_turn(
-        &self,
-        job: &ValidatedJob,
-        ws: &WorkspaceId,
-        lease: &Lease,
-    ) -> Result<Option<JobResult>, RunError> {
+    /// The job's place in the workspace's order, read under its lease.
+    async fn turn(&self, job: &ValidatedJob, ws: &WorkspaceId) -> Result<Turn, RunError> {
         let j = &job.job;
         let Some(sequence) = j.sequence else {
-            return Ok(None);
+            return Ok(Turn::Unordered);
         };
-        let store = self.store.as_ref();
-        match records::started(store, ws).await? {
+        Ok(match records::started(self.store.as_ref(), ws).await? {
             // The same job again (its run was interrupted): its turn is still its own.
-            Some(started) if started.job_id == j.id => Ok(None),
-            Some(started) if started.sequence >= sequence => {
-                tracing::info!(
-                    superseded_by = %started.job_id,
-                    "job superseded: a later request on the workspace started first"
-                );
-                let result = superseded(job, lease, started);
-                Ok(Some(self.never_ran(job, ws, lease, result).await?))
-            }
-            _ => {
-                records::record_started(store, ws, &Started::new(&j.id, sequence), &lease.fence())
-                    .await?;
-                Ok(None)
-            }
-        }
+            Some(started) if started.job_id == j.id => Turn::Unordered,
+            Some(started) if started.sequence >= sequence => Turn::Superseded(started),
+            _ => Turn::Record(sequence),
+        })
     }
+}
+
+/// Where a job stands in its workspace's order.
+enum Turn {
+    /// No sequence, or its own recorded already: nothing to record.
+    Unordered,
+    /// A later request started first: the job never runs.
+    Superseded(Started),
+    /// It goes on: its sequence is recorded before anything runs.
+    Record(u64),
 }
 
 /// The result of a job that never ran because `started` (a later request) started first.
