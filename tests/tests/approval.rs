@@ -444,6 +444,58 @@ async fn a_plan_sealed_with_the_workspace_key_needs_no_plan_key_and_expires() {
     let applied = finished(runner.run(&apply, Default::default()).await);
     assert_eq!(applied.status.as_str(), "succeeded", "{applied:?}");
 
+    // Whoever can write the bucket cannot put a plan of their own in a kept plan's place:
+    // not a plain one (it must be the store's sealing), not another job's sealed one.
+    for id in ["k3", "k4"] {
+        let plan = sb.validated(&plan_job(id, "keyed", "swapped", ""));
+        let planned = finished(runner.run(&plan, Default::default()).await);
+        assert_eq!(planned.status.as_str(), "succeeded", "{planned:?}");
+    }
+    let plain = shared::run::plans::bind("k3", b"PK a plan of someone else's");
+    raw.put_artifact(&wsid, "k3", "plan.tfplan", plain)
+        .await
+        .unwrap();
+    let k4 = raw
+        .artifact(&wsid, "k4", "plan.tfplan")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut record = sb.artifact_json("acme/keyed", "k4", "plan.json").await;
+    record["job_id"] = "k2x".into();
+    raw.put_artifact(&wsid, "k2x", "plan.tfplan", k4)
+        .await
+        .unwrap();
+    let mut copied = sb.artifact_json("acme/keyed", "k4", "result.json").await;
+    copied["job_id"] = "k2x".into();
+    for (name, value) in [("plan.json", record), ("result.json", copied)] {
+        raw.put_artifact(&wsid, "k2x", name, value.to_string().into_bytes().into())
+            .await
+            .unwrap();
+    }
+    let mut k4_job = sb.artifact_json("acme/keyed", "k4", "job.json").await;
+    k4_job["id"] = "k2x".into();
+    raw.put_artifact(
+        &wsid,
+        "k2x",
+        "job.json",
+        k4_job.to_string().into_bytes().into(),
+    )
+    .await
+    .unwrap();
+    for (plan, says) in [("k3", "stored plain"), ("k2x", "not this plan job's")] {
+        let apply = sb.validated(&apply_job(
+            &format!("{plan}-apply"),
+            "keyed",
+            "apply",
+            plan,
+            None,
+        ));
+        let refused = finished(runner.run(&apply, Default::default()).await);
+        let error = refused.error.expect("refused");
+        assert!(error.message.contains(says), "{plan}: {}", error.message);
+        assert!(refused.steps.is_empty(), "{plan}: terraform ran");
+    }
+
     // Expired: a runner whose plans last no time at all.
     let mut config = sb.runner_config();
     config.plan_ttl = std::time::Duration::ZERO;
