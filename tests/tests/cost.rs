@@ -164,9 +164,14 @@ async fn a_budget_stops_an_apply_before_anything_is_applied() {
             .is_none_or(|c| c["created"].as_array().is_none_or(Vec::is_empty))
     );
 
-    // A plan over the budget succeeds: it says so and applies nothing anyway.
+    // A plan over the budget succeeds: it says so and applies nothing anyway. It is not kept
+    // for approval (its apply would skip the budget); one within it is.
     let (_, r) = run(&sb, "b4", &job("b4", "plan", 4, "medium", budget), 0).await;
     assert_eq!(r["cost"]["budget"]["exceeded"], true, "{r}");
+    assert!(r.get("plan").is_none(), "an over-budget plan was kept: {r}");
+    let (_, r) = run(&sb, "b5", &job("b5", "plan", 2, "small", budget), 0).await;
+    assert_eq!(r["cost"]["budget"]["exceeded"], false, "{r}");
+    assert_eq!(r["plan"]["id"], "b5", "{r}");
 }
 
 #[tokio::test]
