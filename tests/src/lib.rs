@@ -732,6 +732,34 @@ pub fn demo_job(
     )
 }
 
+/// Waits until the stored log of `job` in `ws` (its chunks, read straight from `store`) holds
+/// `text`, for at most `within`: how a test knows a job on a cloud function's path has reached
+/// a step.
+pub async fn wait_for_stored_log(
+    store: &dyn StateStore,
+    ws: &WorkspaceId,
+    job: &str,
+    text: &str,
+    within: std::time::Duration,
+) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        for name in store.artifacts(ws, job).await.unwrap_or_default() {
+            if let Ok(Some(chunk)) = store.artifact(ws, job, &name).await
+                && name.starts_with("log/")
+                && String::from_utf8_lossy(&chunk).contains(text)
+            {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{job}'s stored log never showed {text:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
+
 /// The names of a result's steps, in order.
 pub fn step_names(result: &serde_json::Value) -> Vec<String> {
     result["steps"]

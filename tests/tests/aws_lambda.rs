@@ -2029,24 +2029,14 @@ async fn a_cancel_message_stops_a_running_apply_and_its_clean_up_destroys_what_i
     // Mid-apply: the cluster is being created (its log says so in the bucket).
     let store = w.store().await;
     let ws: WorkspaceId = "acme/lam-cancel-run".parse().unwrap();
-    let give_up = std::time::Instant::now() + Duration::from_secs(120);
-    'creating: loop {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "the apply never started creating"
-        );
-        for name in store.artifacts(&ws, "cm-1").await.unwrap_or_default() {
-            if !name.starts_with("log/") {
-                continue;
-            }
-            if let Ok(Some(chunk)) = store.artifact(&ws, "cm-1", &name).await
-                && String::from_utf8_lossy(&chunk).contains("testcloud_cluster.main: Creating")
-            {
-                break 'creating;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    tests::wait_for_stored_log(
+        &store,
+        &ws,
+        "cm-1",
+        "testcloud_cluster.main: Creating",
+        Duration::from_secs(120),
+    )
+    .await;
     let asked = std::time::Instant::now();
     let cancel =
         json!({ "cancel": { "job": "cm-1", "tenant": "acme", "workspace": "lam-cancel-run" } });

@@ -767,22 +767,14 @@ async fn a_cancel_queued_mid_apply_stops_it_and_its_clean_up_destroys_what_it_ma
     w.jobs.send(&job.to_string()).await;
     let running = w.command(&[]).spawn().expect("terrace-azure runs");
     let ws = ws("az-cancel-mid");
-    let give_up = std::time::Instant::now() + Duration::from_secs(120);
-    'creating: loop {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "the apply never started creating"
-        );
-        for name in store.artifacts(&ws, "zm-1").await.unwrap_or_default() {
-            if let Ok(Some(chunk)) = store.artifact(&ws, "zm-1", &name).await
-                && name.starts_with("log/")
-                && String::from_utf8_lossy(&chunk).contains("testcloud_cluster.main: Creating")
-            {
-                break 'creating;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    tests::wait_for_stored_log(
+        &*store,
+        &ws,
+        "zm-1",
+        "testcloud_cluster.main: Creating",
+        Duration::from_secs(120),
+    )
+    .await;
     let cancel =
         json!({ "cancel": { "job": "zm-1", "tenant": "acme", "workspace": "az-cancel-mid" } });
     w.jobs.send(&cancel.to_string()).await;

@@ -1054,26 +1054,14 @@ async fn a_cancel_pushed_mid_apply_stops_it_and_its_clean_up_destroys_what_it_ma
         tokio::spawn(
             async move { post_json(&url, &[("authorization", &bearer)], &envelope).await },
         );
-    let give_up = std::time::Instant::now() + Duration::from_secs(120);
-    'creating: loop {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "the apply never started creating"
-        );
-        for name in store
-            .artifacts(&ws("run-cancel-mid"), "rm-1")
-            .await
-            .unwrap_or_default()
-        {
-            if let Ok(Some(chunk)) = store.artifact(&ws("run-cancel-mid"), "rm-1", &name).await
-                && name.starts_with("log/")
-                && String::from_utf8_lossy(&chunk).contains("testcloud_cluster.main: Creating")
-            {
-                break 'creating;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    tests::wait_for_stored_log(
+        &*store,
+        &ws("run-cancel-mid"),
+        "rm-1",
+        "testcloud_cluster.main: Creating",
+        Duration::from_secs(120),
+    )
+    .await;
     let cancel =
         json!({ "cancel": { "job": "rm-1", "tenant": "acme", "workspace": "run-cancel-mid" } });
     let asked = w.push(&service, &push_envelope("m-rmc", &cancel)).await;
