@@ -250,11 +250,11 @@ pub fn validate_for(
     };
     let variables = match (&template, &supplied) {
         (Some((_, t)), Some(vars)) if approval.plan.is_some() => {
-            approval::only_ephemeral(t, vars, &mut errors);
+            let given = approval::only_ephemeral(t, vars, &mut errors);
             let mut ephemeral = t.clone();
             ephemeral.spec.variables.retain(|_, v| v.ephemeral);
             ephemeral.spec.rules.clear();
-            Some(check_variables(&ephemeral, vars, cloud, &mut errors))
+            Some(check_variables(&ephemeral, &given, cloud, &mut errors))
         }
         (Some((_, t)), Some(vars)) => Some(check_variables(t, vars, cloud, &mut errors)),
         _ => None,

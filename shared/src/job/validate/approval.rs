@@ -125,20 +125,45 @@ pub(super) fn approval(
 }
 
 /// Only the template's ephemeral variables are given to an approved plan's apply: the plan
-/// keeps every other value it was made with.
+/// keeps every other value it was made with. The supplied variables that are ephemeral, for
+/// their own checks; one problem for each other.
 pub(super) fn only_ephemeral(
     template: &crate::job::template::Template,
     supplied: &serde_json::Map<String, Value>,
     errors: &mut Vec<ValidationError>,
-) {
+) -> serde_json::Map<String, Value> {
     let declared = &template.spec.variables;
-    for key in supplied.keys() {
-        if declared.get(key).is_some_and(|v| !v.ephemeral) {
-            errors.push(ValidationError::new(
+    let ephemeral: Vec<&str> = declared
+        .iter()
+        .filter(|(_, v)| v.ephemeral)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let takes = if ephemeral.is_empty() {
+        "this template has none, so give no variables".to_owned()
+    } else {
+        format!("this template's are {}", ephemeral.join(", "))
+    };
+    let mut out = serde_json::Map::new();
+    for (key, value) in supplied {
+        match declared.get(key) {
+            Some(v) if v.ephemeral => {
+                out.insert(key.clone(), value.clone());
+            }
+            Some(_) => errors.push(ValidationError::new(
                 format!("variables.{key}"),
                 "is kept in the approved plan, with the value it was planned with",
-                "drop it: an approved plan's apply takes only the template's ephemeral variables",
-            ));
+                format!(
+                    "drop it: an approved plan's apply takes only ephemeral variables ({takes})"
+                ),
+            )),
+            None => errors.push(ValidationError::new(
+                format!("variables.{key}"),
+                "is not declared by the template",
+                format!(
+                    "drop it: an approved plan's apply takes only ephemeral variables ({takes})"
+                ),
+            )),
         }
     }
+    out
 }

@@ -330,6 +330,11 @@ fn approval_fields_are_checked_against_the_operation_and_each_other() {
             "plan",
             "names this job itself",
         ),
+        (
+            "operation: apply\nplan: p1\nvariables: { token: t, colour: red }\n",
+            "variables.colour",
+            "is not declared by the template / drop it: an approved plan's apply takes only ephemeral variables (this template's are token)",
+        ),
     ] {
         let found = fields(extra);
         assert!(
@@ -339,6 +344,9 @@ fn approval_fields_are_checked_against_the_operation_and_each_other() {
             "{extra}: {found:?}"
         );
     }
+    // One problem for a variable the plan keeps, not two.
+    let found = fields("operation: apply\nplan: p1\nvariables: { name: web, token: t }\n");
+    assert_eq!(found.len(), 1, "{found:?}");
     // A malformed key is never quoted.
     let secret = "S3cr3t-but-malformed";
     let found = fields(&format!(
