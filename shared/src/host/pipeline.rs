@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
@@ -499,17 +499,16 @@ async fn run<T: Trigger + ?Sized>(
         // job ends here, with a record that says why, rather than being delivered until it is
         // dead-lettered without a word.
         Err(e) if e.is_permanent() => {
-            let record = json!({
-                "schema": crate::run::result::RESULT_SCHEMA,
-                "status": "failed",
-                "job_id": id, "tenant": ws.tenant(), "workspace": ws.workspace(),
-                "operation": job.job.operation,
-                "error": {
-                    "category": "internal", "step": "prepare", "message": e.to_string(),
-                    "hint": "fix or move aside the record named in the message, then send the job again",
-                    "retryable": false,
-                },
-            });
+            use crate::run::result::{Category, JobError, JobResult, Status};
+            let error = JobError::new(
+                Category::Internal,
+                "prepare",
+                e.to_string(),
+                "fix or move aside the record named in the message, then send the job again",
+                false,
+            );
+            let result = JobResult::never_started(&job.job, Status::Failed, error);
+            let record = serde_json::to_value(result).unwrap_or_default();
             tracing::error!(record = %record, "the job cannot run");
             trigger.report(&record).await;
             Fate::Ran(record)

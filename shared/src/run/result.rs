@@ -531,6 +531,47 @@ pub struct JobResult {
     pub approved_plan: Option<String>,
 }
 
+impl JobResult {
+    /// The result of a job that ended before it reached terraform (a record it cannot read, a
+    /// task that gave up): every field a result has, no step, `error` saying why. What a
+    /// platform parses like any other result.
+    pub fn never_started(job: &crate::job::Job, status: Status, error: JobError) -> Self {
+        let now = OffsetDateTime::now_utc();
+        Self {
+            schema: RESULT_SCHEMA,
+            job_id: job.id.clone(),
+            tenant: job.tenant.clone(),
+            workspace: job.workspace.clone(),
+            operation: job.operation,
+            template: job.template.to_string(),
+            status,
+            fence: None,
+            terraform: None,
+            started_at: now,
+            finished_at: now,
+            duration_ms: 0,
+            steps: Vec::new(),
+            changes: None,
+            cost: None,
+            drift: None,
+            drifted: Vec::new(),
+            outputs: BTreeMap::new(),
+            state_versions: Vec::new(),
+            attempts: Vec::new(),
+            cleanup: None,
+            recovered: Vec::new(),
+            unsaved_state: None,
+            error: Some(error),
+            lifecycle: None,
+            attention: Vec::new(),
+            sequence: job.sequence,
+            superseded_by: None,
+            plan: None,
+            approved_plan: job.plan.clone(),
+        }
+    }
+}
+
 /// The run that superseded a job: it started on the workspace with this sequence.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SupersededBy {

@@ -169,17 +169,29 @@ pub(super) async fn put_back<T: Trigger + ?Sized>(
     if trouble {
         envelope.requeued += 1;
         if envelope.requeued > MAX_TASK_REQUEUES {
-            let record = json!({
-                "status": "failed",
-                "job_id": envelope.job.get("id"),
-                "error": {
-                    "category": "transient",
-                    "step": "prepare",
-                    "message": format!("a task could not run the job in {} tries: {why}", MAX_TASK_REQUEUES + 1),
-                    "hint": "see the tasks' logs; send the job again once the cause is fixed",
-                    "retryable": true,
-                },
-            });
+            use crate::run::result::{Category, JobError, JobResult, Status};
+            let error = JobError::new(
+                Category::Transient,
+                "prepare",
+                format!(
+                    "a task could not run the job in {} tries: {why}",
+                    MAX_TASK_REQUEUES + 1
+                ),
+                "see the tasks' logs; send the job again once the cause is fixed",
+                true,
+            );
+            // The staged job was a valid one when it was handed off: a typed result of it.
+            let record = match as_handed_off(&envelope.job) {
+                Some(job) => {
+                    serde_json::to_value(JobResult::never_started(&job, Status::Failed, error))
+                        .unwrap_or_default()
+                }
+                None => json!({
+                    "status": "failed",
+                    "job_id": envelope.job.get("id"),
+                    "error": error,
+                }),
+            };
             tracing::error!(record = %record, "giving up on a handed-off job");
             trigger.report(&record).await;
             return Fate::Ran(record);
@@ -209,6 +221,28 @@ pub(super) async fn put_back<T: Trigger + ?Sized>(
             fate
         }
     }
+}
+
+/// What a result names of a job as it was handed off (its id, workspace, operation, template,
+/// sequence and plan), read from the job as sent; `None` when it lacks one of them.
+fn as_handed_off(raw: &serde_json::Map<String, Value>) -> Option<crate::job::Job> {
+    let text = |k: &str| raw.get(k)?.as_str().map(str::to_owned);
+    Some(crate::job::Job {
+        id: text("id")?,
+        tenant: text("tenant")?,
+        workspace: text("workspace")?,
+        operation: serde_json::from_value(raw.get("operation")?.clone()).ok()?,
+        template: serde_json::from_value(raw.get("template")?.clone()).ok()?,
+        variables: std::collections::BTreeMap::new(),
+        timeout: crate::job::DEFAULT_TIMEOUT,
+        on_failure: crate::job::OnFailure::default(),
+        retry: crate::job::RetryPolicy::default(),
+        budget: None,
+        sequence: raw.get("sequence").and_then(Value::as_u64),
+        plan: text("plan"),
+        plan_key: None,
+        destroy: false,
+    })
 }
 
 /// A task's record as its stdout (the task's log) shows it: a plan's own key goes only to the

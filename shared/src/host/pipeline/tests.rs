@@ -367,6 +367,38 @@ async fn a_finished_job_delivered_again_reports_its_result_again_and_runs_nothin
     );
 }
 
+/// A job that can never run (a record of it Terrace cannot read) ends with a result a platform
+/// parses as every other one: every field of the schema, the reason in `error`.
+#[tokio::test]
+async fn a_job_that_cannot_run_ends_with_a_complete_typed_result() {
+    let fake = Fake::new();
+    fake.store
+        .put_artifact(
+            &ws(),
+            "j1",
+            RESULT_FILE,
+            Bytes::from_static(b"{ not a result"),
+        )
+        .await
+        .unwrap();
+    let fate = handle(&fake, delivery(&message("j1", "10m"), None)).await;
+    let Fate::Ran(record) = fate else {
+        panic!("{fate:?}")
+    };
+    let result: crate::run::result::JobResult =
+        serde_json::from_value(record.clone()).expect("a complete result");
+    assert_eq!(result.status, crate::run::result::Status::Failed);
+    assert_eq!(
+        (result.tenant.as_str(), result.workspace.as_str()),
+        ("acme", "demo")
+    );
+    assert_eq!(result.template, "demo@1.0.0");
+    let error = result.error.expect("why");
+    assert_eq!(error.category.as_str(), "internal");
+    assert!(error.message.contains("result.json"), "{}", error.message);
+    assert_eq!(fake.reported(), vec![record]);
+}
+
 #[tokio::test]
 async fn a_busy_workspace_puts_a_fresh_delayed_copy_on_the_queue_and_reports_nothing() {
     let fake = Fake::new();
@@ -632,6 +664,11 @@ async fn a_task_put_back_for_trouble_counts_and_gives_up_with_a_reported_error()
             .unwrap()
             .contains("the store is down")
     );
+    // A complete result, as a platform parses every other one.
+    let result: crate::run::result::JobResult =
+        serde_json::from_value(record.clone()).expect("a complete result");
+    assert_eq!(result.operation, crate::job::Operation::Apply);
+    assert_eq!(result.template, "demo@1.0.0");
     assert_eq!(fake.reported(), vec![record]);
 
     // Below the limit, the copy carries one more count.
