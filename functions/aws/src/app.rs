@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde_json::Value;
+use shared::host::message::{Message, TaskStarted};
 use shared::host::pipeline::{Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::tenants::Tenants;
 use shared::host::trigger;
 use shared::host::trigger::TriggerError;
 use shared::job::template::source::Location;
-use shared::job::validate::ValidatedJob;
+use shared::job::validate::{ValidatedJob, ValidationError};
 use shared::run::terraform::TerraformConfig;
 use state_backends::objects::Bucket;
 use state_backends::s3::{LeaseMode, S3Config, S3Store};
@@ -153,7 +154,7 @@ impl App {
     /// Starts an ECS Fargate task of the same image that runs the job (`terrace-aws task`),
     /// for jobs longer than Lambda allows. The task gets only the [`JobRef`] to the message
     /// staged in the customer's bucket, so the job's variables stay out of ECS's API.
-    async fn run_task(&self, reference: &JobRef) -> Result<Value, String> {
+    async fn run_task(&self, reference: &JobRef) -> Result<TaskStarted, String> {
         use aws_sdk_ecs::types::{
             AssignPublicIp, AwsVpcConfiguration, ContainerOverride, KeyValuePair, LaunchType,
             NetworkConfiguration, TaskOverride,
@@ -225,7 +226,10 @@ impl App {
             .and_then(|t| t.task_arn())
             .unwrap_or_default()
             .to_owned();
-        Ok(json!({ "status": "handed-off", "job_id": job_id, "task_arn": task }))
+        Ok(TaskStarted {
+            task_arn: Some(task),
+            ..TaskStarted::default()
+        })
     }
 }
 
@@ -247,7 +251,7 @@ impl Trigger for App {
         &["external_id"]
     }
 
-    fn check_target(&self, target: &Target) -> Vec<Value> {
+    fn check_target(&self, target: &Target) -> Vec<ValidationError> {
         match target.check() {
             Ok(_) => Vec::new(),
             Err(e) => vec![trigger::problem(
@@ -307,8 +311,8 @@ impl Trigger for App {
         Ok(Some(Box::new(credentials)))
     }
 
-    async fn report(&self, record: &Value) {
-        self.send_result(record).await;
+    async fn report(&self, message: &Message) {
+        self.send_result(&message.to_value()).await;
     }
 
     /// Sends `body` to the jobs queue again, delayed by `delay` (SQS allows 15 minutes at most).
@@ -411,7 +415,7 @@ impl Trigger for App {
         &self,
         reference: &JobRef,
         _timeout: Duration,
-    ) -> Result<Value, TriggerError> {
+    ) -> Result<TaskStarted, TriggerError> {
         Ok(self.run_task(reference).await?)
     }
 }

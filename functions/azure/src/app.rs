@@ -13,13 +13,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
 use serde_json::{Value, json};
+use shared::host::message::{Message, TaskStarted};
 use shared::host::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::tenants::Tenants;
 use shared::host::trigger;
 use shared::host::trigger::TriggerError;
 use shared::job::template::source::Location;
-use shared::job::validate::ValidatedJob;
+use shared::job::validate::{ValidatedJob, ValidationError};
 use shared::run::terraform::TerraformConfig;
 use state_backends::azure::{AzureConfig, AzureStore};
 use state_backends::objects::Bucket;
@@ -171,8 +172,9 @@ impl App {
                 ),
                 "see this job's earlier executions' logs; send it again once the cause is fixed",
             );
-            let record = trigger::rejection(&message.id, vec![problem]);
-            self.send_result(&record).await;
+            let record = Message::Rejection(trigger::rejection(&message.id, vec![problem]));
+            self.report(&record).await;
+            let record = record.to_value();
             let receipt = message.pop_receipt.clone();
             return self.poison(&jobs, &message, &receipt, record).await;
         }
@@ -321,7 +323,7 @@ impl Trigger for App {
         target.container_url.clone()
     }
 
-    fn check_target(&self, target: &Target) -> Vec<Value> {
+    fn check_target(&self, target: &Target) -> Vec<ValidationError> {
         target
             .check(self.config.sas.is_some())
             .into_iter()
@@ -379,8 +381,8 @@ impl Trigger for App {
         Ok(Some(Box::new(access)))
     }
 
-    async fn report(&self, record: &Value) {
-        self.send_result(record).await;
+    async fn report(&self, message: &Message) {
+        self.send_result(&message.to_value()).await;
     }
 
     /// A fresh copy on the jobs queue, invisible for `delay` (the received one is deleted
@@ -401,7 +403,7 @@ impl Trigger for App {
         &self,
         _reference: &trigger::JobRef<Target>,
         _timeout: Duration,
-    ) -> Result<Value, TriggerError> {
+    ) -> Result<TaskStarted, TriggerError> {
         Err(
             "a Container Apps job runs each job in its own execution: nothing to hand off to"
                 .into(),

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use shared::host::message::{Message, TaskStarted};
 use shared::host::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::sweep::sweep;
@@ -26,7 +27,7 @@ use shared::host::tenants::Tenants;
 use shared::host::trigger;
 use shared::host::trigger::TriggerError;
 use shared::job::template::source::Location;
-use shared::job::validate::ValidatedJob;
+use shared::job::validate::{ValidatedJob, ValidationError};
 use shared::run::terraform::TerraformConfig;
 use shared::sweeps::report::SweepKind;
 use state_backends::gcs::{GcsConfig, GcsStore};
@@ -215,16 +216,16 @@ impl App {
             // A message of attributes only: delivered again it would never be a job, so it is
             // acknowledged with a rejection, like any message that cannot be one.
             None => {
-                let record = trigger::rejection(
+                let record = Message::Rejection(trigger::rejection(
                     &id,
                     vec![trigger::problem(
                         "message.data",
                         "is missing: the message carries no job",
                         "publish the job envelope as the message's data",
                     )],
-                );
-                self.publish_result(&record).await;
-                return answer(StatusCode::OK, record);
+                ));
+                self.report(&record).await;
+                return answer(StatusCode::OK, record.to_value());
             }
         };
         tracing::info!(message_id = %id, subscription = %push.subscription, "job message");
@@ -346,7 +347,7 @@ impl Trigger for App {
         Some(&self.config.tenants)
     }
 
-    fn check_target(&self, target: &Target) -> Vec<Value> {
+    fn check_target(&self, target: &Target) -> Vec<ValidationError> {
         match target.check() {
             Ok(()) => Vec::new(),
             Err(e) => vec![trigger::problem(
@@ -385,8 +386,8 @@ impl Trigger for App {
         Ok(None)
     }
 
-    async fn report(&self, record: &Value) {
-        self.publish_result(record).await;
+    async fn report(&self, message: &Message) {
+        self.publish_result(&message.to_value()).await;
     }
 
     /// Publishes `body` to the jobs topic again. Pub/Sub cannot delay a message, so the
@@ -455,7 +456,7 @@ impl Trigger for App {
         &self,
         reference: &JobRef,
         timeout: Duration,
-    ) -> Result<Value, TriggerError> {
+    ) -> Result<TaskStarted, TriggerError> {
         let job = self
             .config
             .cloud_run_job
@@ -478,12 +479,11 @@ impl Trigger for App {
                 &request,
             )
             .await?;
-        let operation = body["name"].as_str().unwrap_or_default().to_owned();
-        Ok(json!({
-            "status": "handed-off", "job_id": reference.job_id,
-            "workspace": format!("{}/{}", reference.tenant, reference.workspace),
-            "cloud_run_job": job, "operation": operation,
-        }))
+        Ok(TaskStarted {
+            cloud_run_job: Some(job.to_owned()),
+            cloud_run_operation: body["name"].as_str().map(str::to_owned),
+            ..TaskStarted::default()
+        })
     }
 }
 

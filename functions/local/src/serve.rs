@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use clap::Args;
 use serde_json::Value;
+use shared::host::message::{Message, Rejection, TaskStarted};
 use shared::host::pipeline::{self, Delivery, Envelope, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::trigger::JobRef;
 use shared::host::trigger::TriggerError;
-use shared::job::validate::ValidatedJob;
+use shared::job::validate::{ValidatedJob, ValidationError};
 use shared::run::terraform::TerraformConfig;
 use state_backends::{StateStore, WorkspaceId};
 use tokio::task::JoinSet;
@@ -109,7 +110,8 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                 let validated = match load_job(&path, g, &templates).await {
                     Ok(Ok(v)) => v,
                     Ok(Err(errors)) => {
-                        let report = serde_json::json!({ "status": "rejected", "errors": errors });
+                        let report =
+                            Message::Rejection(Rejection::new(&name, errors.clone())).to_value();
                         match finish(q, &path, "failed", &report, templates.root()) {
                             Ok(()) => eprintln!(
                                 "{name}: invalid job, moved to failed/ ({} problem(s))",
@@ -284,7 +286,7 @@ impl Trigger for Folder {
         })
     }
 
-    fn check_target(&self, _: &Here) -> Vec<Value> {
+    fn check_target(&self, _: &Here) -> Vec<ValidationError> {
         Vec::new()
     }
 
@@ -316,7 +318,7 @@ impl Trigger for Folder {
     }
 
     /// The result goes beside the job file (see [`settled`]).
-    async fn report(&self, _: &Value) {}
+    async fn report(&self, _: &Message) {}
 
     /// The serve loop puts the job file back in the folder, not to be tried before the delay
     /// (see [`settled`]).
@@ -328,7 +330,7 @@ impl Trigger for Folder {
         Some("a local job has no time limit but its own timeout".into())
     }
 
-    async fn start_task(&self, _: &JobRef<Here>, _: Duration) -> Result<Value, TriggerError> {
+    async fn start_task(&self, _: &JobRef<Here>, _: Duration) -> Result<TaskStarted, TriggerError> {
         Err("a local runner hands nothing off".into())
     }
 }

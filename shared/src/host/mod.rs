@@ -6,6 +6,7 @@
 //! The top layer: uses [`crate::sweeps`], [`crate::run`] and [`crate::job`].
 
 pub mod broker;
+pub mod message;
 pub mod pipeline;
 pub mod process;
 pub mod settings;

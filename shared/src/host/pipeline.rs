@@ -25,25 +25,33 @@ use serde_json::{Map, Value};
 use state_backends::{StateStore, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
+use crate::host::message::{HandedOff, Message, Rejection, TaskStarted};
 use crate::host::settings::Runtime;
 use crate::host::tenants::Tenants;
-use crate::host::trigger::{JobRef, TriggerError, check_job, is_final, problem, rejection};
+use crate::host::trigger::{JobRef, TriggerError, check_job, problem, rejection};
 use crate::job::validate::ValidatedJob;
+use crate::job::validate::ValidationError;
+use crate::run::result::{Category, JobError, JobResult, Status};
 use crate::run::runner::{RunOutcome, Runner};
 use crate::run::terraform::{SharedUser, TerraformConfig};
 
-/// A job message: the job, and the customer's side it runs against.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+/// A job message: the job, and the customer's side it runs against
+/// (`docs/schema/job-message.schema.json`).
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, bound(deserialize = "T: Deserialize<'de>"))]
+#[schemars(bound = "T: schemars::JsonSchema")]
 pub struct Envelope<T> {
+    #[schemars(with = "crate::job::document::JobDocument")]
     pub job: Map<String, Value>,
     /// The customer's side: from the runner's tenant registry for the job's tenant when the
-    /// trigger has one (a target here must then agree with it), else required.
-    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    /// trigger has one (a target here must then agree with it), else required. Its fields are
+    /// the cloud's (docs/deploy.md); a registry-only field (AWS's `external_id`) is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<T>,
     /// How many times a handed-off task has put this job back on the queue after trouble that
     /// may pass (waiting for a busy workspace does not count). Set by Terrace, not by senders.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(skip)]
     pub requeued: u32,
 }
 
@@ -73,7 +81,7 @@ pub trait Trigger: Send + Sync {
     }
 
     /// Every problem with a message's target, as [`problem`]s.
-    fn check_target(&self, target: &Self::Target) -> Vec<Value>;
+    fn check_target(&self, target: &Self::Target) -> Vec<ValidationError>;
 
     /// The operator's tenant registry, which chooses each job's target. `None` only where the
     /// target is this host itself (the local queue): anywhere else, whoever can enqueue would
@@ -119,8 +127,9 @@ pub trait Trigger: Send + Sync {
         terraform: &mut TerraformConfig,
     ) -> Result<Keep, TriggerError>;
 
-    /// Sends a record (a result, a rejection, a hand-off) to the results channel, if any.
-    async fn report(&self, record: &Value);
+    /// Sends a message (a result, a rejection, a hand-off, a cancel's answer) to the results
+    /// channel, if any, as [`Message::to_value`] writes it.
+    async fn report(&self, message: &Message);
 
     /// Puts a fresh copy of `body` on the jobs queue, to be delivered no sooner than `delay`
     /// where the queue can delay it.
@@ -163,7 +172,7 @@ pub trait Trigger: Send + Sync {
         &self,
         reference: &JobRef<Self::Target>,
         timeout: Duration,
-    ) -> Result<Value, TriggerError>;
+    ) -> Result<TaskStarted, TriggerError>;
 }
 
 /// What became of one message, for the trigger to carry out. Every record here has been
@@ -238,7 +247,7 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, String> {
 fn target_of<T: Trigger + ?Sized>(
     trigger: &T,
     envelope: &Envelope<T::Target>,
-) -> Result<Option<T::Target>, Vec<Value>> {
+) -> Result<Option<T::Target>, Vec<ValidationError>> {
     match (
         trigger.tenants(),
         envelope.job.get("tenant").and_then(Value::as_str),
@@ -268,7 +277,7 @@ fn target_of<T: Trigger + ?Sized>(
 async fn check<T: Trigger + ?Sized>(
     trigger: &T,
     d: &Delivery<'_>,
-) -> Result<(T::Target, ValidatedJob), Result<Vec<Value>, Fate>> {
+) -> Result<(T::Target, ValidatedJob), Result<Vec<ValidationError>, Fate>> {
     let envelope = trigger
         .decode(d.body)
         .map_err(|e| Ok(vec![problem("", e, trigger.envelope_fix())]))?;
@@ -365,10 +374,19 @@ async fn cannot<T: Trigger + ?Sized>(trigger: &T, message_id: &str, e: TriggerEr
     }
 }
 
-async fn reject<T: Trigger + ?Sized>(trigger: &T, record: Value) -> Fate {
+async fn reject<T: Trigger + ?Sized>(trigger: &T, rejection: Rejection) -> Fate {
+    let message = Message::Rejection(rejection);
+    let record = message.to_value();
     tracing::warn!(record = %record, "job message rejected");
-    trigger.report(&record).await;
+    trigger.report(&message).await;
     Fate::Rejected(record)
+}
+
+/// Reports a job's final result: the job has run (now or before).
+async fn ran<T: Trigger + ?Sized>(trigger: &T, result: JobResult) -> Fate {
+    let message = Message::from(result);
+    trigger.report(&message).await;
+    Fate::Ran(message.to_value())
 }
 
 /// Stages the message in the customer's store and starts a task for it.
@@ -386,8 +404,7 @@ async fn hand_off<T: Trigger + ?Sized>(
     };
     // A finished job delivered again gets its result, not a task.
     if let Some(result) = final_result(&*store, ws, id, Some(job.job.operation)).await {
-        trigger.report(&result).await;
-        return Fate::Ran(result);
+        return ran(trigger, result).await;
     }
     // The task reads what only the registry gives from its own registry: none of it travels
     // through the platform's API with the reference.
@@ -398,9 +415,11 @@ async fn hand_off<T: Trigger + ?Sized>(
     };
     reference.receipt = d.receipt.map(str::to_owned);
     match trigger.start_task(&reference, job.job.timeout).await {
-        Ok(record) => {
+        Ok(task) => {
+            let message = Message::HandedOff(HandedOff::new(&job.job, task));
+            let record = message.to_value();
             tracing::info!(job_id = %id, record = %record, "job handed off to a task");
-            trigger.report(&record).await;
+            trigger.report(&message).await;
             Fate::HandedOff(record)
         }
         // No task will read it: the next delivery stages it afresh under a name of its own.
@@ -463,12 +482,10 @@ async fn run<T: Trigger + ?Sized>(
     drop(keep);
     match outcome {
         Ok(RunOutcome::Finished(result) | RunOutcome::AlreadyDone(result)) => {
-            let record = serde_json::to_value(&*result).unwrap_or(Value::Null);
-            if is_final(&record) {
-                trigger.report(&record).await;
-                Fate::Ran(record)
+            if result.status == Status::Interrupted {
+                Fate::Interrupted(Message::from(*result).to_value())
             } else {
-                Fate::Interrupted(record)
+                ran(trigger, *result).await
             }
         }
         Ok(RunOutcome::Busy { holder }) => {
@@ -499,7 +516,6 @@ async fn run<T: Trigger + ?Sized>(
         // job ends here, with a record that says why, rather than being delivered until it is
         // dead-lettered without a word.
         Err(e) if e.is_permanent() => {
-            use crate::run::result::{Category, JobError, JobResult, Status};
             let error = JobError::new(
                 Category::Internal,
                 "prepare",
@@ -508,10 +524,8 @@ async fn run<T: Trigger + ?Sized>(
                 false,
             );
             let result = JobResult::never_started(&job.job, Status::Failed, error);
-            let record = serde_json::to_value(result).unwrap_or_default();
-            tracing::error!(record = %record, "the job cannot run");
-            trigger.report(&record).await;
-            Fate::Ran(record)
+            tracing::error!(job_id = %id, error = %e, "the job cannot run");
+            ran(trigger, result).await
         }
         Err(e) => Fate::again(e.to_string()),
     }
@@ -523,11 +537,10 @@ async fn final_result(
     ws: &WorkspaceId,
     job_id: &str,
     operation: Option<crate::job::Operation>,
-) -> Option<Value> {
-    let result = crate::run::runner::previous_result(store, ws, job_id, operation)
+) -> Option<JobResult> {
+    crate::run::runner::previous_result(store, ws, job_id, operation)
         .await
-        .ok()??;
-    serde_json::to_value(result).ok()
+        .ok()?
 }
 
 mod cancel;

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::host::settings::{ConfigError, var};
 use crate::host::trigger::problem;
+use crate::job::validate::ValidationError;
 
 /// The setting that holds the registry: a JSON object, or the path of a JSON or YAML file.
 pub const SETTING: &str = "TERRACE_TENANTS";
@@ -119,7 +120,7 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
         tenant: &str,
         message: Option<&T>,
         registry_only: &[&str],
-    ) -> Result<T, Vec<Value>> {
+    ) -> Result<T, Vec<ValidationError>> {
         let Some(registered) = self.targets.get(tenant) else {
             return Err(vec![problem(
                 "tenant",
@@ -189,7 +190,7 @@ fn disagreements(
     registered: &Value,
     tenant: &str,
     registry_only: &[&str],
-) -> Vec<Value> {
+) -> Vec<ValidationError> {
     let empty = serde_json::Map::new();
     let given = message.as_object().unwrap_or(&empty);
     let known = registered.as_object().unwrap_or(&empty);
@@ -251,11 +252,8 @@ mod tests {
         .unwrap()
     }
 
-    fn fields(problems: &[Value]) -> Vec<&str> {
-        problems
-            .iter()
-            .map(|p| p["field"].as_str().unwrap())
-            .collect()
+    fn fields(problems: &[ValidationError]) -> Vec<&str> {
+        problems.iter().map(|p| p.field.as_str()).collect()
     }
 
     #[test]
@@ -269,12 +267,7 @@ mod tests {
     fn an_unregistered_tenant_is_refused() {
         let problems = registry().resolve("evil", None, &["secret"]).unwrap_err();
         assert_eq!(fields(&problems), ["tenant"]);
-        assert!(
-            problems[0]["problem"]
-                .as_str()
-                .unwrap()
-                .contains("not registered")
-        );
+        assert!(problems[0].problem.contains("not registered"));
     }
 
     #[test]

@@ -4,12 +4,13 @@
 
 use std::path::Path;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use state_backends::WorkspaceId;
 
+use crate::host::message::Rejection;
 use crate::job::RawJob;
 use crate::job::template::source::{SourceError, Templates};
-use crate::job::validate::{ValidatedJob, fetch_and_validate};
+use crate::job::validate::{ValidatedJob, ValidationError, fetch_and_validate};
 
 /// Why a trigger could not do what the pipeline asked (reach the store, give terraform access,
 /// start a task, queue a message): trouble that may pass, or a reason the job can never run
@@ -83,13 +84,13 @@ impl From<&str> for TriggerError {
 }
 
 /// The record of a message that will never be a job.
-pub fn rejection(message_id: &str, errors: Vec<Value>) -> Value {
-    json!({ "status": "rejected", "message_id": message_id, "errors": errors })
+pub fn rejection(message_id: &str, errors: Vec<ValidationError>) -> Rejection {
+    Rejection::new(message_id, errors)
 }
 
 /// One problem with a message, as a rejection lists it.
-pub fn problem(field: &str, problem: impl std::fmt::Display, fix: &str) -> Value {
-    json!({ "field": field, "problem": problem.to_string(), "fix": fix })
+pub fn problem(field: &str, problem: impl std::fmt::Display, fix: &str) -> ValidationError {
+    ValidationError::new(field, problem.to_string(), fix)
 }
 
 /// Validates a message's job, its template fetched first if it comes from a bucket.
@@ -101,15 +102,8 @@ pub async fn check_job(
     job: &Map<String, Value>,
     templates: &Templates,
     cloud: Option<&str>,
-) -> Result<Result<ValidatedJob, Vec<Value>>, SourceError> {
-    Ok(fetch_and_validate(&RawJob(job.clone()), templates, cloud)
-        .await?
-        .map_err(|errors| {
-            errors
-                .iter()
-                .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
-                .collect()
-        }))
+) -> Result<Result<ValidatedJob, Vec<ValidationError>>, SourceError> {
+    fetch_and_validate(&RawJob(job.clone()), templates, cloud).await
 }
 
 /// A message's text as a dead-letter record may keep it: its job, with every variable's value
@@ -292,7 +286,7 @@ pub enum StagedError {
     Unavailable(String),
     /// It is not the message that was staged, or cannot be checked: never run. The rejection
     /// record to report.
-    Refused(Value),
+    Refused(Rejection),
 }
 
 impl std::fmt::Display for StagedError {
@@ -302,7 +296,7 @@ impl std::fmt::Display for StagedError {
             StagedError::Refused(record) => write!(
                 f,
                 "refused: {}",
-                record["errors"][0]["problem"].as_str().unwrap_or_default()
+                record.errors.first().map_or("", |e| e.problem.as_str())
             ),
         }
     }
@@ -356,7 +350,7 @@ impl<T> JobRef<T> {
                     "send the job's message again to stage it afresh, and check who can write to the bucket",
                 )],
             );
-            record["job_id"] = Value::from(self.job_id.clone());
+            record.job_id = Some(self.job_id.clone());
             StagedError::Refused(record)
         };
         if self.sha256.is_empty() {
@@ -468,6 +462,7 @@ pub fn json_or_base64<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, 
 mod tests {
     use super::*;
     use base64::Engine;
+    use serde_json::json;
 
     fn templates() -> std::path::PathBuf {
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../templates")

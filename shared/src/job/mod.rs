@@ -8,7 +8,9 @@
 //! the templates it names ([`template`]) and what of it is secret ([`redact`]). It knows
 //! nothing of how a job runs or who sent it.
 
+pub mod document;
 pub mod redact;
+pub mod schema;
 pub mod template;
 pub mod validate;
 
@@ -21,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::job::validate::ValidationError;
 
 /// The terraform operation a job asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Operation {
     /// Plan only; the result carries the planned changes.
@@ -59,7 +61,9 @@ impl fmt::Display for Operation {
 }
 
 /// What to do with what a failed job created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnFailure {
     /// Leave everything as it is and report it.
@@ -76,7 +80,7 @@ impl OnFailure {
 }
 
 /// A template by name and version, a folder `<templates root>/<name>/<version>/`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TemplateRef {
     pub name: String,
     pub version: String,
@@ -417,7 +421,7 @@ mod duration_secs {
 }
 
 /// A job's limit on what its plan may add to the monthly cost.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Budget {
     /// The most the monthly cost may rise, in the price books' currency.
@@ -431,7 +435,9 @@ pub struct Budget {
 }
 
 /// Whether a created or changed resource that cannot be priced stops a budgeted apply.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OnUnpriced {
     /// Counted as nothing, and listed under `not_priced`.

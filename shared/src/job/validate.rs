@@ -24,7 +24,7 @@ use variables::check_variables;
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// One problem with a job.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct ValidationError {
     /// The path of the field, e.g. `variables.node_count`; empty for the whole document.
     pub field: String,

@@ -24,7 +24,7 @@ pub const OPENTOFU_FLOOR: Version = Version::new(1, 6, 0);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Terraform or OpenTofu.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Flavour {
     Terraform,
@@ -101,7 +101,7 @@ impl Version {
 }
 
 /// The client a runner drives, as recorded in `result.json`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Client {
     pub flavour: Flavour,
     /// As the binary prints it (`1.11.4`).

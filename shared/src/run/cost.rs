@@ -49,7 +49,7 @@ pub const HOURS_PER_MONTH: f64 = 730.0;
 pub const TOP: usize = 5;
 
 /// The estimate of one plan.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Estimate {
     pub currency: String,
     /// The books that priced this plan's resources.
@@ -72,7 +72,7 @@ pub struct Estimate {
 }
 
 /// One resource's monthly cost before and after (none: it does not exist then).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ResourceCost {
     pub address: String,
     #[serde(rename = "type")]
@@ -85,20 +85,20 @@ pub struct ResourceCost {
     pub components: Vec<ComponentCost>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ComponentCost {
     pub name: String,
     pub monthly_before: Option<f64>,
     pub monthly_after: Option<f64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Contributor {
     pub address: String,
     pub monthly_delta: f64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Unpriced {
     pub address: String,
     #[serde(rename = "type")]
@@ -108,7 +108,7 @@ pub struct Unpriced {
 }
 
 /// A budget held against an estimate.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BudgetCheck {
     pub max_monthly_increase: f64,
     pub exceeded: bool,

@@ -25,7 +25,7 @@ pub const HISTORY_KEPT: usize = 100;
 pub const FAILING_REPEATEDLY: u32 = 3;
 
 /// Where a workspace is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
     Pending,
@@ -60,13 +60,14 @@ impl Phase {
 }
 
 /// One move of a workspace from one phase to another.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Transition {
     /// Absent for a workspace's first transition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<Phase>,
     pub to: Phase,
     #[serde(with = "time::serde::rfc3339")]
+    #[schemars(schema_with = "crate::job::schema::date_time")]
     pub at: OffsetDateTime,
     pub job_id: String,
     pub operation: Operation,
@@ -83,11 +84,12 @@ impl Transition {
 }
 
 /// `status.json`: where the workspace is, since when and why, and how it got there.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct WorkspaceStatus {
     pub schema: u32,
     pub status: Phase,
     #[serde(with = "time::serde::rfc3339")]
+    #[schemars(schema_with = "crate::job::schema::date_time")]
     pub since: OffsetDateTime,
     pub job_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,7 +230,7 @@ pub async fn record(
 }
 
 /// Something about a run a platform should alert its operators to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Attention {
     /// `resources-left`, `interrupted` or `failing-repeatedly`.
     pub kind: String,

@@ -48,7 +48,7 @@ const MAGIC: &[u8] = b"TERRACE-PLAN/1\n";
 const NONCE_BYTES: usize = 12;
 
 /// How a kept plan is encrypted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Sealing {
     /// By the store, with the workspace's key (a KMS key or a key file).
@@ -237,12 +237,13 @@ pub async fn record_kept(
 }
 
 /// The plan's summary in its result: what a platform shows the person who approves it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PlanSummary {
     /// The plan job's id: what the apply job names as `plan`.
     pub id: String,
     pub destroy: bool,
     #[serde(with = "time::serde::rfc3339")]
+    #[schemars(schema_with = "crate::job::schema::date_time")]
     pub expires_at: OffsetDateTime,
     pub sealing: Sealing,
     /// With [`Sealing::PlanKey`], the plan's key (unpadded base64url), which the apply job gives

@@ -12,14 +12,14 @@ use serde_json::Value;
 use crate::run::result::JobError;
 
 /// An object to import into the state.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Import {
     pub address: String,
     pub id: String,
 }
 
 /// What the runner did about a conflict, for the result.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Recovery {
     /// `imported`.
     pub action: String,

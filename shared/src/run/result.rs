@@ -11,7 +11,7 @@ use crate::job::Operation;
 use crate::job::redact::MASK;
 
 /// How a job ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Status {
     Succeeded,
@@ -40,7 +40,7 @@ impl Status {
 }
 
 /// What kind of failure, for the caller to branch on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Category {
     Validation,
@@ -143,7 +143,7 @@ impl JobError {
 }
 
 /// A failure: what, where, and what to do about it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobError {
     pub category: Category,
     /// The step that failed (`init`, `plan`, `apply`, …, or `lease`, `prepare`).
@@ -159,7 +159,7 @@ pub struct JobError {
 
 /// One attempt of the operation (plan, apply, …, after `init`): how it ended, and how long the
 /// runner waited before the next one.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Attempt {
     /// 1 for the first attempt.
     pub attempt: u32,
@@ -175,7 +175,7 @@ pub struct Attempt {
 }
 
 /// What became of the resources a failed run created (`on_failure`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Cleanup {
     /// The job's policy: `keep`, `destroy-created` or `rollback`.
     pub policy: String,
@@ -198,7 +198,7 @@ pub struct Cleanup {
 }
 
 /// Terraform's own copy of a state it could not save to the backend (`errored.tfstate`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UnsavedState {
     /// The run artifact that keeps it, byte for byte.
     pub artifact: String,
@@ -211,7 +211,7 @@ pub struct UnsavedState {
 }
 
 /// One step's timing.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StepTiming {
     pub step: String,
     pub duration_ms: u64,
@@ -219,14 +219,14 @@ pub struct StepTiming {
 }
 
 /// One resource's planned change.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ResourceChange {
     pub address: String,
     pub actions: Vec<String>,
 }
 
 /// The planned changes, from `terraform show -json` of the saved plan.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Changes {
     pub add: u32,
     pub change: u32,
@@ -280,7 +280,7 @@ impl Changes {
 }
 
 /// A resource that changed outside terraform (a drift check's `plan -refresh-only`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DriftedResource {
     pub address: String,
     /// Terraform's action for the state to catch up: `update` (changed), `delete` (gone).
@@ -292,7 +292,7 @@ pub struct DriftedResource {
 
 /// One attribute's value as terraform last saw it and as it is now. A value terraform marks
 /// sensitive is masked; template-sensitive values are masked with the whole result.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AttributeChange {
     pub path: String,
     pub before: serde_json::Value,
@@ -416,7 +416,7 @@ fn diff(
 }
 
 /// One output value.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Output {
     pub value: serde_json::Value,
     pub sensitive: bool,
@@ -454,7 +454,7 @@ pub fn outputs_from_json(raw: &[u8]) -> Result<BTreeMap<String, Output>, String>
 pub const RESULT_SCHEMA: u32 = 1;
 
 /// Everything a job's run reports (`result.json`, and what the results channels carry).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobResult {
     /// The record's format; results written before it had one read as 0.
     #[serde(default)]
@@ -473,8 +473,10 @@ pub struct JobResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terraform: Option<crate::run::client::Client>,
     #[serde(with = "time::serde::rfc3339")]
+    #[schemars(schema_with = "crate::job::schema::date_time")]
     pub started_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
+    #[schemars(schema_with = "crate::job::schema::date_time")]
     pub finished_at: OffsetDateTime,
     pub duration_ms: u64,
     pub steps: Vec<StepTiming>,
@@ -573,7 +575,7 @@ impl JobResult {
 }
 
 /// The run that superseded a job: it started on the workspace with this sequence.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SupersededBy {
     pub job_id: String,
     pub sequence: u64,

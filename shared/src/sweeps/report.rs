@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Which sweep.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum SweepKind {
     /// The hourly backups ([`crate::sweeps::backup`]).
@@ -25,7 +25,7 @@ impl SweepKind {
 }
 
 /// What one sweep did, bucket by bucket.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SweepReport {
     pub sweep: SweepKind,
     pub buckets: Vec<BucketReport>,
@@ -39,7 +39,7 @@ impl SweepReport {
 }
 
 /// What a sweep did to one bucket (a container on Azure).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BucketReport {
     pub bucket: String,
     /// Why the sweep could not run over this bucket at all (its store, its queue).
@@ -71,7 +71,7 @@ impl BucketReport {
 }
 
 /// A workspace a sweep could not handle.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct WorkspaceFailure {
     /// `tenant/workspace`.
     pub workspace: String,
@@ -79,7 +79,7 @@ pub struct WorkspaceFailure {
 }
 
 /// What a backup sweep did to a bucket.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BackupDone {
     /// Workspaces with a change mark.
     pub changed: usize,
@@ -93,7 +93,7 @@ pub struct BackupDone {
 }
 
 /// What a drift sweep did to a bucket.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DriftDone {
     /// Drift checks queued.
     pub queued: usize,
@@ -109,7 +109,7 @@ pub struct DriftDone {
 }
 
 /// A workspace a drift check would need secrets for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct NeedsSecrets {
     pub workspace: String,
     pub sensitive_variables: Vec<String>,

@@ -3,33 +3,17 @@
 //! for it (`runs/<job>/cancel.json`): a queued job then never runs, a running one stops within
 //! a few seconds. A job that already finished is left as it is; the answer says so.
 
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use state_backends::WorkspaceId;
 
+use crate::host::message::{
+    CancelAnswer, CancelEnvelope, CancelOf, CancelStatus, MESSAGE_SCHEMA, Message,
+};
 use crate::host::trigger::{json_or_base64, problem, rejection};
 use crate::run::records;
 use crate::run::runner::previous_result;
 
 use super::{Delivery, Fate, Trigger, cannot, reject};
-
-/// The message: the job to cancel and where it is; a target only where the trigger has no
-/// tenant registry.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CancelEnvelope<T> {
-    cancel: CancelAsk,
-    #[serde(default = "Option::default")]
-    target: Option<T>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CancelAsk {
-    job: String,
-    tenant: String,
-    workspace: String,
-}
 
 const FIX: &str =
     "send {\"cancel\": {\"job\": JOB_ID, \"tenant\": TENANT, \"workspace\": WORKSPACE}}";
@@ -89,24 +73,29 @@ async fn cancel<T: Trigger + ?Sized>(trigger: &T, d: &Delivery<'_>, body: Value)
         Err(e) if e.is_retryable() => return Fate::again(e.to_string()),
         Err(e) => return reject(trigger, refuse("cancel.job", e.to_string(), "")).await,
     };
-    let mut record = json!({
-        "cancel": { "job_id": ask.job, "tenant": ask.tenant, "workspace": ask.workspace },
-        "message_id": d.message_id,
-    });
-    match finished {
-        Some(result) => {
-            record["status"] = json!("already-finished");
-            record["job_status"] = json!(result.status);
-        }
+    let (status, job_status) = match finished {
+        Some(result) => (CancelStatus::AlreadyFinished, Some(result.status)),
         None => {
             let by = format!("message {}", d.message_id);
             if let Err(e) = records::request_cancel(&*store, &ws, &ask.job, &by).await {
                 return Fate::again(format!("could not record the cancel: {e}"));
             }
-            record["status"] = json!("cancel-requested");
+            (CancelStatus::CancelRequested, None)
         }
-    }
+    };
+    let message = Message::Cancel(CancelAnswer {
+        schema: MESSAGE_SCHEMA,
+        status,
+        cancel: CancelOf {
+            job_id: ask.job,
+            tenant: ask.tenant,
+            workspace: ask.workspace,
+        },
+        message_id: d.message_id.to_owned(),
+        job_status,
+    });
+    let record = message.to_value();
     tracing::info!(record = %record, "cancel message answered");
-    trigger.report(&record).await;
+    trigger.report(&message).await;
     Fate::Ran(record)
 }

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use state_backends::WorkspaceId;
 use tokio_util::sync::CancellationToken;
 
 use crate::host::trigger::{JobRef, StagedError, TriggerError, problem, rejection};
 use crate::run::retry::Tries;
 
-use super::{Delivery, Fate, Trigger, cannot, decode, final_result, handle, reject};
+use super::{Delivery, Fate, Trigger, cannot, decode, final_result, handle, ran, reject};
 
 /// A task puts its job back for trouble that may pass at most this many times; then the job
 /// ends with an error record (and the platform decides).
@@ -99,8 +99,7 @@ async fn task_one<T: Trigger + ?Sized>(
             // A task run again after its job finished (its staged copy is gone by then) gets
             // the job's result, like any delivery of a finished job.
             if let Some(result) = final_result(&*store, &ws, &r.job_id, None).await {
-                trigger.report(&result).await;
-                return Fate::Ran(result);
+                return ran(trigger, result).await;
             }
             return reject(trigger, record).await;
         }
@@ -181,20 +180,16 @@ pub(super) async fn put_back<T: Trigger + ?Sized>(
                 true,
             );
             // The staged job was a valid one when it was handed off: a typed result of it.
-            let record = match as_handed_off(&envelope.job) {
-                Some(job) => {
-                    serde_json::to_value(JobResult::never_started(&job, Status::Failed, error))
-                        .unwrap_or_default()
-                }
-                None => json!({
-                    "status": "failed",
-                    "job_id": envelope.job.get("id"),
-                    "error": error,
-                }),
+            let Some(job) = as_handed_off(&envelope.job) else {
+                let record = rejection("task", vec![problem("job", &error.message, &error.hint)]);
+                return reject(trigger, record).await;
             };
-            tracing::error!(record = %record, "giving up on a handed-off job");
-            trigger.report(&record).await;
-            return Fate::Ran(record);
+            tracing::error!(job_id = %job.id, error = %error.message, "giving up on a handed-off job");
+            return ran(
+                trigger,
+                JobResult::never_started(&job, Status::Failed, error),
+            )
+            .await;
         }
     }
     let Ok(copy) = serde_json::to_vec(&envelope) else {
@@ -298,6 +293,7 @@ pub fn task_exit(name: &str, fate: Fate) -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_tasks_log_never_shows_a_plans_own_key() {

@@ -11,6 +11,7 @@ use state_backends::{LeaseRequest, StateStore, StateStoreExt};
 
 use super::task::put_back;
 use super::*;
+use crate::host::message::{Message, TaskStarted};
 use crate::host::trigger::TriggerError;
 use crate::run::records::RESULT_FILE;
 
@@ -104,7 +105,7 @@ impl Trigger for Fake {
         target.bucket.clone()
     }
 
-    fn check_target(&self, target: &Bucket) -> Vec<Value> {
+    fn check_target(&self, target: &Bucket) -> Vec<ValidationError> {
         if target.bucket.is_empty() {
             vec![problem("target.bucket", "is empty", "name the bucket")]
         } else {
@@ -157,8 +158,8 @@ impl Trigger for Fake {
         Ok(None)
     }
 
-    async fn report(&self, record: &Value) {
-        self.reported.lock().unwrap().push(record.clone());
+    async fn report(&self, message: &Message) {
+        self.reported.lock().unwrap().push(message.to_value());
     }
 
     async fn requeue(&self, body: &[u8], delay: Duration) -> Result<(), TriggerError> {
@@ -178,13 +179,16 @@ impl Trigger for Fake {
         &self,
         reference: &JobRef<Bucket>,
         _: Duration,
-    ) -> Result<Value, TriggerError> {
+    ) -> Result<TaskStarted, TriggerError> {
         if self.task_fails {
             return Err("the platform's API cannot be reached".into());
         }
         let reference = serde_json::to_string(reference).unwrap();
         self.started.lock().unwrap().push(reference);
-        Ok(json!({ "status": "handed-off" }))
+        Ok(TaskStarted {
+            task_arn: Some("arn:task/1".into()),
+            ..TaskStarted::default()
+        })
     }
 }
 
@@ -482,7 +486,16 @@ async fn a_job_longer_than_the_time_left_is_staged_and_handed_off_with_a_digest(
     let body = message("long", "2h");
     let fate = handle(&fake, delivery(&body, Some(Duration::from_secs(600)))).await;
     assert!(matches!(fate, Fate::HandedOff(_)), "{fate:?}");
-    assert_eq!(fake.reported(), vec![json!({ "status": "handed-off" })]);
+    let handed: Message = serde_json::from_value(fake.reported()[0].clone()).unwrap();
+    let Message::HandedOff(handed) = handed else {
+        panic!("not a hand-off: {handed:?}")
+    };
+    assert_eq!(
+        (handed.job_id.as_str(), handed.workspace.as_str()),
+        ("long", "demo")
+    );
+    assert_eq!(handed.task.task_arn.as_deref(), Some("arn:task/1"));
+    assert_eq!(fake.reported()[0]["kind"], "handed-off");
     let started = fake.started.lock().unwrap()[0].clone();
     let staged = fake
         .store

@@ -106,7 +106,7 @@ pub struct PriceBooks {
 }
 
 /// A book an estimate used.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BookRef {
     pub name: String,
     pub as_of: String,
