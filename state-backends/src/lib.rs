@@ -88,7 +88,7 @@ pub struct CurrentState {
 }
 
 /// What a store records about one accepted state version.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct VersionInfo {
     /// The version's number in this workspace: 1, 2, 3, … in the order they were accepted.
     pub number: u64,
@@ -98,6 +98,7 @@ pub struct VersionInfo {
     pub lineage: String,
     /// When the store accepted the version.
     #[serde(with = "time::serde::rfc3339")]
+    #[schemars(with = "String", extend("format" = "date-time"))]
     pub created_at: OffsetDateTime,
     /// Size in bytes.
     pub size: u64,
@@ -204,7 +205,7 @@ pub struct Marked {
 }
 
 /// A backup copy of a workspace's state.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BackupInfo {
     /// The backup's label, e.g. the UTC hour `2026-11-21T23`.
     pub label: String,

@@ -16,6 +16,7 @@ pub mod http;
 pub mod image;
 pub mod lambda;
 pub mod pubsub;
+pub mod schema;
 pub mod stores;
 pub mod sweep;
 
@@ -228,6 +229,7 @@ impl Sandbox {
     /// Runs `terrace ARGS` to its end.
     pub fn run(&self, args: &[&str]) -> Run {
         let output = self.terrace().args(args).output().expect("terrace starts");
+        schema::check_cli(args, &String::from_utf8_lossy(&output.stdout));
         Run(output)
     }
 
@@ -339,7 +341,11 @@ impl Sandbox {
             .await
             .expect("artifact")
             .unwrap_or_else(|| panic!("no artifact {name} for job {job}"));
-        serde_json::from_slice(&raw).expect("artifact is JSON")
+        let value = serde_json::from_slice(&raw).expect("artifact is JSON");
+        if name == "result.json" {
+            schema::check("result", &value);
+        }
+        value
     }
 
     /// Writes the demo job `id` (see [`demo_job`]), runs it with `terrace run -q`, asserts the

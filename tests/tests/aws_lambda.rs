@@ -244,7 +244,9 @@ impl World {
                 return out;
             }
             for m in got.messages() {
-                out.push(serde_json::from_str(m.body().unwrap()).unwrap());
+                out.push(tests::schema::message(
+                    serde_json::from_str(m.body().unwrap()).unwrap(),
+                ));
                 self.sqs
                     .delete_message()
                     .queue_url(&self.results)
@@ -637,6 +639,7 @@ async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
         )
         .await
         .unwrap();
+    tests::schema::check("sweep-report", &sweep);
     assert_eq!(sweep["buckets"][0]["backed_up"], 2, "{sweep}");
 }
 
@@ -775,6 +778,7 @@ async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_t
         )
         .await
         .unwrap();
+    tests::schema::check("sweep-report", &sweep);
     let report = &sweep["buckets"][0];
     assert_eq!(report["queued"], 1, "{sweep}");
     assert_eq!(
@@ -795,6 +799,7 @@ async fn the_drift_sweep_queues_a_check_per_workspace_that_runs_once_and_finds_t
     let check = w.receive(1, 60).await;
     let queued: Value =
         serde_json::from_str(check["Records"][0]["body"].as_str().unwrap()).unwrap();
+    tests::schema::check("job-message", &queued);
     assert_eq!(queued["job"]["operation"], "drift-check");
     assert_eq!(
         queued["job"]["variables"],

@@ -105,12 +105,21 @@ impl World {
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
-        serde_json::from_slice(&out.stdout).unwrap()
+        let report = serde_json::from_slice(&out.stdout).unwrap();
+        tests::schema::check("sweep-report", &report);
+        report
     }
 }
 
 fn ws(name: &str) -> WorkspaceId {
     WorkspaceId::new("acme", name).unwrap()
+}
+
+/// Records from the results or jobs queue, each checked against its published schema.
+fn checked(texts: Vec<String>) -> Vec<Value> {
+    let records = records(texts);
+    records.iter().for_each(tests::schema::check_record);
+    records
 }
 
 fn records(texts: Vec<String>) -> Vec<Value> {
@@ -141,7 +150,7 @@ async fn a_provisioner_gets_nothing_of_the_jobs_own_identity() {
     w.jobs.send(&probe("p-1", "az-probe")).await;
     let out = w.run(&identity);
     assert!(out.status.success(), "{out:?}");
-    let result = records(w.results.peek().await).pop().unwrap();
+    let result = checked(w.results.peek().await).pop().unwrap();
     assert_eq!(result["status"], "succeeded", "{result}");
     let root = nix::unistd::geteuid().is_root();
     w.sb.assert_probe_got_nothing("az-probe", &[], &[], root);
@@ -156,7 +165,7 @@ async fn a_provisioner_gets_nothing_of_the_jobs_own_identity() {
     }
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    let result = records(w.results.peek().await).pop().unwrap();
+    let result = checked(w.results.peek().await).pop().unwrap();
     assert_eq!(result["status"], "succeeded", "{result}");
     w.sb.assert_probe_got_nothing("az-probe-2", &[], &[], false);
 }
@@ -188,7 +197,7 @@ async fn a_queued_job_runs_once_and_its_message_is_deleted() {
     )
     .unwrap();
     assert_eq!(result["status"], "succeeded", "{result}");
-    let reported = records(w.results.peek().await);
+    let reported = checked(w.results.peek().await);
     assert_eq!(reported.len(), 1);
     assert_eq!(reported[0]["job_id"], "az-1");
     assert_eq!(reported[0]["status"], "succeeded");
@@ -201,7 +210,7 @@ async fn a_queued_job_runs_once_and_its_message_is_deleted() {
     assert_eq!(store.versions(&ws("net")).await.unwrap(), versions);
     // … and its result is reported again, the same: a platform whose first report was lost
     // still hears.
-    let reported_again = records(w.results.peek().await);
+    let reported_again = checked(w.results.peek().await);
     assert_eq!(reported_again.len(), 2, "{reported_again:?}");
     assert_eq!(reported_again[1], reported[0]);
 
@@ -215,7 +224,7 @@ async fn a_queued_job_runs_once_and_its_message_is_deleted() {
     assert_eq!(store.backups(&ws("net")).await.unwrap().len(), 1);
     let drift = w.sweep("drift");
     assert_eq!(drift["buckets"][0]["queued"], 1, "{drift}");
-    let queued = records(w.jobs.peek().await);
+    let queued = checked(w.jobs.peek().await);
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0]["job"]["operation"], "drift-check");
     assert_eq!(queued[0]["job"]["workspace"], "net");
@@ -223,7 +232,7 @@ async fn a_queued_job_runs_once_and_its_message_is_deleted() {
     let out = w.run(&[]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(w.jobs.count().await, 0);
-    let check = records(w.results.peek().await).pop().unwrap();
+    let check = checked(w.results.peek().await).pop().unwrap();
     assert_eq!(check["operation"], "drift-check", "{check}");
     assert_eq!(check["drift"], false, "{check}");
 }
@@ -250,7 +259,7 @@ async fn templates_published_to_the_runners_container_run_without_a_new_image() 
     w.jobs.send(&w.message("azp-1", "pub").to_string()).await;
     let out = w.run(&from_bucket);
     assert!(out.status.success(), "{out:?}");
-    let reported = records(w.results.peek().await);
+    let reported = checked(w.results.peek().await);
     assert_eq!(reported[0]["status"], "succeeded", "{reported:?}");
     assert!(cache.join("fleet/1.0.0/main.tf").is_file());
 
@@ -285,7 +294,7 @@ async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("canary-1"), "the job logged the job");
     assert!(!log.contains(canary), "the job's log holds the secret");
-    let reported = records(w.results.peek().await);
+    let reported = checked(w.results.peek().await);
     assert_eq!(reported.len(), 1, "{reported:?}");
     assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
     assert!(!reported[0].to_string().contains(canary), "{}", reported[0]);
@@ -473,7 +482,7 @@ async fn an_older_request_that_comes_back_after_a_later_one_ran_is_superseded() 
     w.jobs.send(&message("ord-b", "beta", 2)).await;
     let out = w.run(&[]);
     assert!(out.status.success(), "{out:?}");
-    let reported = records(w.results.peek().await);
+    let reported = checked(w.results.peek().await);
     assert_eq!(reported.last().unwrap()["job_id"], "ord-b", "{reported:?}");
     assert_eq!(reported.last().unwrap()["status"], "succeeded");
     let versions = store.versions(&ws("order")).await.unwrap();
@@ -487,7 +496,7 @@ async fn an_older_request_that_comes_back_after_a_later_one_ran_is_superseded() 
     let out = w.run(&[]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(w.jobs.count().await, 0, "A's message is settled");
-    let a = records(w.results.peek().await).pop().unwrap();
+    let a = checked(w.results.peek().await).pop().unwrap();
     assert_eq!(a["job_id"], "ord-a", "{a}");
     assert_eq!(a["status"], "superseded", "{a}");
     assert_eq!(
@@ -555,7 +564,7 @@ async fn a_queue_receive_never_answered_is_given_up_and_made_again() {
     let out = out.unwrap().unwrap();
     assert!(out.status.success(), "{out:?}");
     assert_eq!(w.jobs.count().await, 0, "the message is deleted");
-    let result = records(w.results.peek().await).pop().expect("a result");
+    let result = checked(w.results.peek().await).pop().expect("a result");
     assert_eq!(result["job_id"], "az-held", "{result}");
     assert_eq!(result["status"], "succeeded", "{result}");
 }
@@ -647,7 +656,7 @@ async fn the_image_takes_a_queued_job_applies_it_and_its_sweep_backs_it_up() {
     let mut execution = Container::run(&w.command(&[]), &image, &[], &[]);
     assert_eq!(execution.wait(), Some(0), "the execution ends well");
     assert_eq!(w.jobs.count().await, 0, "the job's message is deleted");
-    let reported = records(w.results.peek().await);
+    let reported = checked(w.results.peek().await);
     assert_eq!(reported.len(), 1, "{reported:?}");
     assert_eq!(reported[0]["job_id"], "azi-1");
     assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
@@ -745,7 +754,7 @@ async fn an_approved_plan_applies_once_and_a_queued_cancel_stops_its_job() {
 
 /// The last record reported for `id` (a job's result, or a cancel's answer).
 async fn last(w: &World, id: &str) -> Value {
-    records(w.results.peek().await)
+    checked(w.results.peek().await)
         .into_iter()
         .rev()
         .find(|r| r["job_id"] == id || r["cancel"]["job_id"] == id)

@@ -80,14 +80,23 @@ impl World {
         Arc::new(gcs::store(&self.bucket, "states").await)
     }
 
+    /// Pushes `envelope` as the subscription would; an answer that is a results-channel
+    /// record (a result, a rejection, a hand-off, a cancel's answer) is checked against the
+    /// published schema.
     async fn push(&self, service: &Service, envelope: &Value) -> Answer {
         let bearer = self.key.bearer();
-        post_json(
+        let answer = post_json(
             &format!("{}/pubsub", service.url),
             &[("authorization", &bearer)],
             envelope,
         )
-        .await
+        .await;
+        if let Ok(record) = serde_json::from_str::<Value>(&answer.body)
+            && record.get("kind").is_some()
+        {
+            tests::schema::check("message", &record);
+        }
+        answer
     }
 }
 
@@ -167,6 +176,7 @@ async fn a_pushed_job_runs_once_and_its_state_and_log_land_in_the_bucket() {
     .await;
     assert_eq!(sweep.status, 200, "{}", sweep.body);
     let sweep: Value = serde_json::from_str(&sweep.body).unwrap();
+    tests::schema::check("sweep-report", &sweep);
     assert_eq!(sweep["buckets"][0]["backed_up"], 1, "{sweep}");
     assert_eq!(store.backups(&ws("run")).await.unwrap().len(), 1);
 }
@@ -725,6 +735,7 @@ async fn the_drift_sweep_plans_a_check_per_applied_workspace_and_reports_what_it
     .await;
     assert_eq!(sweep.status, 500, "{}", sweep.body);
     let sweep: Value = serde_json::from_str(&sweep.body).unwrap();
+    tests::schema::check("sweep-report", &sweep);
     let report = &sweep["buckets"][0];
     assert_eq!(report["queued"], 0, "{sweep}");
     assert_eq!(
@@ -832,7 +843,7 @@ async fn through_pubsub_a_job_waiting_behind_a_busy_workspace_runs_later_and_is_
     assert!(store.versions(&ws("queued")).await.unwrap().is_empty());
     store.release_lease(&ws("queued"), &held).await.unwrap();
 
-    let results = pubsub::pull_until(&p.results, Duration::from_secs(120), |r| {
+    let results = results_until(&p.results, Duration::from_secs(120), |r| {
         r["job_id"] == "g-20"
     })
     .await;
@@ -866,7 +877,7 @@ async fn through_pubsub_a_finished_job_published_again_reports_the_same_result_a
     let p = w.wired().await;
     let message = w.message("g-21", "twice");
     pubsub::publish(&p.jobs, &message).await;
-    let first = pubsub::pull_until(&p.results, Duration::from_secs(120), |r| {
+    let first = results_until(&p.results, Duration::from_secs(120), |r| {
         r["job_id"] == "g-21"
     })
     .await;
@@ -875,7 +886,7 @@ async fn through_pubsub_a_finished_job_published_again_reports_the_same_result_a
     let versions = w.store().await.versions(&ws("twice")).await.unwrap();
 
     pubsub::publish(&p.jobs, &message).await;
-    let again = pubsub::pull_until(&p.results, Duration::from_secs(60), |r| {
+    let again = results_until(&p.results, Duration::from_secs(60), |r| {
         r["job_id"] == "g-21"
     })
     .await;
@@ -1078,4 +1089,16 @@ async fn a_cancel_pushed_mid_apply_stops_it_and_its_clean_up_destroys_what_it_ma
     );
     let state = store.current(&ws("run-cancel-mid")).await.unwrap().unwrap();
     assert!(!String::from_utf8_lossy(&state.data).contains("testcloud_network"));
+}
+
+/// Pulls the results topic's subscription until `pred` holds (see [`pubsub::pull_until`]),
+/// every message checked against the published schema.
+async fn results_until(
+    subscription: &str,
+    within: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Vec<Value> {
+    let seen = pubsub::pull_until(subscription, within, pred).await;
+    seen.iter().for_each(tests::schema::check_record);
+    seen
 }

@@ -238,12 +238,14 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
             &std::fs::read(sb.queue.join("done").join(format!("{name}.result.json"))).unwrap(),
         )
         .unwrap();
+        tests::schema::check_record(&result);
         assert_eq!(result["status"], "succeeded");
     }
     let rejected: Value = serde_json::from_slice(
         &std::fs::read(sb.queue.join("failed/x-invalid.yaml.result.json")).unwrap(),
     )
     .unwrap();
+    tests::schema::check_record(&rejected);
     assert_eq!(rejected["status"], "rejected");
     assert!(
         rejected["errors"].as_array().unwrap().len() >= 3,
@@ -301,6 +303,7 @@ async fn serve_runs_one_job_per_workspace_at_a_time_and_other_workspaces_in_para
         &std::fs::read(sb.queue.join("done/b1-again.yaml.result.json")).unwrap(),
     )
     .unwrap();
+    tests::schema::check_record(&again);
     assert_eq!(again, first);
     assert_eq!(
         sb.versions("acme/ws-b").await,
@@ -1023,6 +1026,7 @@ async fn a_job_file_that_is_not_text_is_an_invalid_job_not_a_runner_error() {
         &std::fs::read(sb.queue.join("failed/binary.yaml.result.json")).unwrap(),
     )
     .unwrap();
+    tests::schema::check_record(&rejected);
     assert_eq!(rejected["status"], "rejected");
 }
 

@@ -2,6 +2,7 @@
 //! one is stopped within a few seconds (its runner looks for the request every 2 s); a
 //! finished one is left as it is, and the command says so.
 
+use crate::output::Cancelled;
 use shared::run::records;
 use shared::run::runner::previous_result;
 use state_backends::{StateStore, WorkspaceId, display_time};
@@ -40,10 +41,14 @@ pub(crate) async fn cancel(
     };
     if let Some(result) = previous_result(store, &ws, job_id, None).await? {
         if out.json {
-            print_json(&serde_json::json!({
-                "schema": JSON_SCHEMA, "job_id": job_id, "workspace": ws.to_string(),
-                "cancelled": false, "status": result.status,
-            }));
+            print_json(&Cancelled {
+                schema: JSON_SCHEMA,
+                job_id: job_id.to_owned(),
+                workspace: ws.to_string(),
+                cancelled: false,
+                status: Some(result.status),
+                requested_at: None,
+            });
         } else {
             outln!(
                 "{ws}: job {job_id} already finished ({}); nothing changed",
@@ -54,10 +59,14 @@ pub(crate) async fn cancel(
     }
     let request = records::request_cancel(store, &ws, job_id, "terrace cancel").await?;
     if out.json {
-        print_json(&serde_json::json!({
-            "schema": JSON_SCHEMA, "job_id": job_id, "workspace": ws.to_string(),
-            "cancelled": true, "requested_at": display_time(request.requested_at),
-        }));
+        print_json(&Cancelled {
+            schema: JSON_SCHEMA,
+            job_id: job_id.to_owned(),
+            workspace: ws.to_string(),
+            cancelled: true,
+            status: None,
+            requested_at: Some(display_time(request.requested_at)),
+        });
     } else {
         outln!(
             "{ws}: cancel of job {job_id} requested: if it is queued it will not run; if it is running it stops within a few seconds (see `terrace result {job_id} -w {ws}`)"

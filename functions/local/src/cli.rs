@@ -262,6 +262,16 @@ enum Cmd {
         #[command(flatten)]
         out: ops::Output,
     },
+    /// Print the JSON Schema of a record Terrace reads or writes (job, job-message, result,
+    /// message, each --json answer…); without NAME, list them. The same files are in
+    /// docs/schema/.
+    Schema {
+        /// The schema's name; `terrace schema` lists them.
+        name: Option<String>,
+        /// Write every schema to this folder as NAME.schema.json instead.
+        #[arg(long, conflicts_with = "name")]
+        write: Option<PathBuf>,
+    },
     /// Print a run's log from the store (the newest run unless JOB is given).
     Logs {
         /// TENANT/WORKSPACE.
@@ -424,6 +434,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             };
             ops::logs(g.open_store().await?, args).await
         }
+        Cmd::Schema { name, write } => crate::output::schema_cmd(name.as_deref(), write.as_deref()),
         Cmd::Serve(args) => serve::serve(&g, args).await,
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
         Cmd::Template(cmd) => template_cmd::run(&g, cmd).await,

@@ -104,14 +104,14 @@ pub(crate) async fn estimate(
         .and_then(|c| c.budget.as_ref())
         .is_some_and(|b| b.exceeded);
     if out.json {
-        ops::print_json(&serde_json::json!({
-            "schema": ops::JSON_SCHEMA,
-            "job_id": result.job_id,
-            "status": result.status,
-            "changes": result.changes,
-            "cost": result.cost,
-            "error": result.error,
-        }));
+        ops::print_json(&crate::output::Estimated {
+            schema: ops::JSON_SCHEMA,
+            job_id: result.job_id.clone(),
+            status: result.status,
+            changes: result.changes.clone(),
+            cost: result.cost.clone(),
+            error: result.error.clone(),
+        });
     } else if result.status == Status::Succeeded {
         if let Some(c) = &result.changes {
             outln!();

@@ -46,6 +46,7 @@ mod cancel_cmd;
 pub mod cli;
 mod job_cmd;
 mod ops;
+pub mod output;
 mod serve;
 mod state_cmd;
 pub mod store;

@@ -16,6 +16,7 @@ use state_backends::{StateStore, WorkspaceId, display_time};
 use time::OffsetDateTime;
 
 use crate::exit;
+use crate::output;
 
 /// The format of every `--json` answer of this CLI.
 pub const JSON_SCHEMA: u32 = 1;
@@ -29,7 +30,7 @@ pub struct Output {
 }
 
 /// One run of a workspace, as `terrace runs` lists it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct RunSummary {
     pub job_id: String,
     /// `succeeded`, `failed`, `cancelled`, `timed-out`, `interrupted`, `superseded` (from the result);
@@ -37,21 +38,21 @@ pub struct RunSummary {
     /// stopped; the next job on the workspace records it as interrupted), `queued` (handed to
     /// a task that has not started), `unreadable`, `unknown` (none of those records).
     pub status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
     /// The lease's fencing token: later runs of a workspace have larger ones.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     /// `category at step: message` of a failed run, or why the run cannot be read.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
@@ -177,7 +178,10 @@ pub async fn workspaces(store: &dyn StateStore, out: Output) -> anyhow::Result<u
     let list = store.workspaces().await?;
     if out.json {
         let names: Vec<String> = list.iter().map(ToString::to_string).collect();
-        print_json(&serde_json::json!({ "schema": JSON_SCHEMA, "workspaces": names }));
+        print_json(&output::Workspaces {
+            schema: JSON_SCHEMA,
+            workspaces: names,
+        });
     } else if list.is_empty() {
         eprintln!("the store holds no workspaces");
     } else {
@@ -199,12 +203,12 @@ pub async fn runs(
     let total = runs.len();
     runs.truncate(limit);
     if out.json {
-        print_json(&serde_json::json!({
-            "schema": JSON_SCHEMA,
-            "workspace": ws.to_string(),
-            "total": total,
-            "runs": runs,
-        }));
+        print_json(&output::Runs {
+            schema: JSON_SCHEMA,
+            workspace: ws.to_string(),
+            total,
+            runs,
+        });
         return Ok(exit::OK);
     }
     if runs.is_empty() {
@@ -378,12 +382,10 @@ pub async fn status(
             }
         };
         if out.json {
-            print_json(&serde_json::json!({
-                "schema": JSON_SCHEMA,
-                "workspace": ws.to_string(),
-                "status": status,
-                "history": [],
-            }));
+            print_json(&output::WorkspaceAnswer::without_record(
+                ws.to_string(),
+                status,
+            ));
         } else {
             outln!("{ws}: {status} ({why}; {} run(s) recorded)", runs.len());
         }
@@ -391,11 +393,11 @@ pub async fn status(
     };
     let skip = record.history.len().saturating_sub(history);
     if out.json {
-        let mut value = serde_json::to_value(&record)?;
-        value["schema"] = JSON_SCHEMA.into();
-        value["workspace"] = ws.to_string().into();
-        value["history"] = serde_json::to_value(&record.history[skip..])?;
-        print_json(&value);
+        print_json(&output::WorkspaceAnswer::of(
+            ws.to_string(),
+            &record,
+            history,
+        ));
         return Ok(exit::OK);
     }
     let paint = Paint::stdout();
@@ -553,9 +555,11 @@ pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8>
 /// How long `logs --follow` waits for a job that has not started.
 const WAIT_TO_START: Duration = Duration::from_secs(600);
 
-/// Prints `value` as pretty JSON with a final newline.
-pub fn print_json(value: &serde_json::Value) {
-    let text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+/// Prints `value` (one of [`crate::output`]'s answers, or a record) as pretty JSON with a
+/// final newline.
+pub fn print_json(value: &impl Serialize) {
+    // Maps with string keys, strings, numbers and lists only: serializing cannot fail.
+    let text = serde_json::to_string_pretty(value).unwrap_or_default();
     outln!("{text}");
 }
 

@@ -77,12 +77,12 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
             let versions = store.versions(&workspace).await?;
             let current = store.current_version(&workspace).await?.map(|v| v.number);
             if out.json {
-                print_json(&serde_json::json!({
-                    "schema": JSON_SCHEMA,
-                    "workspace": workspace.to_string(),
-                    "current": current,
-                    "versions": versions,
-                }));
+                print_json(&crate::output::Versions {
+                    schema: JSON_SCHEMA,
+                    workspace: workspace.to_string(),
+                    current,
+                    versions,
+                });
                 return Ok(exit::OK);
             }
             if versions.is_empty() {
@@ -140,11 +140,11 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
         StateCmd::Backups { workspace, out } => {
             let backups = store.backups(&workspace).await?;
             if out.json {
-                print_json(&serde_json::json!({
-                    "schema": JSON_SCHEMA,
-                    "workspace": workspace.to_string(),
-                    "backups": backups,
-                }));
+                print_json(&crate::output::Backups {
+                    schema: JSON_SCHEMA,
+                    workspace: workspace.to_string(),
+                    backups,
+                });
                 return Ok(exit::OK);
             }
             if backups.is_empty() {

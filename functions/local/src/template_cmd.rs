@@ -1,10 +1,10 @@
 //! `terrace template list|show` and `terrace module digest`: what the templates root holds, as
 //! a runner would load it (modules found and their digests checked).
 
+use crate::output::{ModuleUse, TemplateItem, TemplateList, TemplateShown};
 use std::path::Path;
 
 use clap::Subcommand;
-use serde_json::json;
 use shared::job::template::{Template, TemplateError, modules};
 
 use crate::Global;
@@ -67,10 +67,14 @@ fn versions(root: &Path) -> anyhow::Result<Vec<(String, String)>> {
     Ok(out)
 }
 
-fn modules_json(t: &Template) -> serde_json::Value {
+fn modules_json(t: &Template) -> Vec<ModuleUse> {
     t.modules
         .iter()
-        .map(|m| json!({ "name": m.name, "version": m.version, "sha256": m.sha256 }))
+        .map(|m| ModuleUse {
+            name: m.name.clone(),
+            version: m.version.clone(),
+            sha256: m.sha256.clone(),
+        })
         .collect()
 }
 
@@ -98,21 +102,24 @@ pub async fn run(g: &Global, cmd: TemplateCmd) -> anyhow::Result<u8> {
                 listed.push((name, version, loaded));
             }
             if out.json {
-                let items: Vec<serde_json::Value> = listed
+                let templates = listed
                     .iter()
-                    .map(|(name, version, loaded)| match loaded {
-                        Ok(t) => json!({
-                            "name": name, "version": version, "valid": true,
-                            "description": t.spec.description,
-                            "modules": modules_json(t),
-                        }),
-                        Err(e) => json!({
-                            "name": name, "version": version, "valid": false,
-                            "error": e,
-                        }),
+                    .map(|(name, version, loaded)| TemplateItem {
+                        name: name.clone(),
+                        version: version.clone(),
+                        valid: loaded.is_ok(),
+                        description: loaded
+                            .as_ref()
+                            .ok()
+                            .and_then(|t| t.spec.description.clone()),
+                        modules: loaded.as_ref().ok().map(modules_json),
+                        error: loaded.as_ref().err().cloned(),
                     })
                     .collect();
-                print_json(&json!({ "schema": JSON_SCHEMA, "templates": items }));
+                print_json(&TemplateList {
+                    schema: JSON_SCHEMA,
+                    templates,
+                });
             } else if listed.is_empty() {
                 outln!("no templates in {}", g.templates);
             } else {
@@ -157,16 +164,16 @@ pub async fn run(g: &Global, cmd: TemplateCmd) -> anyhow::Result<u8> {
                 .variables
                 .contains_key(shared::job::template::TAGS_VARIABLE);
             if out.json {
-                print_json(&json!({
-                    "schema": JSON_SCHEMA,
-                    "name": name,
-                    "version": version,
-                    "description": t.spec.description,
-                    "variables": t.spec.variables,
-                    "rules": t.spec.rules,
-                    "modules": modules_json(&t),
-                    "tagged": tags,
-                }));
+                print_json(&TemplateShown {
+                    schema: JSON_SCHEMA,
+                    name: name.clone(),
+                    version: version.clone(),
+                    description: t.spec.description.clone(),
+                    variables: serde_json::to_value(&t.spec.variables)?,
+                    rules: serde_json::to_value(&t.spec.rules)?,
+                    modules: modules_json(&t),
+                    tagged: tags,
+                });
                 return Ok(exit::OK);
             }
             outln!("{name} {version}");

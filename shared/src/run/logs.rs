@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use crate::job::redact::Redactor;
 
 /// Where a line came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
     Stdout,
@@ -27,10 +27,11 @@ pub enum Stream {
 }
 
 /// One line of a job's log.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LogLine {
     pub seq: u64,
     #[serde(with = "time::serde::rfc3339")]
+    #[schemars(schema_with = "crate::job::schema::date_time")]
     pub ts: OffsetDateTime,
     pub stream: Stream,
     /// The step the line belongs to (`init`, `plan`, …), empty outside a step.
