@@ -588,6 +588,27 @@ impl Run {
     }
 }
 
+/// A platform's key pair for sealed outputs: its identity, and its recipient (`age1…`) to give
+/// a runner.
+pub fn outputs_key() -> (shared::run::sealed_outputs::Identity, String) {
+    let identity = shared::run::sealed_outputs::Identity::generate();
+    let recipient = identity.to_public().to_string();
+    (identity, recipient)
+}
+
+/// Opens a result's `sealed_outputs` with `identity`, as a platform would: each sensitive
+/// output's plain value by name.
+pub fn open_sealed(
+    result: &serde_json::Value,
+    identity: &shared::run::sealed_outputs::Identity,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let sealed: shared::run::sealed_outputs::SealedOutputs =
+        serde_json::from_value(result["sealed_outputs"].clone())
+            .unwrap_or_else(|e| panic!("no sealed outputs ({e}) in {result}"));
+    shared::run::sealed_outputs::open(&sealed, std::slice::from_ref(identity))
+        .unwrap_or_else(|e| panic!("cannot open the sealed outputs: {e}"))
+}
+
 /// Secrets canary: the job message (`{"job": …}`) of an apply of the `leaky` template, whose
 /// secret `canary` terraform prints in a resource, an output and its plan.
 pub fn canary_message(id: &str, canary: &str, timeout: &str) -> serde_json::Value {

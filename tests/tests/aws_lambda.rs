@@ -418,8 +418,10 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
     let w = World::new().await;
     let api = RuntimeApi::start().await;
     let log_path = w.sb.dir.path().join("function.log");
+    let (identity, recipient) = tests::outputs_key();
     let child = w
         .lambda_command(&api)
+        .env("TERRACE_OUTPUTS_RECIPIENT", &recipient)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
@@ -440,6 +442,10 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
         results[0]["outputs"]["connection"]["value"],
         "token=(sensitive value)"
     );
+    // The sensitive output, sealed to the platform's key, opens to what terraform produced.
+    assert_eq!(results[0]["outputs"]["token"]["sensitive"], true);
+    let opened = tests::open_sealed(&results[0], &identity);
+    assert_eq!(opened, [("token".to_owned(), json!(canary))].into());
     let raw = S3Store::from_sdk(
         &aws::sdk_config().await,
         true,

@@ -288,7 +288,12 @@ async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
     let message = tests::canary_message("canary-1", canary, "5m");
     w.jobs.send(&message.to_string()).await;
     let listings = tests::ProcessListings::start(canary, &w.sb.cloud);
-    let out = w.command(&[]).stderr(Stdio::piped()).output().unwrap();
+    let (identity, recipient) = tests::outputs_key();
+    let out = w
+        .command(&[("TERRACE_OUTPUTS_RECIPIENT", &recipient)])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     listings.check();
     let log = String::from_utf8_lossy(&out.stderr);
@@ -298,6 +303,8 @@ async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
     assert_eq!(reported.len(), 1, "{reported:?}");
     assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
     assert!(!reported[0].to_string().contains(canary), "{}", reported[0]);
+    let opened = tests::open_sealed(&reported[0], &identity);
+    assert_eq!(opened, [("token".to_owned(), json!(canary))].into());
     let raw = azure::store(&w.container, "").into_bucket();
     let states = tests::canary_in_states(
         &raw,

@@ -232,6 +232,11 @@ async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
     let log_path = w.sb.dir.path().join("service.log");
     let port = tests::gcp::free_port();
     let mut cmd = w.command(&[]);
+    // Here the key is the tenant's own, in the registry.
+    let (identity, recipient) = tests::outputs_key();
+    let mut tenant = w.target();
+    tenant["outputs_recipient"] = json!(recipient);
+    cmd.env("TERRACE_TENANTS", json!({ "acme": tenant }).to_string());
     cmd.env("PORT", port.to_string())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log_path).unwrap());
@@ -248,6 +253,9 @@ async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
     listings.check();
     assert!(answer.body.contains("\"succeeded\""), "{}", answer.body);
     assert!(!answer.body.contains(canary), "{}", answer.body);
+    let result: Value = serde_json::from_str(&answer.body).unwrap();
+    let opened = tests::open_sealed(&result, &identity);
+    assert_eq!(opened, [("token".to_owned(), json!(canary))].into());
     let raw = gcs::store(&w.bucket, "").await.into_bucket();
     let states = tests::canary_in_states(
         &raw,

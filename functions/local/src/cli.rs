@@ -120,6 +120,11 @@ pub(crate) struct Global {
     #[arg(long, env = "TERRACE_PLAN_TTL", default_value_t = 86_400, global = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) plan_ttl: u64,
+    /// The platform's age public key (age1…) a job's sensitive outputs are sealed to, in its
+    /// result's `sealed_outputs` (docs/outputs.md); without it they are only masked.
+    #[arg(long, env = "TERRACE_OUTPUTS_RECIPIENT", global = true, value_name = "AGE_RECIPIENT",
+          value_parser = parse_recipient)]
+    pub(crate) outputs_recipient: Option<shared::run::sealed_outputs::OutputsRecipient>,
     /// Seconds terraform has to stop after an interrupt before it is killed.
     #[arg(long, env = "TERRACE_GRACE", default_value_t = 30, global = true,
           value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -248,6 +253,10 @@ enum Cmd {
         /// The job's TENANT/WORKSPACE; without it every workspace is searched.
         #[arg(long, short)]
         workspace: Option<WorkspaceId>,
+        /// Open the result's sealed sensitive outputs with this age identity file
+        /// (`age-keygen`'s) and print them as one JSON object, name to value.
+        #[arg(long, value_name = "FILE")]
+        identity: Option<PathBuf>,
         #[command(flatten)]
         out: ops::Output,
     },
@@ -409,8 +418,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Result {
             job,
             workspace,
+            identity,
             out,
-        } => ops::result(&*g.open_store().await?, &job, workspace.as_ref(), out).await,
+        } => {
+            let store = g.open_store().await?;
+            let ask = ops::ResultAsk {
+                job_id: &job,
+                ws: workspace.as_ref(),
+                identity: identity.as_deref(),
+                out,
+            };
+            ops::result(&*store, ask).await
+        }
         Cmd::Cancel {
             job,
             workspace,
@@ -493,7 +512,13 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         max_state_bytes: usize::try_from(g.max_state_bytes).unwrap_or(usize::MAX),
         // One machine's own sweep (`terrace drift`) checks every workspace.
         drift_per_tenant: usize::MAX,
+        outputs_recipient: g.outputs_recipient.clone(),
     }
+}
+
+fn parse_recipient(text: &str) -> Result<shared::run::sealed_outputs::OutputsRecipient, String> {
+    text.parse()
+        .map_err(|why| format!("{why}: {}", shared::run::sealed_outputs::RECIPIENT_FIX))
 }
 
 /// `$XDG_CACHE_HOME/terrace`, else `$HOME/.cache/terrace`; none without either.

@@ -289,12 +289,31 @@ pub(crate) async fn locate(
 }
 
 /// `terrace result`.
-pub async fn result(
-    store: &dyn StateStore,
-    job_id: &str,
-    ws: Option<&WorkspaceId>,
-    out: Output,
-) -> anyhow::Result<u8> {
+/// What `terrace result` is asked.
+pub struct ResultAsk<'a> {
+    pub job_id: &'a str,
+    pub ws: Option<&'a WorkspaceId>,
+    /// Open the sealed sensitive outputs with this age identity file.
+    pub identity: Option<&'a std::path::Path>,
+    pub out: Output,
+}
+
+/// `terrace result`.
+pub async fn result(store: &dyn StateStore, ask: ResultAsk<'_>) -> anyhow::Result<u8> {
+    let ResultAsk {
+        job_id,
+        ws,
+        identity,
+        out,
+    } = ask;
+    // A bad identity file is found before the store is read.
+    let identities = match identity.map(read_identities).transpose() {
+        Ok(identities) => identities,
+        Err(why) => {
+            eprintln!("error: --identity: {why}");
+            return Ok(exit::USAGE);
+        }
+    };
     if let Some(why) = bad_job_id(job_id) {
         eprintln!("error: {why}");
         return Ok(exit::USAGE);
@@ -318,6 +337,9 @@ pub async fn result(
     let (run, result) = read_run(store, &ws, job_id.to_owned(), live.as_deref()).await?;
     match result {
         Some(Ok(result)) if run.status != "running" => {
+            if let Some(identities) = identities {
+                return Ok(open_outputs(&ws, &result, &identities));
+            }
             if out.json {
                 print_json(&serde_json::to_value(&result)?);
             } else {
@@ -549,6 +571,41 @@ pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8>
             stopped_polls = 0;
         }
         tokio::time::sleep(a.interval).await;
+    }
+}
+
+/// The identities of an age identity file, or why not (naming the file, never a key).
+fn read_identities(path: &std::path::Path) -> Result<Vec<shared::run::sealed_outputs::Identity>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    shared::run::sealed_outputs::identities(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Prints a result's sealed outputs, opened, as one JSON object; the job's exit code, or 1
+/// when they cannot be opened.
+fn open_outputs(ws: &WorkspaceId, result: &JobResult, identities: &[shared::run::sealed_outputs::Identity]) -> u8 {
+    let Some(sealed) = &result.sealed_outputs else {
+        let sensitive = result.outputs.values().any(|o| o.sensitive);
+        eprintln!(
+            "error: {ws}: job {}'s result has no sealed outputs: {}",
+            result.job_id,
+            if sensitive {
+                "its runner had no key to seal them to; give the tenant an outputs_recipient in the registry, or the runner TERRACE_OUTPUTS_RECIPIENT, and run the job again"
+            } else {
+                "it has no sensitive output"
+            }
+        );
+        return exit::FAILED;
+    };
+    match shared::run::sealed_outputs::open(sealed, identities) {
+        Ok(values) => {
+            print_json(&values);
+            crate::summary::exit_code(result)
+        }
+        Err(e) => {
+            eprintln!("error: {ws}: job {}'s sealed outputs: {e}", result.job_id);
+            exit::FAILED
+        }
     }
 }
 

@@ -71,6 +71,14 @@ pub(crate) fn print_summary(r: &JobResult) {
             outln!("  {name} = {}", out.value);
         }
     }
+    if let Some(sealed) = &r.sealed_outputs {
+        outln!(
+            "sealed:     {} sealed to {} (open: terrace result {} --identity KEY_FILE)",
+            sealed.names.join(", "),
+            sealed.recipient,
+            r.job_id
+        );
+    }
     if r.attempts.len() > 1 {
         outln!("attempts:   {}", r.attempts.len());
         for a in &r.attempts {

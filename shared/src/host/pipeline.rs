@@ -447,6 +447,13 @@ async fn run<T: Trigger + ?Sized>(
     // The store and terraform's access are made side by side (each may be a role to assume).
     let mut config = trigger.runtime().runner_config();
     config.lease_wait = d.lease_wait;
+    // The tenant's own key, else the runner's.
+    if let Some(recipient) = trigger
+        .tenants()
+        .and_then(|t| t.outputs_recipient(&job.job.tenant))
+    {
+        config.outputs_recipient = Some(recipient.clone());
+    }
     config.shutdown = trigger.shutdown().cloned();
     // Terraform's user for this job: one of the job's own, or this runner's turn for the user
     // jobs share. Given back (and whatever still runs as it killed) when the last copy of the

@@ -202,6 +202,9 @@ pub struct Runtime {
     /// Where this runner runs (`aws`, `gcp`, `azure`, `local`): which of a template's
     /// per-cloud `defaults` apply.
     pub cloud: Option<&'static str>,
+    /// `TERRACE_OUTPUTS_RECIPIENT`: the platform's age key (`age1…`) sensitive outputs are
+    /// sealed to, for tenants the registry gives none (`docs/outputs.md`).
+    pub outputs_recipient: Option<crate::run::sealed_outputs::OutputsRecipient>,
 }
 
 impl Runtime {
@@ -248,6 +251,15 @@ impl Runtime {
                 limits: job_limits()?,
                 job_user: None,
                 backend: Vec::new(),
+            },
+            outputs_recipient: match var("TERRACE_OUTPUTS_RECIPIENT") {
+                None => None,
+                Some(text) => Some(text.parse().map_err(|why| {
+                    ConfigError::Invalid(format!(
+                        "TERRACE_OUTPUTS_RECIPIENT {why}: {}",
+                        crate::run::sealed_outputs::RECIPIENT_FIX
+                    ))
+                })?),
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
             plan_ttl: seconds(
@@ -408,6 +420,7 @@ impl Runtime {
             console: self.console,
             max_state_bytes: self.max_state_bytes,
             metrics: self.metrics,
+            outputs_recipient: self.outputs_recipient.clone(),
             ..RunnerConfig::default()
         }
     }
@@ -470,6 +483,7 @@ mod tests {
             price_books: PathBuf::new(),
             keys: None,
             cloud: None,
+            outputs_recipient: None,
             terraform: TerraformConfig {
                 pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
                 ..TerraformConfig::default()

@@ -16,17 +16,23 @@ use serde_json::Value;
 use crate::host::settings::{ConfigError, var};
 use crate::host::trigger::problem;
 use crate::job::validate::ValidationError;
+use crate::run::sealed_outputs::{OutputsRecipient, RECIPIENT_FIX};
 
 /// The setting that holds the registry: a JSON object, or the path of a JSON or YAML file.
 pub const SETTING: &str = "TERRACE_TENANTS";
 
 const FIX: &str = "send the job without a target (the runner's tenant registry names it), or ask the runner's operator to register this one";
 
-/// Tenant name → its target.
+/// Tenant name → its target, and the key its sensitive outputs are sealed to.
 #[derive(Clone, Debug)]
 pub struct Tenants<T> {
     targets: BTreeMap<String, T>,
+    recipients: BTreeMap<String, OutputsRecipient>,
 }
+
+/// A tenant's field, beside its target's, naming the platform's age key (`age1…`) its
+/// sensitive outputs are sealed to (`docs/outputs.md`).
+pub const RECIPIENT_FIELD: &str = "outputs_recipient";
 
 impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
     /// Reads the registry from [`SETTING`]. `check` lists the problems of one target, each a
@@ -73,11 +79,28 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
             )
         })?;
         let mut targets = BTreeMap::new();
+        let mut recipients = BTreeMap::new();
         let mut problems = Vec::new();
-        for (tenant, value) in doc.0 {
+        for (tenant, mut value) in doc.0 {
             if let Err(e) = state_backends::check_name(&tenant) {
                 problems.push(format!("tenant {tenant:?} {}", e.reason));
                 continue;
+            }
+            let recipient = value
+                .as_object_mut()
+                .and_then(|entry| entry.remove(RECIPIENT_FIELD));
+            match recipient.as_ref().map(|r| {
+                r.as_str()
+                    .ok_or_else(|| "is not text".to_owned())
+                    .and_then(str::parse::<OutputsRecipient>)
+            }) {
+                None => {}
+                Some(Ok(recipient)) => {
+                    recipients.insert(tenant.clone(), recipient);
+                }
+                Some(Err(why)) => problems.push(format!(
+                    "tenant {tenant:?}: {RECIPIENT_FIELD} {why}: {RECIPIENT_FIX}"
+                )),
             }
             match serde_json::from_value::<T>(value) {
                 Ok(target) => {
@@ -95,7 +118,15 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
         if targets.is_empty() {
             return Err(format!("{source} registers no tenant: no job could run").into());
         }
-        Ok(Self { targets })
+        Ok(Self {
+            targets,
+            recipients,
+        })
+    }
+
+    /// The key `tenant`'s sensitive outputs are sealed to, if the registry gives one.
+    pub fn outputs_recipient(&self, tenant: &str) -> Option<&OutputsRecipient> {
+        self.recipients.get(tenant)
     }
 
     /// The registered tenants.
@@ -261,6 +292,31 @@ mod tests {
         let target = registry().resolve("acme", None, &["secret"]).unwrap();
         assert_eq!(target.role, "r-acme");
         assert_eq!(target.secret.as_deref(), Some("s-1"));
+    }
+
+    #[test]
+    fn a_tenant_may_name_the_key_its_outputs_are_sealed_to_and_a_bad_one_is_refused() {
+        let key = crate::run::sealed_outputs::Identity::generate()
+            .to_public()
+            .to_string();
+        let text = format!(
+            r#"{{"acme": {{"role": "r-acme", "secret": "s", "outputs_recipient": "{key}"}}, "beta": {{"role": "r-beta", "secret": "s"}}}}"#
+        );
+        let tenants = Tenants::<Role>::parse(&text, "test", check).unwrap();
+        assert_eq!(
+            tenants.outputs_recipient("acme").map(ToString::to_string),
+            Some(key)
+        );
+        assert!(tenants.outputs_recipient("beta").is_none());
+        assert_eq!(tenants.get("acme").unwrap().role, "r-acme", "the target reads as before");
+        let bad = r#"{"acme": {"role": "r-acme", "secret": "s", "outputs_recipient": "age1nope"}}"#;
+        let e = Tenants::<Role>::parse(bad, "test", check).unwrap_err().to_string();
+        assert!(
+            e.contains("tenant \"acme\": outputs_recipient is not an age X25519 recipient")
+                && e.contains("age-keygen")
+                && !e.contains("age1nope"),
+            "{e}"
+        );
     }
 
     #[test]

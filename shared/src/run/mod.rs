@@ -20,6 +20,7 @@ pub mod recover;
 pub mod result;
 pub mod retry;
 pub mod rollback;
+pub mod sealed_outputs;
 pub mod runner;
 pub mod state_server;
 pub mod terraform;

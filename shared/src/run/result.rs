@@ -494,6 +494,10 @@ pub struct JobResult {
     pub drifted: Vec<DriftedResource>,
     #[serde(default)]
     pub outputs: BTreeMap<String, Output>,
+    /// The sensitive outputs' values, sealed to the platform's key (`docs/outputs.md`), when
+    /// the tenant or the runner has one; their values in `outputs` stay masked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_outputs: Option<crate::run::sealed_outputs::SealedOutputs>,
     /// Numbers of the state versions this run wrote.
     #[serde(default)]
     pub state_versions: Vec<u64>,
@@ -558,6 +562,7 @@ impl JobResult {
             drift: None,
             drifted: Vec::new(),
             outputs: BTreeMap::new(),
+            sealed_outputs: None,
             state_versions: Vec::new(),
             attempts: Vec::new(),
             cleanup: None,
@@ -767,6 +772,7 @@ mod tests {
             drift: None,
             drifted: Vec::new(),
             outputs: BTreeMap::new(),
+            sealed_outputs: None,
             state_versions: Vec::new(),
             attempts: Vec::new(),
             cleanup: Some(Cleanup {

@@ -171,6 +171,7 @@ impl Report {
             drift: self.drift,
             drifted: self.drifted,
             outputs: self.outputs,
+            sealed_outputs: self.sealed_outputs,
             state_versions: self.versions,
             attempts: self.attempts,
             cleanup: self.cleanup,

@@ -75,6 +75,7 @@ impl Runner {
             drift: None,
             drifted: Vec::new(),
             outputs: Default::default(),
+            sealed_outputs: None,
             state_versions: Vec::new(),
             attempts: Vec::new(),
             cleanup: None,

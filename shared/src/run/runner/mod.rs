@@ -90,6 +90,9 @@ pub struct RunnerConfig {
     pub price_books: Option<PathBuf>,
     /// How long a plan job's plan may wait for its approval (see [`crate::run::plans`]).
     pub plan_ttl: Duration,
+    /// The platform's key the sensitive outputs are sealed to (see
+    /// [`crate::run::sealed_outputs`]); without one they are masked only.
+    pub outputs_recipient: Option<crate::run::sealed_outputs::OutputsRecipient>,
 }
 
 impl Default for RunnerConfig {
@@ -107,6 +110,7 @@ impl Default for RunnerConfig {
             price_books: None,
             max_state_bytes: crate::run::state_server::MAX_STATE_BYTES,
             plan_ttl: crate::run::plans::DEFAULT_PLAN_TTL,
+            outputs_recipient: None,
         }
     }
 }
@@ -548,6 +552,7 @@ impl Runner {
             costing: costing.as_ref(),
             destroy: j.destroy,
             approved: j.plan.is_some(),
+            seal_to: self.config.outputs_recipient.as_ref(),
         };
         let mut result = self.steps(j.operation, j.retry, &steps, report).await;
         if result.is_ok() && j.operation == Operation::Plan {

@@ -16,6 +16,7 @@ pub(super) struct Report {
     pub(super) cost: Option<cost::Estimate>,
     pub(super) drift: Option<bool>,
     pub(super) outputs: std::collections::BTreeMap<String, crate::run::result::Output>,
+    pub(super) sealed_outputs: Option<crate::run::sealed_outputs::SealedOutputs>,
     pub(super) versions: Vec<u64>,
     /// Bytes of the last state version written.
     pub(super) state_bytes: Option<u64>,

@@ -330,6 +330,19 @@ impl Runner {
                 (k, v)
             })
             .collect();
+        // Terraform's UI leaves sensitive values out: `output -json` (captured, never logged)
+        // has them, sealed at once to the platform's key.
+        if let Some(recipient) = s.seal_to
+            && report.outputs.values().any(|o| o.sensitive)
+        {
+            let output = s.run(&Command::Output, report).await?.ok()?;
+            let values = crate::run::sealed_outputs::sensitive_values(&output.stdout)
+                .map_err(|e| JobError::internal("output", e))?;
+            report.sealed_outputs = Some(
+                crate::run::sealed_outputs::seal(recipient, &values)
+                    .map_err(|e| JobError::internal("output", e))?,
+            );
+        }
         Ok(())
     }
 }
@@ -349,6 +362,8 @@ pub(super) struct Steps<'a> {
     pub(super) destroy: bool,
     /// The workdir holds an approved plan: terraform applies it and plans nothing.
     pub(super) approved: bool,
+    /// The platform's key the sensitive outputs are sealed to.
+    pub(super) seal_to: Option<&'a crate::run::sealed_outputs::OutputsRecipient>,
 }
 
 /// A finished step and its outcome.

@@ -30,3 +30,10 @@ resource "testcloud_network" "leak" {
 output "connection" {
   value = nonsensitive("token=${var.token}")
 }
+
+# The secret itself as a sensitive output: masked in every result, and sealed to the platform's
+# key when the runner has one (docs/outputs.md).
+output "token" {
+  value     = var.token
+  sensitive = true
+}
