@@ -27,8 +27,16 @@ ENV
 # shellcheck source=/dev/null
 . "$demo/env"
 
-echo "== terrace run examples/demo-job.yaml"
-"$terrace" run examples/demo-job.yaml
+# The platform's key (age): the job's sensitive outputs are sealed to it in the result.
+age-keygen -o "$demo/platform.key" 2>/dev/null
+recipient="$(sed -n 's/^# public key: //p' "$demo/platform.key")"
+
+echo "== terrace run examples/demo-job.yaml (sensitive outputs sealed to the platform's age key)"
+TERRACE_OUTPUTS_RECIPIENT="$recipient" "$terrace" run examples/demo-job.yaml
+echo
+echo "== the platform opens the sealed outputs with its identity"
+echo "\$ terrace result demo-apply-1 --identity .terrace-demo/platform.key"
+"$terrace" result demo-apply-1 --identity "$demo/platform.key"
 echo
 echo "== an older request (sequence 1) arrives after demo-apply-1 (sequence 2) ran"
 sed -e 's/^id: demo-apply-1/id: demo-apply-0/' -e 's/^sequence: 2/sequence: 1/' \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the tests need, idempotently, into .cache/ (git-ignored):
-# protoc (to build the testcloud provider), a check that the machine's terraform is a supported
+# protoc (to build the testcloud provider), age, a check that the machine's terraform is a supported
 # client (scripts/install-terraform.sh), the testcloud provider in a filesystem mirror, a
 # terraform CLI config using it, and the cloud emulators (moto, fake-gcs-server, Azurite, the
 # Pub/Sub emulator). `--demo`: only what the demo needs (no emulators).
@@ -16,6 +16,16 @@ if ! command -v protoc >/dev/null 2>&1; then
     [[ "$(id -u)" == 0 ]] || sudo="sudo"
     $sudo apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq protobuf-compiler >&2
+fi
+
+# age (age, age-keygen): a platform's key for sealed sensitive outputs (docs/outputs.md); the
+# demo makes one and the tests open sealed outputs with the real `age -d`.
+if ! command -v age-keygen >/dev/null 2>&1; then
+    echo "installing age with apt-get" >&2
+    sudo=""
+    [[ "$(id -u)" == 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq age >&2
 fi
 
 tf="$(scripts/install-terraform.sh)"

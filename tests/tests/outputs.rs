@@ -44,6 +44,19 @@ async fn the_demos_sensitive_output_opens_with_the_platforms_identity_and_nowher
     let opened: Value = serde_json::from_str(&opened.stdout()).unwrap();
     assert_eq!(opened, serde_json::json!({ "admin_url": produced }));
 
+    // And with the age tool a platform already has (installed by `make tools`).
+    let sealed = sb.dir.path().join("outputs.age");
+    std::fs::write(&sealed, stored["sealed_outputs"]["age"].as_str().unwrap()).unwrap();
+    let age = std::process::Command::new("age")
+        .args(["-d", "-i"])
+        .arg(&key)
+        .arg(&sealed)
+        .output()
+        .expect("the age tool (make tools installs it)");
+    assert!(age.status.success(), "{age:?}");
+    let by_age: Value = serde_json::from_slice(&age.stdout).unwrap();
+    assert_eq!(by_age, opened);
+
     // The canary: the password is in the store's states only, in no log line, record, or
     // answer of the CLI.
     for (path, bytes) in sb.store_files() {
