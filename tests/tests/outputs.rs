@@ -14,20 +14,34 @@ async fn the_demos_sensitive_output_opens_with_the_platforms_identity_and_nowher
     let (identity, recipient) = tests::outputs_key();
     sb.env
         .push(("TERRACE_OUTPUTS_RECIPIENT".into(), recipient.clone()));
-    let path = sb.job("apply.yaml", &demo_job("out-1", "sealed", "apply", "demo", 2));
+    let path = sb.job(
+        "apply.yaml",
+        &demo_job("out-1", "sealed", "apply", "demo", 2),
+    );
     let run = sb.run(&["run", "-q", "--json", path.to_str().unwrap()]);
     run.expect_code(0);
     let delivered: Value = serde_json::from_str(&run.stdout()).unwrap();
-    assert_eq!(delivered["outputs"]["admin_url"]["value"], "(sensitive value)");
+    assert_eq!(
+        delivered["outputs"]["admin_url"]["value"],
+        "(sensitive value)"
+    );
     assert_eq!(delivered["sealed_outputs"]["recipient"], recipient.as_str());
-    assert_eq!(delivered["sealed_outputs"]["names"], serde_json::json!(["admin_url"]));
+    assert_eq!(
+        delivered["sealed_outputs"]["names"],
+        serde_json::json!(["admin_url"])
+    );
 
     // What terraform produced: the state's output, in plain, as terraform keeps it.
     let state = sb.current_state("acme/sealed");
     let produced = state["outputs"]["admin_url"]["value"].clone();
     assert!(produced.as_str().unwrap().contains(PASSWORD), "{produced}");
-    let stored = sb.artifact_json("acme/sealed", "out-1", "result.json").await;
-    assert_eq!(tests::open_sealed(&stored, &identity)["admin_url"], produced);
+    let stored = sb
+        .artifact_json("acme/sealed", "out-1", "result.json")
+        .await;
+    assert_eq!(
+        tests::open_sealed(&stored, &identity)["admin_url"],
+        produced
+    );
 
     // `terrace result --identity` opens them as a platform's operator would.
     let key = sb.dir.path().join("platform.key");
@@ -85,7 +99,10 @@ async fn the_demos_sensitive_output_opens_with_the_platforms_identity_and_nowher
 #[tokio::test]
 async fn a_bad_recipient_identity_or_unsealed_result_each_say_what_to_do() {
     let mut sb = Sandbox::new();
-    let path = sb.job("apply.yaml", &demo_job("out-2", "plain", "apply", "demo", 1));
+    let path = sb.job(
+        "apply.yaml",
+        &demo_job("out-2", "plain", "apply", "demo", 1),
+    );
 
     let bad = sb
         .terrace()
@@ -95,24 +112,32 @@ async fn a_bad_recipient_identity_or_unsealed_result_each_say_what_to_do() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(64), "a usage error");
     let said = String::from_utf8_lossy(&bad.stderr);
-    assert!(said.contains("not an age X25519 recipient") && said.contains("age-keygen"), "{said}");
+    assert!(
+        said.contains("not an age X25519 recipient") && said.contains("age-keygen"),
+        "{said}"
+    );
     assert!(sb.cloud_names().is_empty(), "nothing ran");
 
     // Without a key the outputs are masked only, as always.
-    sb.run(&["run", "-q", path.to_str().unwrap()]).expect_code(0);
+    sb.run(&["run", "-q", path.to_str().unwrap()])
+        .expect_code(0);
     let stored = sb.artifact_json("acme/plain", "out-2", "result.json").await;
     assert!(stored.get("sealed_outputs").is_none(), "{stored}");
     let (identity, _) = tests::outputs_key();
     let key = sb.dir.path().join("platform.key");
     std::fs::write(
         &key,
-        format!("{}\n", shared::run::sealed_outputs::identity_text(&identity)),
+        format!(
+            "{}\n",
+            shared::run::sealed_outputs::identity_text(&identity)
+        ),
     )
     .unwrap();
     let unsealed = sb.run(&["result", "out-2", "--identity", key.to_str().unwrap()]);
     unsealed.expect_code(1);
     assert!(
-        unsealed.stderr().contains("no sealed outputs") && unsealed.stderr().contains("outputs_recipient"),
+        unsealed.stderr().contains("no sealed outputs")
+            && unsealed.stderr().contains("outputs_recipient"),
         "{}",
         unsealed.stderr()
     );
@@ -121,17 +146,33 @@ async fn a_bad_recipient_identity_or_unsealed_result_each_say_what_to_do() {
     std::fs::write(&key, "# a comment\nAGE-SECRET-KEY-1NOT-A-KEY-XYZ\n").unwrap();
     let malformed = sb.run(&["result", "out-2", "--identity", key.to_str().unwrap()]);
     malformed.expect_code(64);
-    assert!(malformed.stderr().contains("line 2"), "{}", malformed.stderr());
-    assert!(!malformed.stderr().contains("NOT-A-KEY"), "{}", malformed.stderr());
+    assert!(
+        malformed.stderr().contains("line 2"),
+        "{}",
+        malformed.stderr()
+    );
+    assert!(
+        !malformed.stderr().contains("NOT-A-KEY"),
+        "{}",
+        malformed.stderr()
+    );
 
     // Outputs sealed to another key: which key they need.
     let (_, other) = tests::outputs_key();
-    sb.env.push(("TERRACE_OUTPUTS_RECIPIENT".into(), other.clone()));
-    let again = sb.job("again.yaml", &demo_job("out-3", "plain", "apply", "demo", 1));
-    sb.run(&["run", "-q", again.to_str().unwrap()]).expect_code(0);
+    sb.env
+        .push(("TERRACE_OUTPUTS_RECIPIENT".into(), other.clone()));
+    let again = sb.job(
+        "again.yaml",
+        &demo_job("out-3", "plain", "apply", "demo", 1),
+    );
+    sb.run(&["run", "-q", again.to_str().unwrap()])
+        .expect_code(0);
     std::fs::write(
         &key,
-        format!("{}\n", shared::run::sealed_outputs::identity_text(&identity)),
+        format!(
+            "{}\n",
+            shared::run::sealed_outputs::identity_text(&identity)
+        ),
     )
     .unwrap();
     let wrong = sb.run(&["result", "out-3", "--identity", key.to_str().unwrap()]);

@@ -575,7 +575,9 @@ pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8>
 }
 
 /// The identities of an age identity file, or why not (naming the file, never a key).
-fn read_identities(path: &std::path::Path) -> Result<Vec<shared::run::sealed_outputs::Identity>, String> {
+fn read_identities(
+    path: &std::path::Path,
+) -> Result<Vec<shared::run::sealed_outputs::Identity>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     shared::run::sealed_outputs::identities(&text).map_err(|e| format!("{}: {e}", path.display()))
@@ -583,7 +585,11 @@ fn read_identities(path: &std::path::Path) -> Result<Vec<shared::run::sealed_out
 
 /// Prints a result's sealed outputs, opened, as one JSON object; the job's exit code, or 1
 /// when they cannot be opened.
-fn open_outputs(ws: &WorkspaceId, result: &JobResult, identities: &[shared::run::sealed_outputs::Identity]) -> u8 {
+fn open_outputs(
+    ws: &WorkspaceId,
+    result: &JobResult,
+    identities: &[shared::run::sealed_outputs::Identity],
+) -> u8 {
     let Some(sealed) = &result.sealed_outputs else {
         let sensitive = result.outputs.values().any(|o| o.sensitive);
         eprintln!(

@@ -308,9 +308,15 @@ mod tests {
             Some(key)
         );
         assert!(tenants.outputs_recipient("beta").is_none());
-        assert_eq!(tenants.get("acme").unwrap().role, "r-acme", "the target reads as before");
+        assert_eq!(
+            tenants.get("acme").unwrap().role,
+            "r-acme",
+            "the target reads as before"
+        );
         let bad = r#"{"acme": {"role": "r-acme", "secret": "s", "outputs_recipient": "age1nope"}}"#;
-        let e = Tenants::<Role>::parse(bad, "test", check).unwrap_err().to_string();
+        let e = Tenants::<Role>::parse(bad, "test", check)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("tenant \"acme\": outputs_recipient is not an age X25519 recipient")
                 && e.contains("age-keygen")

@@ -150,10 +150,9 @@ pub fn open(
     sealed: &SealedOutputs,
     identities: &[age::x25519::Identity],
 ) -> Result<BTreeMap<String, Value>, OpenError> {
-    let decryptor = age::Decryptor::new_buffered(age::armor::ArmoredReader::new(
-        sealed.age.as_bytes(),
-    ))
-    .map_err(|e| OpenError::Damaged(e.to_string()))?;
+    let decryptor =
+        age::Decryptor::new_buffered(age::armor::ArmoredReader::new(sealed.age.as_bytes()))
+            .map_err(|e| OpenError::Damaged(e.to_string()))?;
     let mut reader = decryptor
         .decrypt(identities.iter().map(|i| i as &dyn age::Identity))
         .map_err(|e| match e {
@@ -182,14 +181,23 @@ mod tests {
     fn sealed_outputs_open_with_the_identity_and_hold_no_plain_value() {
         let (identity, recipient) = key();
         let values = BTreeMap::from([
-            ("kubeconfig".to_owned(), Value::from("apiVersion: v1 secret-x")),
-            ("admin".to_owned(), serde_json::json!({ "password": "hunter2-hunter2" })),
+            (
+                "kubeconfig".to_owned(),
+                Value::from("apiVersion: v1 secret-x"),
+            ),
+            (
+                "admin".to_owned(),
+                serde_json::json!({ "password": "hunter2-hunter2" }),
+            ),
         ]);
         let sealed = seal(&recipient, &values).unwrap();
         assert!(sealed.age.starts_with("-----BEGIN AGE ENCRYPTED FILE-----"));
         assert_eq!(sealed.names, ["admin", "kubeconfig"]);
         let text = serde_json::to_string(&sealed).unwrap();
-        assert!(!text.contains("secret-x") && !text.contains("hunter2"), "{text}");
+        assert!(
+            !text.contains("secret-x") && !text.contains("hunter2"),
+            "{text}"
+        );
         assert_eq!(open(&sealed, &[identity]).unwrap(), values);
     }
 
@@ -220,7 +228,9 @@ mod tests {
         let (identity, recipient) = key();
         let mut damaged = seal(&recipient, &BTreeMap::new()).unwrap();
         let body = damaged.age.lines().nth(1).unwrap().to_owned();
-        damaged.age = damaged.age.replace(&body, &body.chars().rev().collect::<String>());
+        damaged.age = damaged
+            .age
+            .replace(&body, &body.chars().rev().collect::<String>());
         assert!(matches!(
             open(&damaged, &[identity]),
             Err(OpenError::Damaged(_))
