@@ -475,6 +475,63 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
     assert!(!log.contains(canary), "the function's log holds the secret");
 }
 
+/// `terrace submit --to sqs://…` puts a job on the jobs queue as a platform would; the Lambda
+/// runs it, and `--follow` streams its log from the customer's bucket and ends with its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_submitted_to_the_sqs_queue_runs_on_the_lambda_and_is_followed_to_its_result() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let _function = w.start(&api);
+    let path = w.sb.job(
+        "submit.yaml",
+        // Short enough for the invocation's time left (a longer one is handed to ECS).
+        &tests::demo_job("sub-sqs-1", "submitted", "apply", "demo", 1)
+            .replace("timeout: 5m", "timeout: 2m"),
+    );
+    let queue = format!("sqs://{}", w.jobs.split_once("://").unwrap().1);
+    let follow =
+        w.sb.terrace()
+            .env("AWS_ENDPOINT_URL", aws::moto())
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("TERRACE_S3_FORCE_PATH_STYLE", "1")
+            .env(
+                "TERRACE_STORE",
+                format!("s3://{}/states?region=us-east-1", w.bucket),
+            )
+            .args(["submit", path.to_str().unwrap(), "--to", &queue, "--follow"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    // The Lambda's event source: the message as the queue holds it.
+    let event = w.receive(1, 60).await;
+    let body: Value = serde_json::from_str(event["Records"][0]["body"].as_str().unwrap()).unwrap();
+    tests::schema::check("job-message", &body);
+    assert_eq!(body["job"]["id"], "sub-sqs-1");
+    assert!(
+        body.get("target").is_none(),
+        "the registry names the customer"
+    );
+    let response = api.invoke(event, Duration::from_secs(300)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let out = tokio::task::spawn_blocking(move || follow.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("terraform apply"),
+        "the log was streamed: {stdout}"
+    );
+    assert!(stdout.contains("status:     succeeded"), "{stdout}");
+    let results = w.results().await;
+    assert_eq!(results[0]["job_id"], "sub-sqs-1");
+    assert_eq!(results[0]["status"], "succeeded");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sqs_batch_runs_its_jobs_and_queues_the_busy_one_again_for_later() {
     let w = World::new().await;

@@ -192,6 +192,10 @@ enum Cmd {
         #[command(flatten)]
         out: ops::Output,
     },
+    /// Put a job on a deployed runner's queue (sqs://HOST/ACCOUNT/QUEUE, or a `serve` queue
+    /// folder) after checking it against the templates; with --follow, stream its log from the
+    /// store and end with its result and exit code, as `run` does.
+    Submit(crate::submit_cmd::SubmitArgs),
     /// Process job files dropped into a folder, moving each to done/ or failed/ with its result.
     Serve(serve::ServeArgs),
     /// Inspect and repair a workspace's state.
@@ -455,6 +459,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
         Cmd::Schema { name, write } => crate::output::schema_cmd(name.as_deref(), write.as_deref()),
         Cmd::Serve(args) => serve::serve(&g, args).await,
+        Cmd::Submit(args) => crate::submit_cmd::submit(&g, args).await,
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
         Cmd::Template(cmd) => template_cmd::run(&g, cmd).await,
         Cmd::Module(cmd) => Ok(template_cmd::module(cmd)),

@@ -50,6 +50,7 @@ pub mod output;
 mod serve;
 mod state_cmd;
 pub mod store;
+mod submit_cmd;
 mod summary;
 mod sweep_cmd;
 mod template_cmd;

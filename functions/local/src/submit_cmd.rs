@@ -1,0 +1,245 @@
+//! `terrace submit JOB_FILE --to QUEUE [--follow]`: puts a job on a deployed runner's queue, as a
+//! platform would, after checking it against the templates `--templates` names; with `--follow`,
+//! streams its log from the customer's store (`--store`) as `terrace logs --follow` does, then
+//! prints its result and exits with the job's code, as `run` does.
+//!
+//! Queues: `sqs://HOST/ACCOUNT/QUEUE` (the queue's URL without `https://`; FIFO queues get the
+//! workspace as the message group and the job id as the deduplication id), or a `terrace serve`
+//! queue folder (a path). The message is `{"job": …}`: the runner's tenant registry names the
+//! customer's side, never the sender.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use state_backends::WorkspaceId;
+
+use crate::cli::Global;
+use crate::job_cmd::{load_job, report_invalid};
+use crate::{exit, ops};
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// The job file (YAML or JSON).
+    job: PathBuf,
+    /// The runner's jobs queue: sqs://HOST/ACCOUNT/QUEUE, or a `terrace serve` queue folder.
+    #[arg(long, value_name = "QUEUE")]
+    to: String,
+    /// Stream the job's log from the store (--store) until it ends, then print its result; the
+    /// exit code is the job's.
+    #[arg(long, short)]
+    follow: bool,
+    /// With --follow, milliseconds between looks at the store.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    interval_ms: u64,
+}
+
+/// Where a job is sent.
+#[derive(Debug, PartialEq, Eq)]
+enum Queue {
+    /// A `terrace serve --queue` folder.
+    Folder(PathBuf),
+    /// An SQS queue, by URL.
+    Sqs(String),
+}
+
+const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://) or the path of a `terrace serve` queue folder";
+
+impl Queue {
+    /// Reads `--to`.
+    ///
+    /// # Errors
+    /// An unknown scheme or a malformed queue, with the forms that work.
+    fn parse(to: &str) -> Result<Self, String> {
+        match to.split_once("://") {
+            None => Ok(Self::Folder(PathBuf::from(to))),
+            Some(("sqs", rest)) => {
+                let parts: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+                match parts.as_slice() {
+                    [host, account, queue]
+                        if !host.is_empty()
+                            && !account.is_empty()
+                            && account.chars().all(|c| c.is_ascii_digit())
+                            && !queue.is_empty() =>
+                    {
+                        Ok(Self::Sqs(format!("{}://{rest}", sqs_scheme())))
+                    }
+                    _ => Err(format!("{to:?} is not an SQS queue: {SCHEMES}")),
+                }
+            }
+            Some((scheme, _)) => Err(format!(
+                "{scheme}:// is not a queue terrace can send to: {SCHEMES}"
+            )),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Folder(dir) => format!("the queue folder {}", dir.display()),
+            Self::Sqs(url) => format!("SQS queue {url}"),
+        }
+    }
+}
+
+/// `https`, unless `AWS_ENDPOINT_URL` points the SDK at a plain-HTTP endpoint (an emulator).
+fn sqs_scheme() -> &'static str {
+    match std::env::var("AWS_ENDPOINT_URL") {
+        Ok(endpoint) if endpoint.starts_with("http://") => "http",
+        _ => "https",
+    }
+}
+
+/// `terrace submit`.
+pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
+    let queue = match Queue::parse(&a.to) {
+        Ok(queue) => queue,
+        Err(why) => {
+            eprintln!("error: --to: {why}");
+            return Ok(exit::USAGE);
+        }
+    };
+    // A store to follow the job in is checked before anything is sent.
+    let store = if a.follow {
+        Some(g.open_store().await?)
+    } else {
+        None
+    };
+    let templates = g.open_templates().await?;
+    let validated = match load_job(&a.job, g, &templates).await? {
+        Ok(v) => v,
+        Err(errors) => return Ok(report_invalid(&a.job, &errors)),
+    };
+    let job = &validated.job;
+    let ws = WorkspaceId::new(&job.tenant, &job.workspace)?;
+    let text = std::fs::read_to_string(&a.job)
+        .with_context(|| format!("cannot read job file {}", a.job.display()))?;
+    let raw = shared::job::RawJob::parse(&text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let envelope = serde_json::json!({ "job": raw.0 }).to_string();
+    let sent = match &queue {
+        Queue::Folder(dir) => to_folder(dir, &job.id, &envelope),
+        Queue::Sqs(url) => to_sqs(url, &ws, &job.id, envelope).await,
+    };
+    if let Err(why) = sent {
+        eprintln!(
+            "error: job {} was not sent to {}: {why}",
+            job.id,
+            queue.describe()
+        );
+        return Ok(exit::FAILED);
+    }
+    eprintln!(
+        "job {} sent to {} ({} in {ws})",
+        job.id,
+        queue.describe(),
+        job.operation
+    );
+    let Some(store) = store else {
+        return Ok(exit::OK);
+    };
+    let logs = ops::LogsArgs {
+        ws: ws.clone(),
+        job: Some(job.id.clone()),
+        follow: true,
+        interval: Duration::from_millis(a.interval_ms),
+        out: ops::Output { json: false },
+    };
+    let code = ops::logs(store.clone(), logs).await?;
+    if code != exit::OK {
+        return Ok(code);
+    }
+    let ask = ops::ResultAsk {
+        job_id: &job.id,
+        ws: Some(&ws),
+        identity: None,
+        out: ops::Output { json: false },
+    };
+    ops::result(&*store, ask).await
+}
+
+/// Puts the job in a `terrace serve` queue folder, whole or not at all: written aside, then
+/// renamed to `<job id>.json`. A job of that id already waiting there is not sent twice.
+fn to_folder(dir: &Path, id: &str, envelope: &str) -> Result<(), String> {
+    if !dir.is_dir() {
+        return Err(format!(
+            "{} is not a folder: give the folder `terrace serve --queue` reads",
+            dir.display()
+        ));
+    }
+    let to = dir.join(format!("{id}.json"));
+    if to.exists() {
+        return Err(format!(
+            "{} is already queued there: a job id runs once (give the job a new id to send it again)",
+            to.display()
+        ));
+    }
+    // The queue reads the job, not the envelope: a job file is the job itself.
+    let job: serde_json::Value = serde_json::from_str(envelope).map_err(|e| e.to_string())?;
+    let aside = dir.join(format!(".{id}.json.sending"));
+    std::fs::write(
+        &aside,
+        serde_json::to_vec_pretty(&job["job"]).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("cannot write {}: {e}", aside.display()))?;
+    std::fs::rename(&aside, &to).map_err(|e| {
+        let _ = std::fs::remove_file(&aside);
+        format!("cannot queue {}: {e}", to.display())
+    })
+}
+
+#[cfg(feature = "aws")]
+async fn to_sqs(url: &str, ws: &WorkspaceId, id: &str, body: String) -> Result<(), String> {
+    use aws_config::BehaviorVersion;
+    let config = aws_config::defaults(BehaviorVersion::latest()).load().await;
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let fifo = url.ends_with(".fifo");
+    sqs.send_message()
+        .queue_url(url)
+        .message_body(body)
+        // A FIFO queue keeps the workspace's jobs in order, and takes a job id once.
+        .set_message_group_id(fifo.then(|| ws.to_string()))
+        .set_message_deduplication_id(fifo.then(|| id.to_owned()))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "{}: check the queue URL and that these credentials may send to it",
+                state_backends::s3::brief(&e)
+            )
+        })
+}
+
+#[cfg(not(feature = "aws"))]
+async fn to_sqs(_: &str, _: &WorkspaceId, _: &str, _: String) -> Result<(), String> {
+    Err("this terrace was built without the `aws` feature".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_is_a_folder_or_an_sqs_url_and_anything_else_says_which_work() {
+        assert_eq!(
+            Queue::parse("/var/terrace/queue"),
+            Ok(Queue::Folder("/var/terrace/queue".into()))
+        );
+        let Ok(Queue::Sqs(url)) =
+            Queue::parse("sqs://sqs.eu-west-1.amazonaws.com/123456789012/jobs.fifo")
+        else {
+            panic!("an SQS queue")
+        };
+        assert!(
+            url.ends_with("://sqs.eu-west-1.amazonaws.com/123456789012/jobs.fifo"),
+            "{url}"
+        );
+        let e = Queue::parse("kafka://broker/jobs").unwrap_err();
+        assert!(
+            e.starts_with("kafka:// is not a queue") && e.contains("sqs://"),
+            "{e}"
+        );
+        let e = Queue::parse("sqs://jobs").unwrap_err();
+        assert!(e.contains("is not an SQS queue"), "{e}");
+    }
+}
