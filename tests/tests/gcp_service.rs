@@ -879,6 +879,50 @@ async fn through_pubsub_a_job_waiting_behind_a_busy_workspace_runs_later_and_is_
     assert_eq!(pubsub::pull(&p.dead).await, Vec::<Value>::new());
 }
 
+/// `terrace submit --to pubsub://…` publishes a job as a platform would; the push reaches the
+/// service, and `--follow` streams the log from the customer's bucket to the job's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_submitted_to_the_pubsub_topic_is_pushed_to_the_service_and_followed_to_its_result() {
+    let w = World::new().await;
+    let p = w.wired().await;
+    let path = w.sb.job(
+        "submit.yaml",
+        &tests::demo_job("g-sub-1", "submitted", "apply", "demo", 1),
+    );
+    let mut submit = w.sb.terrace();
+    submit
+        .env("TERRACE_PUBSUB_ENDPOINT", pubsub::endpoint())
+        .env("TERRACE_STORE", format!("gs://{}/states", w.bucket))
+        .env("TERRACE_GCS_ENDPOINT", tests::gcs::endpoint())
+        .env("TERRACE_GCS_ANONYMOUS", "1")
+        .args(["submit", path.to_str().unwrap(), "--follow", "--to"])
+        .arg(format!("pubsub://{}", p.jobs));
+    // The relay runs on this runtime: the submit is waited for off it.
+    let out = tokio::task::spawn_blocking(move || submit.output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("terraform apply"),
+        "the log was streamed: {stdout}"
+    );
+    assert!(stdout.contains("status:     succeeded"), "{stdout}");
+    let results = results_until(&p.results, Duration::from_secs(60), |r| {
+        r["job_id"] == "g-sub-1"
+    })
+    .await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(
+        p.relay.pushed().len(),
+        1,
+        "pushed once: {:?}",
+        p.relay.pushed()
+    );
+    let _ = &p.service;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_pubsub_a_finished_job_published_again_reports_the_same_result_again() {
     let w = World::new().await;

@@ -4,8 +4,9 @@
 //! prints its result and exits with the job's code, as `run` does.
 //!
 //! Queues: `sqs://HOST/ACCOUNT/QUEUE` (the queue's URL without `https://`; FIFO queues get the
-//! workspace as the message group and the job id as the deduplication id), or a `terrace serve`
-//! queue folder (a path). The message is `{"job": …}`: the runner's tenant registry names the
+//! workspace as the message group and the job id as the deduplication id),
+//! `pubsub://projects/P/topics/T` (`TERRACE_PUBSUB_ENDPOINT` for an emulator), or a `terrace
+//! serve` queue folder (a path). The message is `{"job": …}`: the runner's tenant registry names the
 //! customer's side, never the sender.
 
 use std::path::{Path, PathBuf};
@@ -42,6 +43,8 @@ enum Queue {
     Folder(PathBuf),
     /// An SQS queue, by URL.
     Sqs(String),
+    /// A Pub/Sub topic, `projects/P/topics/T`.
+    PubSub(String),
 }
 
 const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://) or the path of a `terrace serve` queue folder";
@@ -68,6 +71,16 @@ impl Queue {
                     _ => Err(format!("{to:?} is not an SQS queue: {SCHEMES}")),
                 }
             }
+            Some(("pubsub", rest)) => {
+                match rest.trim_end_matches('/').split('/').collect::<Vec<_>>()[..] {
+                    ["projects", project, "topics", topic]
+                        if !project.is_empty() && !topic.is_empty() =>
+                    {
+                        Ok(Self::PubSub(format!("projects/{project}/topics/{topic}")))
+                    }
+                    _ => Err(format!("{to:?} is not a Pub/Sub topic: {SCHEMES}")),
+                }
+            }
             Some((scheme, _)) => Err(format!(
                 "{scheme}:// is not a queue terrace can send to: {SCHEMES}"
             )),
@@ -78,6 +91,7 @@ impl Queue {
         match self {
             Self::Folder(dir) => format!("the queue folder {}", dir.display()),
             Self::Sqs(url) => format!("SQS queue {url}"),
+            Self::PubSub(topic) => format!("Pub/Sub topic {topic}"),
         }
     }
 }
@@ -119,6 +133,7 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
     let sent = match &queue {
         Queue::Folder(dir) => to_folder(dir, &job.id, &envelope),
         Queue::Sqs(url) => to_sqs(url, &ws, &job.id, envelope).await,
+        Queue::PubSub(topic) => to_pubsub(topic, &envelope).await,
     };
     if let Err(why) = sent {
         eprintln!(
@@ -215,6 +230,57 @@ async fn to_sqs(_: &str, _: &WorkspaceId, _: &str, _: String) -> Result<(), Stri
     Err("this terrace was built without the `aws` feature".into())
 }
 
+/// Publishes to a Pub/Sub topic: to `TERRACE_PUBSUB_ENDPOINT` when it is set (an emulator over
+/// plain http is called without credentials), else Google's, with the machine's credentials
+/// (Application Default Credentials).
+#[cfg(feature = "gcp")]
+async fn to_pubsub(topic: &str, body: &str) -> Result<(), String> {
+    use base64::Engine as _;
+    use google_cloud_auth::credentials::{Builder, CacheableResource};
+    let endpoint = std::env::var("TERRACE_PUBSUB_ENDPOINT")
+        .unwrap_or_else(|_| "https://pubsub.googleapis.com".into());
+    let url = format!("{}/v1/{topic}:publish", endpoint.trim_end_matches('/'));
+    let data = base64::engine::general_purpose::STANDARD.encode(body);
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut request = http
+        .post(&url)
+        .json(&serde_json::json!({ "messages": [{ "data": data }] }));
+    if !endpoint.starts_with("http://") {
+        let credentials = Builder::default()
+            .build()
+            .map_err(|e| format!("no Google credentials on this machine ({e}): run `gcloud auth application-default login`"))?;
+        match credentials.headers(http::Extensions::new()).await {
+            Ok(CacheableResource::New { data, .. }) => request = request.headers(data),
+            Ok(CacheableResource::NotModified) => {}
+            Err(e) => return Err(format!("no token for Pub/Sub: {e}")),
+        }
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach {endpoint}: {e}"))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let answer: serde_json::Value = response.json().await.unwrap_or_default();
+    Err(format!(
+        "{status}: {}: check the topic and that these credentials may publish to it",
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or("no reason given")
+    ))
+}
+
+#[cfg(not(feature = "gcp"))]
+async fn to_pubsub(_: &str, _: &str) -> Result<(), String> {
+    Err("this terrace was built without the `gcp` feature".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,5 +307,11 @@ mod tests {
         );
         let e = Queue::parse("sqs://jobs").unwrap_err();
         assert!(e.contains("is not an SQS queue"), "{e}");
+        assert_eq!(
+            Queue::parse("pubsub://projects/acme/topics/terrace-jobs"),
+            Ok(Queue::PubSub("projects/acme/topics/terrace-jobs".into()))
+        );
+        let e = Queue::parse("pubsub://acme/terrace-jobs").unwrap_err();
+        assert!(e.contains("is not a Pub/Sub topic"), "{e}");
     }
 }
