@@ -277,6 +277,47 @@ async fn templates_published_to_the_runners_container_run_without_a_new_image() 
     );
 }
 
+/// `terrace submit --to azqueue://…` sends a job as a platform would: the Container Apps job's
+/// next execution runs it and reports its result; the message is a job message the registry
+/// completes. A queue that is not there is an error that says so, and nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_submitted_to_the_storage_queue_runs_in_the_next_execution() {
+    let w = World::new().await;
+    let path = w.sb.job(
+        "submit.yaml",
+        &tests::demo_job("az-sub-1", "submitted", "apply", "demo", 1),
+    );
+    let account = std::env::var("TERRACE_TEST_AZURE_ACCOUNT").unwrap();
+    let submit = |queue: &str| {
+        w.sb.terrace()
+            .env("TERRACE_AZURE_QUEUE_ENDPOINT", azure::queue_endpoint())
+            .env("AZURE_STORAGE_SAS_TOKEN", azure::sas())
+            .args(["submit", path.to_str().unwrap(), "--to"])
+            .arg(format!("azqueue://{account}/{queue}"))
+            .output()
+            .unwrap()
+    };
+    let missing = submit("no-such-queue");
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(said.contains("has no queue no-such-queue"), "{said}");
+    assert!(!said.contains("sig="), "the SAS is not quoted: {said}");
+
+    let sent = submit(&w.jobs.name);
+    assert_eq!(sent.status.code(), Some(0), "{sent:?}");
+    let queued = records(w.jobs.peek().await);
+    assert_eq!(queued.len(), 1, "sent once: {queued:?}");
+    tests::schema::check("job-message", &queued[0]);
+    assert!(queued[0].get("target").is_none(), "the registry names the customer");
+
+    let out = w.command(&[]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let reported = checked(w.results.peek().await);
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert_eq!(reported[0]["job_id"], "az-sub-1");
+    assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
+}
+
 /// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan
 /// (the `leaky` template). The secret is in none of the job's log, the result on the results
 /// queue, the blobs in the customer's container other than the states themselves, or any

@@ -5,7 +5,8 @@
 //!
 //! Queues: `sqs://HOST/ACCOUNT/QUEUE` (the queue's URL without `https://`; FIFO queues get the
 //! workspace as the message group and the job id as the deduplication id),
-//! `pubsub://projects/P/topics/T` (`TERRACE_PUBSUB_ENDPOINT` for an emulator), or a `terrace
+//! `pubsub://projects/P/topics/T` (`TERRACE_PUBSUB_ENDPOINT` for an emulator),
+//! `azqueue://ACCOUNT/QUEUE` (`TERRACE_AZURE_QUEUE_ENDPOINT` for an emulator), or a `terrace
 //! serve` queue folder (a path). The message is `{"job": …}`: the runner's tenant registry names the
 //! customer's side, never the sender.
 
@@ -45,9 +46,11 @@ enum Queue {
     Sqs(String),
     /// A Pub/Sub topic, `projects/P/topics/T`.
     PubSub(String),
+    /// An Azure Storage queue: its account and name.
+    AzQueue { account: String, queue: String },
 }
 
-const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://) or the path of a `terrace serve` queue folder";
+const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://), pubsub://projects/PROJECT/topics/TOPIC, azqueue://ACCOUNT/QUEUE, or the path of a `terrace serve` queue folder";
 
 impl Queue {
     /// Reads `--to`.
@@ -81,6 +84,17 @@ impl Queue {
                     _ => Err(format!("{to:?} is not a Pub/Sub topic: {SCHEMES}")),
                 }
             }
+            Some(("azqueue", rest)) => match rest.trim_end_matches('/').split_once('/') {
+                Some((account, queue))
+                    if !account.is_empty() && !queue.is_empty() && !queue.contains('/') =>
+                {
+                    Ok(Self::AzQueue {
+                        account: account.to_owned(),
+                        queue: queue.to_owned(),
+                    })
+                }
+                _ => Err(format!("{to:?} is not an Azure Storage queue: {SCHEMES}")),
+            },
             Some((scheme, _)) => Err(format!(
                 "{scheme}:// is not a queue terrace can send to: {SCHEMES}"
             )),
@@ -92,6 +106,7 @@ impl Queue {
             Self::Folder(dir) => format!("the queue folder {}", dir.display()),
             Self::Sqs(url) => format!("SQS queue {url}"),
             Self::PubSub(topic) => format!("Pub/Sub topic {topic}"),
+            Self::AzQueue { account, queue } => format!("Azure queue {queue} of {account}"),
         }
     }
 }
@@ -134,6 +149,7 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
         Queue::Folder(dir) => to_folder(dir, &job.id, &envelope),
         Queue::Sqs(url) => to_sqs(url, &ws, &job.id, envelope).await,
         Queue::PubSub(topic) => to_pubsub(topic, &envelope).await,
+        Queue::AzQueue { account, queue } => to_azqueue(account, queue, &envelope).await,
     };
     if let Err(why) = sent {
         eprintln!(
@@ -281,6 +297,62 @@ async fn to_pubsub(_: &str, _: &str) -> Result<(), String> {
     Err("this terrace was built without the `gcp` feature".into())
 }
 
+/// Sends to an Azure Storage queue: at `TERRACE_AZURE_QUEUE_ENDPOINT` (an emulator's
+/// `http://HOST:PORT/ACCOUNT`) or the account's own endpoint, with the SAS in
+/// `AZURE_STORAGE_SAS_TOKEN` or the machine's `az login`, never a credential over plain http.
+#[cfg(feature = "azure")]
+async fn to_azqueue(account: &str, queue: &str, body: &str) -> Result<(), String> {
+    use azure_core::credentials::TokenCredential;
+    use azure_storage_queue::QueueClient;
+    use azure_storage_queue::models::QueueMessage;
+    let base = std::env::var("TERRACE_AZURE_QUEUE_ENDPOINT")
+        .unwrap_or_else(|_| format!("https://{account}.queue.core.windows.net"));
+    let sas = std::env::var("AZURE_STORAGE_SAS_TOKEN")
+        .ok()
+        .map(|s| s.trim().trim_start_matches('?').to_owned())
+        .filter(|s| !s.is_empty());
+    let mut url = format!("{}/{queue}", base.trim_end_matches('/'));
+    let credential: Option<std::sync::Arc<dyn TokenCredential>> = match sas {
+        Some(sas) => {
+            url = format!("{url}?{sas}");
+            None
+        }
+        None if url.starts_with("http://") => {
+            return Err("a credential is never sent over plain http: for an emulator, set its SAS in AZURE_STORAGE_SAS_TOKEN".into());
+        }
+        None => Some(
+            azure_identity::DeveloperToolsCredential::new(None)
+                .map_err(|e| format!("cannot use `az login`: {e}"))?,
+        ),
+    };
+    let scrub = |e: &dyn std::fmt::Display| state_backends::azure::scrub(&e.to_string());
+    let parsed = url::Url::parse(&url).map_err(|e| format!("not a queue URL: {}", scrub(&e)))?;
+    let client = QueueClient::new(parsed, credential, None).map_err(|e| scrub(&e))?;
+    // `QueueMessage` is non-exhaustive: it cannot be built with a struct literal.
+    #[allow(clippy::field_reassign_with_default)]
+    let message = {
+        let mut message = QueueMessage::default();
+        message.message_text = Some(body.to_owned());
+        message
+    };
+    let content = message.try_into().map_err(|e: azure_core::Error| scrub(&e))?;
+    match client.send_message(content, None).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.http_status().map(u16::from) == Some(404) => Err(format!(
+            "the account has no queue {queue}: check the name (the runner's TERRACE_QUEUE_URL)"
+        )),
+        Err(e) => Err(format!(
+            "{}: check the account, the queue and that these credentials may send to it",
+            scrub(&e)
+        )),
+    }
+}
+
+#[cfg(not(feature = "azure"))]
+async fn to_azqueue(_: &str, _: &str, _: &str) -> Result<(), String> {
+    Err("this terrace was built without the `azure` feature".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,5 +385,14 @@ mod tests {
         );
         let e = Queue::parse("pubsub://acme/terrace-jobs").unwrap_err();
         assert!(e.contains("is not a Pub/Sub topic"), "{e}");
+        assert_eq!(
+            Queue::parse("azqueue://acmestates/terrace-jobs"),
+            Ok(Queue::AzQueue {
+                account: "acmestates".into(),
+                queue: "terrace-jobs".into()
+            })
+        );
+        let e = Queue::parse("azqueue://acmestates").unwrap_err();
+        assert!(e.contains("is not an Azure Storage queue"), "{e}");
     }
 }
