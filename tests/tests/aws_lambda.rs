@@ -445,7 +445,16 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
     // The sensitive output, sealed to the platform's key, opens to what terraform produced.
     assert_eq!(results[0]["outputs"]["token"]["sensitive"], true);
     let opened = tests::open_sealed(&results[0], &identity);
-    assert_eq!(opened, [("token".to_owned(), json!(canary))].into());
+    let digest = state_backends::sha256_hex(canary.as_bytes());
+    assert_eq!(
+        opened,
+        [
+            ("token".to_owned(), json!(canary)),
+            ("token_digest".to_owned(), json!(digest))
+        ]
+        .into()
+    );
+    assert!(!results[0].to_string().contains(&digest), "{}", results[0]);
     let raw = S3Store::from_sdk(
         &aws::sdk_config().await,
         true,
@@ -469,10 +478,23 @@ async fn a_canary_secret_is_in_no_log_result_or_object_but_the_state() {
         states > 0,
         "the canary reached terraform (its state holds it)"
     );
+    // The output terraform derived (no redaction knows it) is in the states only, too.
+    let derived = tests::canary_in_states(
+        &raw,
+        "states/acme/canary/",
+        &digest,
+        "testcloud_network.leak",
+    )
+    .await;
+    assert!(derived > 0, "the state holds the derived output");
     drop(function);
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(log.contains("canary-1"), "the function logged the job");
     assert!(!log.contains(canary), "the function's log holds the secret");
+    assert!(
+        !log.contains(&digest),
+        "the function's log holds the derived output"
+    );
 }
 
 /// `terrace submit --to sqs://…` puts a job on the jobs queue as a platform would; the Lambda

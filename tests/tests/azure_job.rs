@@ -308,7 +308,10 @@ async fn a_job_submitted_to_the_storage_queue_runs_in_the_next_execution() {
     let queued = records(w.jobs.peek().await);
     assert_eq!(queued.len(), 1, "sent once: {queued:?}");
     tests::schema::check("job-message", &queued[0]);
-    assert!(queued[0].get("target").is_none(), "the registry names the customer");
+    assert!(
+        queued[0].get("target").is_none(),
+        "the registry names the customer"
+    );
 
     let out = w.command(&[]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -345,7 +348,18 @@ async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
     assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
     assert!(!reported[0].to_string().contains(canary), "{}", reported[0]);
     let opened = tests::open_sealed(&reported[0], &identity);
-    assert_eq!(opened, [("token".to_owned(), json!(canary))].into());
+    let digest = state_backends::sha256_hex(canary.as_bytes());
+    assert_eq!(opened["token"], json!(canary));
+    assert_eq!(opened["token_digest"], json!(digest));
+    assert!(
+        !log.contains(&digest),
+        "the job's log holds the derived output"
+    );
+    assert!(
+        !reported[0].to_string().contains(&digest),
+        "{}",
+        reported[0]
+    );
     let raw = azure::store(&w.container, "").into_bucket();
     let states = tests::canary_in_states(
         &raw,
@@ -358,6 +372,14 @@ async fn a_canary_secret_is_in_no_log_result_or_blob_but_the_state() {
         states > 0,
         "the canary reached terraform (its state holds it)"
     );
+    let derived = tests::canary_in_states(
+        &raw,
+        "states/acme/canary/",
+        &digest,
+        "testcloud_network.leak",
+    )
+    .await;
+    assert!(derived > 0, "the state holds the derived output");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -255,7 +255,10 @@ async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
     assert!(!answer.body.contains(canary), "{}", answer.body);
     let result: Value = serde_json::from_str(&answer.body).unwrap();
     let opened = tests::open_sealed(&result, &identity);
-    assert_eq!(opened, [("token".to_owned(), json!(canary))].into());
+    let digest = state_backends::sha256_hex(canary.as_bytes());
+    assert_eq!(opened["token"], json!(canary));
+    assert_eq!(opened["token_digest"], json!(digest));
+    assert!(!answer.body.contains(&digest), "{}", answer.body);
     let raw = gcs::store(&w.bucket, "").await.into_bucket();
     let states = tests::canary_in_states(
         &raw,
@@ -268,10 +271,22 @@ async fn a_canary_secret_is_in_no_log_answer_or_object_but_the_state() {
         states > 0,
         "the canary reached terraform (its state holds it)"
     );
+    let derived = tests::canary_in_states(
+        &raw,
+        "states/acme/canary/",
+        &digest,
+        "testcloud_network.leak",
+    )
+    .await;
+    assert!(derived > 0, "the state holds the derived output");
     drop(service);
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(log.contains("canary-1"), "the service logged the job");
     assert!(!log.contains(canary), "the service's log holds the secret");
+    assert!(
+        !log.contains(&digest),
+        "the service's log holds the derived output"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -179,3 +179,52 @@ async fn a_bad_recipient_identity_or_unsealed_result_each_say_what_to_do() {
     wrong.expect_code(1);
     assert!(wrong.stderr().contains(&other), "{}", wrong.stderr());
 }
+
+/// A sensitive output terraform derives itself (a digest of the secret): the runner's redaction
+/// cannot know it, so only its handling of outputs keeps it out of logs and records. It is in
+/// the sealed outputs and the states, nowhere else.
+#[tokio::test]
+async fn a_sensitive_output_terraform_derives_is_sealed_and_in_no_log_or_record() {
+    let mut sb = Sandbox::new();
+    let (identity, recipient) = tests::outputs_key();
+    sb.env.push(("TERRACE_OUTPUTS_RECIPIENT".into(), recipient));
+    let canary = "canary-5d1a-local-5ecret";
+    let job = format!(
+        "id: derived-1\ntenant: acme\nworkspace: derived\noperation: apply\n\
+         template: {{ name: leaky, version: 1.0.0 }}\n\
+         variables:\n  name: leaky\n  token: {canary}\n"
+    );
+    let path = sb.job("derived.yaml", &job);
+    let run = sb.run(&["run", path.to_str().unwrap()]);
+    run.expect_code(0);
+    let digest = state_backends::sha256_hex(canary.as_bytes());
+    let stored = sb
+        .artifact_json("acme/derived", "derived-1", "result.json")
+        .await;
+    let opened = tests::open_sealed(&stored, &identity);
+    assert_eq!(opened["token_digest"], digest.as_str());
+    assert_eq!(opened["token"], canary);
+    let mut states = 0;
+    for (path, bytes) in sb.store_files() {
+        let text = String::from_utf8_lossy(&bytes);
+        if path.extension().is_some_and(|e| e == "tfstate") {
+            states += usize::from(text.contains(&digest));
+        } else {
+            assert!(
+                !text.contains(&digest),
+                "{} holds the derived output",
+                path.display()
+            );
+        }
+    }
+    assert!(states > 0, "the state holds the derived output");
+    let said = format!("{}{}", run.stdout(), run.stderr());
+    assert!(
+        said.contains("terraform output"),
+        "the log was printed: {said}"
+    );
+    assert!(
+        !said.contains(&digest),
+        "the console log holds the derived output"
+    );
+}

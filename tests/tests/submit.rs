@@ -34,7 +34,7 @@ async fn a_job_submitted_to_a_serve_folder_runs_and_follow_ends_with_its_result(
     let twice = sb.run(&["submit", path.to_str().unwrap(), "--to", queue]);
     twice.expect_code(1);
     assert!(
-        twice.stderr().contains("already queued"),
+        twice.stderr().contains("a job id runs once"),
         "{}",
         twice.stderr()
     );
@@ -61,6 +61,10 @@ async fn a_job_submitted_to_a_serve_folder_runs_and_follow_ends_with_its_result(
         .artifact_json("acme/submit", "sub-1", "result.json")
         .await;
     assert_eq!(result["status"], "succeeded");
+    // Finished, it is not sent again either.
+    let after = sb.run(&["submit", path.to_str().unwrap(), "--to", queue]);
+    after.expect_code(1);
+    assert!(after.stderr().contains("done/sub-1"), "{}", after.stderr());
 }
 
 #[test]

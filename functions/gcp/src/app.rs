@@ -481,7 +481,7 @@ impl Trigger for App {
             .await?;
         Ok(TaskStarted {
             cloud_run_job: Some(job.to_owned()),
-            cloud_run_operation: body["name"].as_str().map(str::to_owned),
+            operation: body["name"].as_str().map(str::to_owned),
             ..TaskStarted::default()
         })
     }

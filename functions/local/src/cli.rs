@@ -122,9 +122,16 @@ pub(crate) struct Global {
     pub(crate) plan_ttl: u64,
     /// The platform's age public key (age1…) a job's sensitive outputs are sealed to, in its
     /// result's `sealed_outputs` (docs/outputs.md); without it they are only masked.
-    #[arg(long, env = "TERRACE_OUTPUTS_RECIPIENT", global = true, value_name = "AGE_RECIPIENT",
-          value_parser = parse_recipient)]
-    pub(crate) outputs_recipient: Option<shared::run::sealed_outputs::OutputsRecipient>,
+    /// (Checked before any command runs; an invalid one is never echoed: it may be a private
+    /// key pasted by mistake.)
+    #[arg(
+        long,
+        env = "TERRACE_OUTPUTS_RECIPIENT",
+        global = true,
+        value_name = "AGE_RECIPIENT",
+        hide_env_values = true
+    )]
+    pub(crate) outputs_recipient: Option<String>,
     /// Seconds terraform has to stop after an interrupt before it is killed.
     #[arg(long, env = "TERRACE_GRACE", default_value_t = 30, global = true,
           value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -259,7 +266,7 @@ enum Cmd {
         workspace: Option<WorkspaceId>,
         /// Open the result's sealed sensitive outputs with this age identity file
         /// (`age-keygen`'s) and print them as one JSON object, name to value.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", conflicts_with = "json")]
         identity: Option<PathBuf>,
         #[command(flatten)]
         out: ops::Output,
@@ -404,6 +411,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         eprintln!("error: --store (or TERRACE_STORE): {e}");
         return Ok(exit::USAGE);
     }
+    if let Some(Err(why)) = g
+        .outputs_recipient
+        .as_deref()
+        .map(str::parse::<shared::run::sealed_outputs::OutputsRecipient>)
+    {
+        eprintln!(
+            "error: --outputs-recipient (or TERRACE_OUTPUTS_RECIPIENT) {why}: {}",
+            shared::run::sealed_outputs::RECIPIENT_FIX
+        );
+        return Ok(exit::USAGE);
+    }
     match cli.command {
         Cmd::Validate { job } => job_cmd::validate(&g, &job).await,
         Cmd::Run { job, wait, out } => job_cmd::run(&g, &job, wait, out).await,
@@ -517,13 +535,9 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         max_state_bytes: usize::try_from(g.max_state_bytes).unwrap_or(usize::MAX),
         // One machine's own sweep (`terrace drift`) checks every workspace.
         drift_per_tenant: usize::MAX,
-        outputs_recipient: g.outputs_recipient.clone(),
+        // Checked in `dispatch` before any command runs.
+        outputs_recipient: g.outputs_recipient.as_deref().and_then(|r| r.parse().ok()),
     }
-}
-
-fn parse_recipient(text: &str) -> Result<shared::run::sealed_outputs::OutputsRecipient, String> {
-    text.parse()
-        .map_err(|why| format!("{why}: {}", shared::run::sealed_outputs::RECIPIENT_FIX))
 }
 
 /// `$XDG_CACHE_HOME/terrace`, else `$HOME/.cache/terrace`; none without either.

@@ -595,10 +595,15 @@ fn open_outputs(
         eprintln!(
             "error: {ws}: job {}'s result has no sealed outputs: {}",
             result.job_id,
-            if sensitive {
-                "its runner had no key to seal them to; give the tenant an outputs_recipient in the registry, or the runner TERRACE_OUTPUTS_RECIPIENT, and run the job again"
+            if result.status != shared::run::result::Status::Succeeded {
+                format!(
+                    "the job ended {} (outputs are sealed after a successful apply only)",
+                    result.status.as_str()
+                )
+            } else if sensitive {
+                "its runner had no key to seal them to; give the tenant an outputs_recipient in the registry, or the runner TERRACE_OUTPUTS_RECIPIENT, and run the job again".to_owned()
             } else {
-                "it has no sensitive output"
+                "it has no sensitive output".to_owned()
             }
         );
         return exit::FAILED;

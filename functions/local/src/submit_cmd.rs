@@ -47,7 +47,7 @@ enum Queue {
     /// A Pub/Sub topic, `projects/P/topics/T`.
     PubSub(String),
     /// An Azure Storage queue: its account and name.
-    AzQueue { account: String, queue: String },
+    Azure { account: String, queue: String },
 }
 
 const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://), pubsub://projects/PROJECT/topics/TOPIC, azqueue://ACCOUNT/QUEUE, or the path of a `terrace serve` queue folder";
@@ -88,7 +88,7 @@ impl Queue {
                 Some((account, queue))
                     if !account.is_empty() && !queue.is_empty() && !queue.contains('/') =>
                 {
-                    Ok(Self::AzQueue {
+                    Ok(Self::Azure {
                         account: account.to_owned(),
                         queue: queue.to_owned(),
                     })
@@ -106,7 +106,7 @@ impl Queue {
             Self::Folder(dir) => format!("the queue folder {}", dir.display()),
             Self::Sqs(url) => format!("SQS queue {url}"),
             Self::PubSub(topic) => format!("Pub/Sub topic {topic}"),
-            Self::AzQueue { account, queue } => format!("Azure queue {queue} of {account}"),
+            Self::Azure { account, queue } => format!("Azure queue {queue} of {account}"),
         }
     }
 }
@@ -149,7 +149,7 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
         Queue::Folder(dir) => to_folder(dir, &job.id, &envelope),
         Queue::Sqs(url) => to_sqs(url, &ws, &job.id, envelope).await,
         Queue::PubSub(topic) => to_pubsub(topic, &envelope).await,
-        Queue::AzQueue { account, queue } => to_azqueue(account, queue, &envelope).await,
+        Queue::Azure { account, queue } => to_azqueue(account, queue, &envelope).await,
     };
     if let Err(why) = sent {
         eprintln!(
@@ -188,8 +188,10 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
     ops::result(&*store, ask).await
 }
 
-/// Puts the job in a `terrace serve` queue folder, whole or not at all: written aside, then
-/// renamed to `<job id>.json`. A job of that id already waiting there is not sent twice.
+/// Puts the job in a `terrace serve` queue folder, whole or not at all: written aside under a
+/// name of its own, then linked as `<job id>.json` (which fails if that name is taken, so two
+/// submits of one id cannot both land) and the aside copy removed. A job of that id waiting,
+/// running or finished in the folder is not sent again.
 fn to_folder(dir: &Path, id: &str, envelope: &str) -> Result<(), String> {
     if !dir.is_dir() {
         return Err(format!(
@@ -197,24 +199,31 @@ fn to_folder(dir: &Path, id: &str, envelope: &str) -> Result<(), String> {
             dir.display()
         ));
     }
-    let to = dir.join(format!("{id}.json"));
-    if to.exists() {
-        return Err(format!(
-            "{} is already queued there: a job id runs once (give the job a new id to send it again)",
-            to.display()
-        ));
+    for sub in ["", "running", "done", "failed"] {
+        for ext in ["json", "yaml", "yml"] {
+            let there = dir.join(sub).join(format!("{id}.{ext}"));
+            if there.exists() {
+                return Err(format!(
+                    "{} is already there: a job id runs once (give the job a new id to send it again)",
+                    there.display()
+                ));
+            }
+        }
     }
     // The queue reads the job, not the envelope: a job file is the job itself.
     let job: serde_json::Value = serde_json::from_str(envelope).map_err(|e| e.to_string())?;
-    let aside = dir.join(format!(".{id}.json.sending"));
-    std::fs::write(
-        &aside,
-        serde_json::to_vec_pretty(&job["job"]).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("cannot write {}: {e}", aside.display()))?;
-    std::fs::rename(&aside, &to).map_err(|e| {
-        let _ = std::fs::remove_file(&aside);
-        format!("cannot queue {}: {e}", to.display())
+    let text = serde_json::to_vec_pretty(&job["job"]).map_err(|e| e.to_string())?;
+    let aside = dir.join(format!(".{id}.{:016x}.sending", rand::random::<u64>()));
+    std::fs::write(&aside, text).map_err(|e| format!("cannot write {}: {e}", aside.display()))?;
+    let to = dir.join(format!("{id}.json"));
+    let linked = std::fs::hard_link(&aside, &to);
+    let _ = std::fs::remove_file(&aside);
+    linked.map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => format!(
+            "{} is already queued there: a job id runs once (give the job a new id to send it again)",
+            to.display()
+        ),
+        _ => format!("cannot queue {}: {e}", to.display()),
     })
 }
 
@@ -335,7 +344,9 @@ async fn to_azqueue(account: &str, queue: &str, body: &str) -> Result<(), String
         message.message_text = Some(body.to_owned());
         message
     };
-    let content = message.try_into().map_err(|e: azure_core::Error| scrub(&e))?;
+    let content = message
+        .try_into()
+        .map_err(|e: azure_core::Error| scrub(&e))?;
     match client.send_message(content, None).await {
         Ok(_) => Ok(()),
         Err(e) if e.http_status().map(u16::from) == Some(404) => Err(format!(
@@ -387,7 +398,7 @@ mod tests {
         assert!(e.contains("is not a Pub/Sub topic"), "{e}");
         assert_eq!(
             Queue::parse("azqueue://acmestates/terrace-jobs"),
-            Ok(Queue::AzQueue {
+            Ok(Queue::Azure {
                 account: "acmestates".into(),
                 queue: "terrace-jobs".into()
             })

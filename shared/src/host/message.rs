@@ -10,7 +10,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::job::Operation;
 use crate::job::validate::ValidationError;
 use crate::run::result::{JobResult, Status};
 
@@ -39,16 +38,6 @@ impl Message {
     pub fn to_value(&self) -> Value {
         // Every field is a string, number, list or map with string keys: this cannot fail.
         serde_json::to_value(self).unwrap_or(Value::Null)
-    }
-
-    /// The tenant and workspace the message is about, when it is about one.
-    pub fn workspace(&self) -> Option<(&str, &str)> {
-        match self {
-            Self::Result(r) => Some((&r.tenant, &r.workspace)),
-            Self::HandedOff(h) => Some((&h.tenant, &h.workspace)),
-            Self::Cancel(c) => Some((&c.cancel.tenant, &c.cancel.workspace)),
-            Self::Rejection(_) => None,
-        }
     }
 }
 
@@ -97,9 +86,8 @@ pub struct HandedOff {
     pub schema: u32,
     pub status: Handed,
     pub job_id: String,
-    pub tenant: String,
+    /// `TENANT/WORKSPACE`.
     pub workspace: String,
-    pub operation: Operation,
     #[serde(flatten)]
     pub task: TaskStarted,
 }
@@ -110,9 +98,7 @@ impl HandedOff {
             schema: MESSAGE_SCHEMA,
             status: Handed::HandedOff,
             job_id: job.id.clone(),
-            tenant: job.tenant.clone(),
-            workspace: job.workspace.clone(),
-            operation: job.operation,
+            workspace: format!("{}/{}", job.tenant, job.workspace),
             task,
         }
     }
@@ -134,9 +120,10 @@ pub struct TaskStarted {
     /// Google Cloud: the Cloud Run job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_run_job: Option<String>,
-    /// Google Cloud: the long-running operation of the job's execution.
+    /// Google Cloud: the long-running operation of the Cloud Run job's execution (not the
+    /// job's terraform operation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud_run_operation: Option<String>,
+    pub operation: Option<String>,
 }
 
 /// The answer to a cancel message.

@@ -36,6 +36,12 @@ impl FromStr for OutputsRecipient {
     /// Text that is not an age X25519 recipient, as a sentence that quotes none of it.
     fn from_str(text: &str) -> Result<Self, String> {
         let text = text.trim();
+        if text.to_ascii_uppercase().starts_with("AGE-SECRET-KEY-") {
+            return Err(
+                "is an age identity, a private key, not a recipient: give its public key (age1…) and keep the identity to the platform"
+                    .to_owned(),
+            );
+        }
         age::x25519::Recipient::from_str(text)
             .map(|_| Self(text.to_owned()))
             .map_err(|_| "is not an age X25519 recipient (age1…)".to_owned())
@@ -225,6 +231,13 @@ mod tests {
         );
         let e = "age1notakey".parse::<OutputsRecipient>().unwrap_err();
         assert!(e.contains("not an age X25519 recipient"), "{e}");
+        let e = identity_text(&key().0)
+            .parse::<OutputsRecipient>()
+            .unwrap_err();
+        assert!(
+            e.contains("a private key") && !e.contains("AGE-SECRET"),
+            "{e}"
+        );
         let (identity, recipient) = key();
         let mut damaged = seal(&recipient, &BTreeMap::new()).unwrap();
         let body = damaged.age.lines().nth(1).unwrap().to_owned();

@@ -26,6 +26,8 @@ variable "tenants" {
     lease_table = optional(string)
     region      = optional(string)
     kms_key_id  = optional(string)
+    # The platform's age key (age1…) this tenant's sensitive outputs are sealed to (docs/outputs.md).
+    outputs_recipient = optional(string)
   }))
   default   = {}
   sensitive = true

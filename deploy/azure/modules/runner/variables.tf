@@ -49,6 +49,8 @@ variable "tenants" {
     tenant_id       = string
     client_id       = string
     subscription_id = optional(string)
+    # The platform's age key (age1…) this tenant's sensitive outputs are sealed to (docs/outputs.md).
+    outputs_recipient = optional(string)
   }))
   nullable = false
 

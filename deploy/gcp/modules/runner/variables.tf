@@ -79,6 +79,8 @@ variable "tenants" {
     bucket          = string
     prefix          = optional(string)
     kms_key         = optional(string)
+    # The platform's age key (age1…) this tenant's sensitive outputs are sealed to (docs/outputs.md).
+    outputs_recipient = optional(string)
   }))
 
   validation {

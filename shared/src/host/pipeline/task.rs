@@ -181,7 +181,13 @@ pub(super) async fn put_back<T: Trigger + ?Sized>(
             );
             // The staged job was a valid one when it was handed off: a typed result of it.
             let Some(job) = as_handed_off(&envelope.job) else {
-                let record = rejection("task", vec![problem("job", &error.message, &error.hint)]);
+                let mut record =
+                    rejection("task", vec![problem("job", &error.message, &error.hint)]);
+                record.job_id = envelope
+                    .job
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
                 return reject(trigger, record).await;
             };
             tracing::error!(job_id = %job.id, error = %error.message, "giving up on a handed-off job");

@@ -494,7 +494,7 @@ async fn a_job_longer_than_the_time_left_is_staged_and_handed_off_with_a_digest(
     };
     assert_eq!(
         (handed.job_id.as_str(), handed.workspace.as_str()),
-        ("long", "demo")
+        ("long", "acme/demo")
     );
     assert_eq!(handed.task.task_arn.as_deref(), Some("arn:task/1"));
     assert_eq!(fake.reported()[0]["kind"], "handed-off");

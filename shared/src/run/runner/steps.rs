@@ -316,11 +316,15 @@ impl Runner {
         };
         // The apply's `outputs` message has them; `output -json` when it printed none (a state
         // the runner saved for it).
+        let mut read = None;
         let outputs = match applied.events.outputs {
             Some(outputs) => outputs,
             None => {
                 let output = s.run(&Command::Output, report).await?.ok()?;
-                outputs_from_json(&output.stdout).map_err(|e| JobError::internal("output", e))?
+                let outputs = outputs_from_json(&output.stdout)
+                    .map_err(|e| JobError::internal("output", e))?;
+                read = Some(output.stdout);
+                outputs
             }
         };
         report.outputs = outputs
@@ -330,20 +334,45 @@ impl Runner {
                 (k, v)
             })
             .collect();
-        // Terraform's UI leaves sensitive values out: `output -json` (captured, never logged)
-        // has them, sealed at once to the platform's key.
         if let Some(recipient) = s.seal_to
             && report.outputs.values().any(|o| o.sensitive)
         {
-            let output = s.run(&Command::Output, report).await?.ok()?;
-            let values = crate::run::sealed_outputs::sensitive_values(&output.stdout)
-                .map_err(|e| JobError::internal("output", e))?;
-            report.sealed_outputs = Some(
-                crate::run::sealed_outputs::seal(recipient, &values)
-                    .map_err(|e| JobError::internal("output", e))?,
-            );
+            Self::seal_outputs(s, recipient, read, report).await;
         }
         Ok(())
+    }
+
+    /// Seals the sensitive outputs' values to the platform's key. Terraform's UI leaves them
+    /// out: `output -json` (captured, never logged) has them. The apply has succeeded by now:
+    /// trouble here (a cancel, a state server that stopped) leaves the outputs masked only and
+    /// says so in the log, never fails the job or undoes what it made.
+    async fn seal_outputs(
+        s: &Steps<'_>,
+        recipient: &crate::run::sealed_outputs::OutputsRecipient,
+        read: Option<Vec<u8>>,
+        report: &mut Report,
+    ) {
+        let stdout = match read {
+            Some(stdout) => Ok(stdout),
+            None => match s.run(&Command::Output, report).await {
+                Ok(ran) => ran.ok().map(|o| o.stdout).map_err(|e| e.message),
+                Err(e) => Err(e.message),
+            },
+        };
+        let sealed = stdout.and_then(|stdout| {
+            let values = crate::run::sealed_outputs::sensitive_values(&stdout)?;
+            crate::run::sealed_outputs::seal(recipient, &values)
+        });
+        match sealed {
+            Ok(sealed) => report.sealed_outputs = Some(sealed),
+            Err(why) => {
+                let why = s.logger.redactor().redact(&why);
+                let line =
+                    format!("the sensitive outputs are not sealed (they stay masked): {why}");
+                tracing::warn!(job_id = %s.job_id, "{line}");
+                s.logger.runner("output", &line).await;
+            }
+        }
     }
 }
 

@@ -37,3 +37,10 @@ output "token" {
   value     = var.token
   sensitive = true
 }
+
+# A sensitive value terraform derives itself: the runner's redaction does not know it (it knows
+# the variables' values), so only the runner's handling of outputs keeps it out of logs.
+output "token_digest" {
+  value     = sensitive(sha256(var.token))
+  sensitive = true
+}
