@@ -101,6 +101,9 @@ and see what happened to the workspace:
   terrace logs acme/demo          # --follow while a job runs
   terrace cancel JOB -w acme/demo # a queued job never runs, a running one stops
 and plan for approval: edit examples/demo-plan.yaml (its id too), run it, then apply the
-plan it kept with a job naming it (see .terrace-demo/approved-apply.yaml, docs/approval.md).
+plan it kept with a job naming it (see .terrace-demo/approved-apply.yaml, docs/approval.md);
+send a job to a runner as a platform would (README: "Driving a deployed runner"):
+  terrace submit JOB_FILE --to QUEUE --follow   # sqs://, pubsub://, azqueue:// or a serve folder
+  terrace schema                                # the records a platform reads (docs/schema/)
 (make demo starts again from nothing.)
 TXT
