@@ -431,14 +431,6 @@ impl<T> JobRef<T> {
     }
 }
 
-/// Whether a job's result is its last word: anything but `interrupted` (which runs again).
-#[must_use]
-pub fn is_final(result: &serde_json::Value) -> bool {
-    result["status"]
-        .as_str()
-        .is_some_and(|s| s != "interrupted")
-}
-
 /// A message's body as `T`: JSON, or JSON in base64 (what many senders put on queues).
 ///
 /// # Errors
