@@ -74,3 +74,68 @@ pub(crate) async fn cancel(
     }
     Ok(exit::OK)
 }
+
+/// `terrace cancel JOB -w TENANT/WORKSPACE --to QUEUE [--sign KEY]`.
+pub(crate) struct SendCancel<'a> {
+    pub job: &'a str,
+    pub ws: Option<&'a WorkspaceId>,
+    pub to: &'a str,
+    pub sign: Option<&'a std::path::Path>,
+}
+
+/// Sends a cancel to a deployed runner's jobs queue, signed when asked: the runner answers on
+/// its results channel (`cancel-requested`, or `already-finished`).
+pub(crate) async fn send_cancel(a: SendCancel<'_>) -> anyhow::Result<u8> {
+    use crate::submit_cmd::{Queue, send, signing_key};
+    if let Some(why) = bad_job_id(a.job) {
+        eprintln!("error: {why}");
+        return Ok(exit::USAGE);
+    }
+    let Some(ws) = a.ws else {
+        eprintln!("error: --to needs the job's workspace: add -w TENANT/WORKSPACE");
+        return Ok(exit::USAGE);
+    };
+    let queue = match Queue::parse(a.to) {
+        Ok(queue) => queue,
+        Err(why) => {
+            eprintln!("error: --to: {why}");
+            return Ok(exit::USAGE);
+        }
+    };
+    let key = match a.sign.map(signing_key).transpose() {
+        Ok(key) => key,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(exit::USAGE);
+        }
+    };
+    let serde_json::Value::Object(mut ask) = serde_json::json!({
+        "job": a.job, "tenant": ws.tenant(), "workspace": ws.workspace(),
+    }) else {
+        unreachable!("a JSON object")
+    };
+    if let Some(key) = &key {
+        key.sign(
+            shared::job::signature::Kind::Cancel,
+            &mut ask,
+            time::OffsetDateTime::now_utc(),
+        );
+    }
+    let message = serde_json::json!({ "cancel": ask });
+    let id = format!("cancel-{}", a.job);
+    if let Err(why) = send(&queue, ws, &id, &message).await {
+        eprintln!(
+            "error: the cancel of job {} was not sent to {}: {why}",
+            a.job,
+            queue.describe()
+        );
+        return Ok(exit::FAILED);
+    }
+    eprintln!(
+        "cancel of job {} ({ws}) sent to {}: the runner answers on its results channel; `terrace result {} -w {ws}` shows how the job ended",
+        a.job,
+        queue.describe(),
+        a.job
+    );
+    Ok(exit::OK)
+}

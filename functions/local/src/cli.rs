@@ -276,11 +276,31 @@ enum Cmd {
     Cancel {
         /// The job's id.
         job: String,
-        /// The job's TENANT/WORKSPACE; needed for a job that has not started yet.
+        /// The job's TENANT/WORKSPACE; needed for a job that has not started yet, and with --to.
         #[arg(long, short)]
         workspace: Option<WorkspaceId>,
+        /// Send the cancel to a deployed runner's jobs queue (as `submit --to` takes) instead of
+        /// writing it to the store: the runner answers on its results channel.
+        #[arg(
+            long,
+            value_name = "QUEUE",
+            requires = "workspace",
+            conflicts_with = "json"
+        )]
+        to: Option<String>,
+        /// With --to, sign the cancel with this Ed25519 private key (docs/signing.md).
+        #[arg(long, value_name = "KEY", requires = "to")]
+        sign: Option<PathBuf>,
         #[command(flatten)]
         out: ops::Output,
+    },
+    /// Make an Ed25519 key for signing jobs (docs/signing.md): the private key goes to --out
+    /// (PKCS#8 PEM, readable by you only), the public key, for the runner's tenant registry
+    /// (`senders`), is printed.
+    Keygen {
+        /// Where to write the private key; an existing file is never overwritten.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
     },
     /// Print the JSON Schema of a record Terrace reads or writes (job, job-message, result,
     /// message, each --json answer…); without NAME, list them. The same files are in
@@ -455,10 +475,28 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Cancel {
             job,
             workspace,
+            to: Some(to),
+            sign,
+            ..
+        } => {
+            let ask = crate::cancel_cmd::SendCancel {
+                job: &job,
+                ws: workspace.as_ref(),
+                to: &to,
+                sign: sign.as_deref(),
+            };
+            crate::cancel_cmd::send_cancel(ask).await
+        }
+        Cmd::Cancel {
+            job,
+            workspace,
+            to: None,
             out,
+            ..
         } => {
             crate::cancel_cmd::cancel(&*g.open_store().await?, &job, workspace.as_ref(), out).await
         }
+        Cmd::Keygen { out } => crate::submit_cmd::keygen(&out),
         Cmd::Logs {
             workspace,
             job,
@@ -535,6 +573,8 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         max_state_bytes: usize::try_from(g.max_state_bytes).unwrap_or(usize::MAX),
         // One machine's own sweep (`terrace drift`) checks every workspace.
         drift_per_tenant: usize::MAX,
+        signature_window: shared::job::signature::DEFAULT_WINDOW,
+        signing_key: None,
         // Checked in `dispatch` before any command runs.
         outputs_recipient: g.outputs_recipient.as_deref().and_then(|r| r.parse().ok()),
     }

@@ -180,9 +180,21 @@ pub(crate) async fn load_job(
     g: &Global,
     templates: &Templates,
 ) -> anyhow::Result<Result<ValidatedJob, Vec<ValidationError>>> {
+    let raw = match read_job(path)? {
+        Ok(raw) => raw,
+        Err(errors) => return Ok(Err(errors)),
+    };
+    Ok(fetch_and_validate(&raw, templates, Some(&g.cloud)).await?)
+}
+
+/// A job file as written, before its fields are checked.
+///
+/// # Errors
+/// The file cannot be read (the outer error), or is not a YAML or JSON mapping (the inner one:
+/// an invalid job, exit 65, `failed/` in a queue, not a runner error).
+pub(crate) fn read_job(path: &Path) -> anyhow::Result<Result<RawJob, Vec<ValidationError>>> {
     let bytes =
         std::fs::read(path).with_context(|| format!("cannot read job file {}", path.display()))?;
-    // Not text: an invalid job (exit 65, `failed/` in a queue), not a runner error.
     let Ok(text) = String::from_utf8(bytes) else {
         return Ok(Err(vec![ValidationError::new(
             "",
@@ -190,11 +202,7 @@ pub(crate) async fn load_job(
             "save the job file as UTF-8 (YAML or JSON)",
         )]));
     };
-    let raw = match RawJob::parse(&text) {
-        Ok(raw) => raw,
-        Err(e) => return Ok(Err(vec![e])),
-    };
-    Ok(fetch_and_validate(&raw, templates, Some(&g.cloud)).await?)
+    Ok(RawJob::parse(&text).map_err(|e| vec![e]))
 }
 
 pub(crate) fn report_invalid(path: &Path, errors: &[ValidationError]) -> u8 {

@@ -4,7 +4,7 @@
 //! job goes straight to `failed/` with its validation errors. A job whose workspace is leased by
 //! another process goes back to the queue and is tried again later.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use shared::host::pipeline::{self, Delivery, Envelope, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::trigger::JobRef;
 use shared::host::trigger::TriggerError;
+use shared::job::signature::SenderKey;
 use shared::job::validate::{ValidatedJob, ValidationError};
 use shared::run::terraform::TerraformConfig;
 use state_backends::{StateStore, WorkspaceId};
@@ -39,6 +40,49 @@ pub struct ServeArgs {
     /// How often the folder is scanned, in milliseconds.
     #[arg(long, default_value_t = 500)]
     poll_ms: u64,
+    /// Run only signed jobs and cancels for the tenants this file names: YAML or JSON mapping
+    /// each tenant to the Ed25519 public keys allowed to send its jobs (docs/signing.md).
+    #[arg(long, value_name = "FILE")]
+    senders: Option<PathBuf>,
+}
+
+/// Whether the file is a cancel message (`{"cancel": …}`) rather than a job.
+fn is_cancel(path: &Path) -> bool {
+    std::fs::read(path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+        .is_some_and(|v| v.get("cancel").is_some())
+}
+
+/// `--senders`: tenant → the keys allowed to send its jobs.
+///
+/// # Errors
+/// A file that cannot be read, is not a mapping, or holds an entry that is not a list of keys:
+/// named, with the fix.
+fn read_senders(path: &Path) -> Result<BTreeMap<String, Vec<SenderKey>>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--senders {}: cannot read it: {e}", path.display()))?;
+    let doc = shared::job::RawJob::parse(&text).map_err(|e| {
+        format!(
+            "--senders {}: {}: map each tenant to a list of public keys",
+            path.display(),
+            e.problem
+        )
+    })?;
+    doc.0
+        .into_iter()
+        .map(|(tenant, keys)| {
+            shared::host::tenants::parse_senders(&keys)
+                .map(|keys| (tenant.clone(), keys))
+                .map_err(|why| {
+                    format!(
+                        "--senders {}: tenant {tenant:?} {why}: {}",
+                        path.display(),
+                        shared::job::signature::SENDER_FIX
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Where a finished job file goes.
@@ -68,6 +112,13 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
         );
         return Ok(exit::BUSY);
     }
+    let senders = match args.senders.as_deref().map(read_senders).transpose() {
+        Ok(senders) => senders.unwrap_or_default(),
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(exit::USAGE);
+        }
+    };
     recover_orphans(q)?;
     let templates = g.open_templates().await?;
     let mut runtime = runtime(g, templates.clone());
@@ -80,6 +131,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
     let folder = Arc::new(Folder {
         runtime,
         store: g.open_store().await?,
+        senders,
     });
     let cancel = CancellationToken::new();
     tokio::spawn(crate::cancel_on_signal(cancel.clone()));
@@ -107,28 +159,35 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                     continue;
                 }
                 let path = q.join(&name);
-                let validated = match load_job(&path, g, &templates).await {
-                    Ok(Ok(v)) => v,
-                    Ok(Err(errors)) => {
-                        let report =
-                            Message::Rejection(Rejection::new(&name, errors.clone())).to_value();
-                        match finish(q, &path, "failed", &report, templates.root()) {
-                            Ok(()) => eprintln!(
-                                "{name}: invalid job, moved to failed/ ({} problem(s))",
-                                errors.len()
-                            ),
-                            Err(e) => {
-                                eprintln!("{name}: invalid job, and it could not be moved: {e:#}")
+                // A cancel (`terrace cancel --to FOLDER`) goes straight to the pipeline.
+                let ws = if is_cancel(&path) {
+                    format!("cancel:{name}")
+                } else {
+                    let validated = match load_job(&path, g, &templates).await {
+                        Ok(Ok(v)) => v,
+                        Ok(Err(errors)) => {
+                            let report = Message::Rejection(Rejection::new(&name, errors.clone()))
+                                .to_value();
+                            match finish(q, &path, "failed", &report, templates.root()) {
+                                Ok(()) => eprintln!(
+                                    "{name}: invalid job, moved to failed/ ({} problem(s))",
+                                    errors.len()
+                                ),
+                                Err(e) => {
+                                    eprintln!(
+                                        "{name}: invalid job, and it could not be moved: {e:#}"
+                                    )
+                                }
                             }
+                            continue;
                         }
-                        continue;
-                    }
-                    Err(e) => {
-                        eprintln!("{name}: {e:#}");
-                        continue;
-                    }
+                        Err(e) => {
+                            eprintln!("{name}: {e:#}");
+                            continue;
+                        }
+                    };
+                    format!("{}/{}", validated.job.tenant, validated.job.workspace)
                 };
-                let ws = format!("{}/{}", validated.job.tenant, validated.job.workspace);
                 if active.contains(&ws) || tasks.len() >= args.concurrency.max(1) {
                     pending += 1;
                     continue;
@@ -232,7 +291,8 @@ fn settled(fate: Fate) -> Finished {
     let retry = |after: Duration| Verdict::Retry(Instant::now() + after);
     let (verdict, result) = match fate {
         Fate::Ran(result) => {
-            let ok = result["status"] == "succeeded";
+            // A cancel that was answered is done too.
+            let ok = result["status"] == "succeeded" || result["kind"] == "cancel";
             let verdict = if ok { Verdict::Done } else { Verdict::Failed };
             (verdict, Some(result))
         }
@@ -257,6 +317,8 @@ fn settled(fate: Fate) -> Finished {
 struct Folder {
     runtime: Runtime,
     store: Arc<dyn StateStore>,
+    /// `--senders`: the tenants that take only signed jobs, with their keys.
+    senders: BTreeMap<String, Vec<SenderKey>>,
 }
 
 /// A job file names no customer: the store is this machine's.
@@ -293,6 +355,14 @@ impl Trigger for Folder {
     /// The target is this machine: there is no other account a message could name.
     fn tenants(&self) -> Option<&shared::host::tenants::Tenants<Here>> {
         None
+    }
+
+    fn own_target(&self) -> Option<Here> {
+        Some(Here {})
+    }
+
+    fn senders(&self, tenant: &str) -> &[SenderKey] {
+        self.senders.get(tenant).map_or(&[], Vec::as_slice)
     }
 
     fn runtime(&self) -> &Runtime {

@@ -13,12 +13,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::Args;
 use state_backends::WorkspaceId;
 
+use serde_json::Value;
+use shared::job::signature::{Kind, SenderSecret};
+
 use crate::cli::Global;
-use crate::job_cmd::{load_job, report_invalid};
+use crate::job_cmd::{read_job, report_invalid};
 use crate::{exit, ops};
 
 #[derive(Args, Debug)]
@@ -35,11 +37,59 @@ pub struct SubmitArgs {
     /// With --follow, milliseconds between looks at the store.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
     interval_ms: u64,
+    /// Sign the job with this Ed25519 private key (PKCS#8 PEM, `terrace keygen`'s), for a
+    /// tenant whose runner takes only signed jobs (docs/signing.md).
+    #[arg(long, value_name = "KEY")]
+    sign: Option<PathBuf>,
+}
+
+/// `terrace keygen --out FILE`: a new Ed25519 key for signing jobs. The private key is written
+/// to `out` (mode 0600, never over an existing file); the public key is printed for the runner's
+/// tenant registry.
+pub(crate) fn keygen(out: &Path) -> anyhow::Result<u8> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let key = SenderSecret::generate();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out);
+    let mut file = match file {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            eprintln!(
+                "error: {} already exists: a key is never overwritten; choose another --out",
+                out.display()
+            );
+            return Ok(exit::USAGE);
+        }
+        Err(e) => anyhow::bail!("cannot write {}: {e}", out.display()),
+    };
+    file.write_all(key.to_pem().as_bytes())?;
+    file.sync_all()?;
+    println!("{}", key.public());
+    eprintln!(
+        "private key written to {} (keep it secret); the public key above goes in the tenant's `senders` in the runner's registry (docs/signing.md)",
+        out.display()
+    );
+    Ok(exit::OK)
+}
+
+/// Reads `--sign`'s key.
+///
+/// # Errors
+/// A file that cannot be read or is not an Ed25519 private key, with the fix; the key is never
+/// quoted.
+pub(crate) fn signing_key(path: &Path) -> Result<SenderSecret, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--sign {}: cannot read it: {e}", path.display()))?;
+    SenderSecret::from_pem(&text).map_err(|why| format!("--sign {}: {why}", path.display()))
 }
 
 /// Where a job is sent.
 #[derive(Debug, PartialEq, Eq)]
-enum Queue {
+pub(crate) enum Queue {
     /// A `terrace serve --queue` folder.
     Folder(PathBuf),
     /// An SQS queue, by URL.
@@ -57,7 +107,7 @@ impl Queue {
     ///
     /// # Errors
     /// An unknown scheme or a malformed queue, with the forms that work.
-    fn parse(to: &str) -> Result<Self, String> {
+    pub(crate) fn parse(to: &str) -> Result<Self, String> {
         match to.split_once("://") {
             None => Ok(Self::Folder(PathBuf::from(to))),
             Some(("sqs", rest)) => {
@@ -101,7 +151,7 @@ impl Queue {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Self::Folder(dir) => format!("the queue folder {}", dir.display()),
             Self::Sqs(url) => format!("SQS queue {url}"),
@@ -128,30 +178,36 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
             return Ok(exit::USAGE);
         }
     };
-    // A store to follow the job in is checked before anything is sent.
+    // The key, and a store to follow the job in, are checked before anything is sent.
+    let key = match a.sign.as_deref().map(signing_key).transpose() {
+        Ok(key) => key,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(exit::USAGE);
+        }
+    };
     let store = if a.follow {
         Some(g.open_store().await?)
     } else {
         None
     };
     let templates = g.open_templates().await?;
-    let validated = match load_job(&a.job, g, &templates).await? {
-        Ok(v) => v,
+    let mut raw = match read_job(&a.job)? {
+        Ok(raw) => raw,
         Err(errors) => return Ok(report_invalid(&a.job, &errors)),
     };
+    let validated =
+        match shared::job::validate::fetch_and_validate(&raw, &templates, Some(&g.cloud)).await? {
+            Ok(v) => v,
+            Err(errors) => return Ok(report_invalid(&a.job, &errors)),
+        };
     let job = &validated.job;
     let ws = WorkspaceId::new(&job.tenant, &job.workspace)?;
-    let text = std::fs::read_to_string(&a.job)
-        .with_context(|| format!("cannot read job file {}", a.job.display()))?;
-    let raw = shared::job::RawJob::parse(&text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let envelope = serde_json::json!({ "job": raw.0 }).to_string();
-    let sent = match &queue {
-        Queue::Folder(dir) => to_folder(dir, &job.id, &envelope),
-        Queue::Sqs(url) => to_sqs(url, &ws, &job.id, envelope).await,
-        Queue::PubSub(topic) => to_pubsub(topic, &envelope).await,
-        Queue::Azure { account, queue } => to_azqueue(account, queue, &envelope).await,
-    };
-    if let Err(why) = sent {
+    if let Some(key) = &key {
+        key.sign(Kind::Job, &mut raw.0, time::OffsetDateTime::now_utc());
+    }
+    let envelope = serde_json::json!({ "job": raw.0 });
+    if let Err(why) = send(&queue, &ws, &job.id, &envelope).await {
         eprintln!(
             "error: job {} was not sent to {}: {why}",
             job.id,
@@ -188,11 +244,40 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
     ops::result(&*store, ask).await
 }
 
-/// Puts the job in a `terrace serve` queue folder, whole or not at all: written aside under a
-/// name of its own, then linked as `<job id>.json` (which fails if that name is taken, so two
-/// submits of one id cannot both land) and the aside copy removed. A job of that id waiting,
-/// running or finished in the folder is not sent again.
-fn to_folder(dir: &Path, id: &str, envelope: &str) -> Result<(), String> {
+/// Sends a message (`{"job": …}` or `{"cancel": …}`) to `queue`; `id` names it (the job's id,
+/// or `cancel-JOB`): a FIFO queue's deduplication id, a folder's file name.
+///
+/// # Errors
+/// Why it was not sent, with the fix.
+pub(crate) async fn send(
+    queue: &Queue,
+    ws: &WorkspaceId,
+    id: &str,
+    message: &Value,
+) -> Result<(), String> {
+    let body = message.to_string();
+    match queue {
+        Queue::Folder(dir) => to_folder(dir, id, message),
+        Queue::Sqs(url) => {
+            // A FIFO queue keeps the workspace's jobs in order. A cancel has a group of its own:
+            // behind its job's, it would wait for the job to end.
+            let group = if message.get("cancel").is_some() {
+                format!("{ws}/cancel")
+            } else {
+                ws.to_string()
+            };
+            to_sqs(url, &group, id, body).await
+        }
+        Queue::PubSub(topic) => to_pubsub(topic, &body).await,
+        Queue::Azure { account, queue } => to_azqueue(account, queue, &body).await,
+    }
+}
+
+/// Puts the message in a `terrace serve` queue folder, whole or not at all: written aside under
+/// a name of its own, then linked as `<id>.json` (which fails if that name is taken, so two
+/// submits of one id cannot both land) and the aside copy removed. A message of that id
+/// waiting, running or finished in the folder is not sent again.
+fn to_folder(dir: &Path, id: &str, message: &Value) -> Result<(), String> {
     if !dir.is_dir() {
         return Err(format!(
             "{} is not a folder: give the folder `terrace serve --queue` reads",
@@ -210,9 +295,9 @@ fn to_folder(dir: &Path, id: &str, envelope: &str) -> Result<(), String> {
             }
         }
     }
-    // The queue reads the job, not the envelope: a job file is the job itself.
-    let job: serde_json::Value = serde_json::from_str(envelope).map_err(|e| e.to_string())?;
-    let text = serde_json::to_vec_pretty(&job["job"]).map_err(|e| e.to_string())?;
+    // The queue reads a job file as the job itself, not its envelope; a cancel as it is.
+    let file = message.get("job").unwrap_or(message);
+    let text = serde_json::to_vec_pretty(file).map_err(|e| e.to_string())?;
     let aside = dir.join(format!(".{id}.{:016x}.sending", rand::random::<u64>()));
     std::fs::write(&aside, text).map_err(|e| format!("cannot write {}: {e}", aside.display()))?;
     let to = dir.join(format!("{id}.json"));
@@ -228,16 +313,16 @@ fn to_folder(dir: &Path, id: &str, envelope: &str) -> Result<(), String> {
 }
 
 #[cfg(feature = "aws")]
-async fn to_sqs(url: &str, ws: &WorkspaceId, id: &str, body: String) -> Result<(), String> {
+async fn to_sqs(url: &str, group: &str, id: &str, body: String) -> Result<(), String> {
     use aws_config::BehaviorVersion;
     let config = aws_config::defaults(BehaviorVersion::latest()).load().await;
     let sqs = aws_sdk_sqs::Client::new(&config);
     let fifo = url.ends_with(".fifo");
+    // A FIFO queue takes an id once.
     sqs.send_message()
         .queue_url(url)
         .message_body(body)
-        // A FIFO queue keeps the workspace's jobs in order, and takes a job id once.
-        .set_message_group_id(fifo.then(|| ws.to_string()))
+        .set_message_group_id(fifo.then(|| group.to_owned()))
         .set_message_deduplication_id(fifo.then(|| id.to_owned()))
         .send()
         .await
@@ -251,7 +336,7 @@ async fn to_sqs(url: &str, ws: &WorkspaceId, id: &str, body: String) -> Result<(
 }
 
 #[cfg(not(feature = "aws"))]
-async fn to_sqs(_: &str, _: &WorkspaceId, _: &str, _: String) -> Result<(), String> {
+async fn to_sqs(_: &str, _: &str, _: &str, _: String) -> Result<(), String> {
     Err("this terrace was built without the `aws` feature".into())
 }
 

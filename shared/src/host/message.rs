@@ -178,4 +178,8 @@ pub struct CancelAsk {
     pub job: String,
     pub tenant: String,
     pub workspace: String,
+    /// The sender's signature of this object (`docs/signing.md`): required where the tenant's
+    /// registry entry names `senders`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<crate::job::signature::Signature>,
 }

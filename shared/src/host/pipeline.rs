@@ -29,6 +29,7 @@ use crate::host::message::{HandedOff, Message, Rejection, TaskStarted};
 use crate::host::settings::Runtime;
 use crate::host::tenants::Tenants;
 use crate::host::trigger::{JobRef, TriggerError, check_job, problem, rejection};
+use crate::job::signature::{self, Kind, SenderKey};
 use crate::job::validate::ValidatedJob;
 use crate::job::validate::ValidationError;
 use crate::run::result::{Category, JobError, JobResult, Status};
@@ -87,6 +88,18 @@ pub trait Trigger: Send + Sync {
     /// target is this host itself (the local queue): anywhere else, whoever can enqueue would
     /// choose the customer's account.
     fn tenants(&self) -> Option<&Tenants<Self::Target>>;
+
+    /// The keys allowed to send `tenant`'s jobs and cancels: by default the registry's
+    /// `senders`. None: any sender may.
+    fn senders(&self, tenant: &str) -> &[SenderKey] {
+        self.tenants().map_or(&[], |t| t.senders(tenant))
+    }
+
+    /// The target of every message where this host is the customer's side itself (the local
+    /// queue): no message names one.
+    fn own_target(&self) -> Option<Self::Target> {
+        None
+    }
 
     /// The fields of a target that only the registry may give (AWS: the ExternalId); a message
     /// that carries one is rejected.
@@ -268,8 +281,42 @@ fn target_of<T: Trigger + ?Sized>(
     }
 }
 
-/// Checks a message: its envelope, target and job, and whether it fits in the time left.
-/// Every problem at once.
+/// Checks the sender's signature of `object` (a job, or a cancel's `cancel`) when `tenant`
+/// takes only signed ones (`docs/signing.md`).
+///
+/// # Errors
+/// The rejection's entry, at `field`, saying whether the signature is missing, malformed,
+/// wrong or replayed.
+fn authenticate<T: Trigger + ?Sized>(
+    trigger: &T,
+    kind: Kind,
+    object: &Map<String, Value>,
+    tenant: Option<&str>,
+    field: &str,
+) -> Result<(), ValidationError> {
+    let Some(tenant) = tenant else {
+        return Ok(());
+    };
+    let keys = trigger.senders(tenant);
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let now = time::OffsetDateTime::now_utc();
+    signature::verify(kind, object, keys, now, trigger.runtime().signature_window).map_err(
+        |refusal| {
+            tracing::warn!(
+                tenant,
+                signature = refusal.word(),
+                "message refused: its signature"
+            );
+            refusal.to_error(field, kind, tenant, keys.len())
+        },
+    )
+}
+
+/// Checks a message: its sender first (a tenant that takes only signed jobs reads nothing
+/// more of one that is not), then its envelope, target and job, and whether it fits in the
+/// time left. Every problem at once.
 ///
 /// # Errors
 /// The problems, or [`Fate::Again`] when the job's template could not be fetched from its
@@ -281,6 +328,9 @@ async fn check<T: Trigger + ?Sized>(
     let envelope = trigger
         .decode(d.body)
         .map_err(|e| Ok(vec![problem("", e, trigger.envelope_fix())]))?;
+    let tenant = envelope.job.get("tenant").and_then(Value::as_str);
+    authenticate(trigger, Kind::Job, &envelope.job, tenant, signature::FIELD)
+        .map_err(|e| Ok(vec![e]))?;
     let (target, mut problems) = match target_of(trigger, &envelope) {
         Ok(target) => (target, Vec::new()),
         Err(problems) => (None, problems),

@@ -205,6 +205,12 @@ pub struct Runtime {
     /// `TERRACE_OUTPUTS_RECIPIENT`: the platform's age key (`age1…`) sensitive outputs are
     /// sealed to, for tenants the registry gives none (`docs/outputs.md`).
     pub outputs_recipient: Option<crate::run::sealed_outputs::OutputsRecipient>,
+    /// `TERRACE_SIGNATURE_WINDOW` (86400 s): how long after it was made a sender's signature
+    /// is accepted (`docs/signing.md`).
+    pub signature_window: Duration,
+    /// `TERRACE_SIGNING_KEY` (a PKCS#8 PEM file): the runner's own sender key, which signs the
+    /// drift checks its sweep queues for tenants that take only signed jobs.
+    pub signing_key: Option<std::sync::Arc<crate::job::signature::SenderSecret>>,
 }
 
 impl Runtime {
@@ -260,6 +266,26 @@ impl Runtime {
                         crate::run::sealed_outputs::RECIPIENT_FIX
                     ))
                 })?),
+            },
+            signature_window: seconds(
+                "TERRACE_SIGNATURE_WINDOW",
+                crate::job::signature::DEFAULT_WINDOW.as_secs(),
+            )?,
+            signing_key: match var("TERRACE_SIGNING_KEY") {
+                None => None,
+                Some(path) => {
+                    let text = std::fs::read_to_string(path.trim()).map_err(|e| {
+                        ConfigError::Invalid(format!(
+                            "TERRACE_SIGNING_KEY={:?}: cannot read the runner's signing key: {e}",
+                            path.trim()
+                        ))
+                    })?;
+                    let key =
+                        crate::job::signature::SenderSecret::from_pem(&text).map_err(|why| {
+                            ConfigError::Invalid(format!("TERRACE_SIGNING_KEY {why}"))
+                        })?;
+                    Some(std::sync::Arc::new(key))
+                }
             },
             lease_ttl: seconds("TERRACE_LEASE_TTL", 60)?,
             plan_ttl: seconds(
@@ -484,6 +510,8 @@ mod tests {
             keys: None,
             cloud: None,
             outputs_recipient: None,
+            signature_window: Duration::from_secs(60),
+            signing_key: None,
             terraform: TerraformConfig {
                 pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
                 ..TerraformConfig::default()

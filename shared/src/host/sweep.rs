@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use time::OffsetDateTime;
 
 use crate::host::pipeline::Trigger;
+use crate::job::signature::Kind;
 use crate::sweeps::report::{BucketReport, SweepKind, SweepReport};
 use crate::sweeps::{backup, drift};
 
@@ -52,25 +53,43 @@ pub async fn sweep<T: Trigger + ?Sized>(
     }
 }
 
-/// Sends the plan's drift checks to the jobs queue: the bucket's report.
-async fn queue<T: Trigger + ?Sized>(
+/// Sends the plan's drift checks to the jobs queue: the bucket's report. A check for a tenant
+/// that takes only signed jobs is signed with the runner's own key (`TERRACE_SIGNING_KEY`), or
+/// not sent, saying why.
+pub(crate) async fn queue<T: Trigger + ?Sized>(
     trigger: &T,
     bucket: &str,
     plan: &drift::DriftPlan,
 ) -> BucketReport {
-    // The job's tenant names its target: the registry's, this one.
-    let bodies: Vec<String> = plan
-        .jobs
-        .iter()
-        .map(|(_, job)| serde_json::json!({ "job": job.0 }).to_string())
-        .collect();
+    let now = OffsetDateTime::now_utc();
+    let mut bodies = Vec::with_capacity(plan.jobs.len());
+    let mut sent_at = Vec::with_capacity(plan.jobs.len());
+    let mut unqueued = Vec::new();
+    for (i, (ws, job)) in plan.jobs.iter().enumerate() {
+        let mut job = job.0.clone();
+        if !trigger.senders(ws.tenant()).is_empty() {
+            let Some(key) = &trigger.runtime().signing_key else {
+                unqueued.push((
+                    ws.to_string(),
+                    format!(
+                        "tenant {:?} takes only signed jobs and this runner has no key to sign its drift checks: set TERRACE_SIGNING_KEY and list its public key in the tenant's senders",
+                        ws.tenant()
+                    ),
+                ));
+                continue;
+            };
+            key.sign(Kind::Job, &mut job, now);
+        }
+        // The job's tenant names its target: the registry's, this one.
+        bodies.push(serde_json::json!({ "job": job }).to_string());
+        sent_at.push(i);
+    }
     let sent = trigger.enqueue(&bodies).await;
     let mut queued = 0;
-    let mut unqueued = Vec::new();
-    for ((ws, _), sent) in plan.jobs.iter().zip(sent) {
+    for (i, sent) in sent_at.into_iter().zip(sent) {
         match sent {
             None => queued += 1,
-            Some(why) => unqueued.push((ws.to_string(), why)),
+            Some(why) => unqueued.push((plan.jobs[i].0.to_string(), why)),
         }
     }
     plan.report(bucket, queued, unqueued)

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::host::settings::{ConfigError, var};
 use crate::host::trigger::problem;
+use crate::job::signature::{SENDER_FIX, SenderKey};
 use crate::job::validate::ValidationError;
 use crate::run::sealed_outputs::{OutputsRecipient, RECIPIENT_FIX};
 
@@ -23,12 +24,18 @@ pub const SETTING: &str = "TERRACE_TENANTS";
 
 const FIX: &str = "send the job without a target (the runner's tenant registry names it), or ask the runner's operator to register this one";
 
-/// Tenant name → its target, and the key its sensitive outputs are sealed to.
+/// Tenant name → its target, the key its sensitive outputs are sealed to, and the keys
+/// allowed to send its jobs.
 #[derive(Clone, Debug)]
 pub struct Tenants<T> {
     targets: BTreeMap<String, T>,
     recipients: BTreeMap<String, OutputsRecipient>,
+    senders: BTreeMap<String, Vec<SenderKey>>,
 }
+
+/// A tenant's field, beside its target's, listing the Ed25519 public keys allowed to send its
+/// jobs and cancels (`docs/signing.md`): with any, an unsigned message is refused.
+pub const SENDERS_FIELD: &str = "senders";
 
 /// A tenant's field, beside its target's, naming the platform's age key (`age1…`) its
 /// sensitive outputs are sealed to (`docs/outputs.md`).
@@ -80,6 +87,7 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
         })?;
         let mut targets = BTreeMap::new();
         let mut recipients = BTreeMap::new();
+        let mut senders = BTreeMap::new();
         let mut problems = Vec::new();
         for (tenant, mut value) in doc.0 {
             if let Err(e) = state_backends::check_name(&tenant) {
@@ -102,6 +110,18 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
                     "tenant {tenant:?}: {RECIPIENT_FIELD} {why}: {RECIPIENT_FIX}"
                 )),
             }
+            let keys = value
+                .as_object_mut()
+                .and_then(|entry| entry.remove(SENDERS_FIELD));
+            match keys.map(|keys| parse_senders(&keys)) {
+                None => {}
+                Some(Ok(keys)) => {
+                    senders.insert(tenant.clone(), keys);
+                }
+                Some(Err(why)) => problems.push(format!(
+                    "tenant {tenant:?}: {SENDERS_FIELD} {why}: {SENDER_FIX}"
+                )),
+            }
             match serde_json::from_value::<T>(value) {
                 Ok(target) => {
                     for why in check(&target) {
@@ -121,7 +141,13 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
         Ok(Self {
             targets,
             recipients,
+            senders,
         })
+    }
+
+    /// The keys allowed to send `tenant`'s jobs and cancels: none when any sender may.
+    pub fn senders(&self, tenant: &str) -> &[SenderKey] {
+        self.senders.get(tenant).map_or(&[], Vec::as_slice)
     }
 
     /// The key `tenant`'s sensitive outputs are sealed to, if the registry gives one.
@@ -201,6 +227,25 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
         }
         Ok(groups.into_iter().map(|(_, t, names)| (t, names)).collect())
     }
+}
+
+/// A tenant's `senders`: a non-empty list of keys.
+///
+/// # Errors
+/// What is wrong, naming the entry (never quoting a key).
+pub fn parse_senders(value: &Value) -> Result<Vec<SenderKey>, String> {
+    let Some(list) = value.as_array().filter(|l| !l.is_empty()) else {
+        return Err("must be a list of one or more public keys".into());
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, key)| {
+            key.as_str()
+                .ok_or_else(|| "is not text".to_owned())
+                .and_then(str::parse)
+                .map_err(|why| format!("[{i}] {why}"))
+        })
+        .collect()
 }
 
 /// `target` with the `fields` only the registry gives left out (they are optional, since a

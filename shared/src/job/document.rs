@@ -63,6 +63,10 @@ pub struct JobDocument {
     /// apply once approved.
     #[serde(default)]
     pub destroy: Option<bool>,
+    /// The sender's signature of the job (`docs/signing.md`): required by a runner whose
+    /// tenant registry names keys for the job's tenant.
+    #[serde(default)]
+    pub signature: Option<crate::job::signature::Signature>,
 }
 
 /// A duration: whole seconds (`600`), or text with units (`"250ms"`, `"90s"`, `"30m"`,

@@ -11,6 +11,7 @@
 pub mod document;
 pub mod redact;
 pub mod schema;
+pub mod signature;
 pub mod template;
 pub mod validate;
 
@@ -168,7 +169,7 @@ impl RetryPolicy {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The fields a job file may have, for the "unknown field" message.
-pub const FIELDS: [&str; 14] = [
+pub const FIELDS: [&str; 15] = [
     "id",
     "tenant",
     "workspace",
@@ -183,6 +184,7 @@ pub const FIELDS: [&str; 14] = [
     "plan",
     "plan_key",
     "destroy",
+    "signature",
 ];
 
 /// A job document as written, before its fields are checked.

@@ -142,6 +142,16 @@ pub fn validate_for(
         }
     }
 
+    // Whether it verifies is the runner's to say (its registry holds the keys); its shape is
+    // checked wherever the job is.
+    if let Err(why) = crate::job::signature::read(doc) {
+        errors.push(ValidationError::new(
+            crate::job::signature::FIELD,
+            format!("is malformed: {why}"),
+            "sign the job with `terrace submit --sign KEY`, or as docs/signing.md says",
+        ));
+    }
+
     let id = required_str(doc, "id", &mut errors).and_then(|id| {
         check_id(id)
             .map_err(|e| errors.push(e))

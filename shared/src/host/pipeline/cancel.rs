@@ -13,10 +13,10 @@ use crate::host::trigger::{json_or_base64, problem, rejection};
 use crate::run::records;
 use crate::run::runner::previous_result;
 
-use super::{Delivery, Fate, Trigger, cannot, reject};
+use super::{Delivery, Fate, Trigger, authenticate, cannot, reject};
+use crate::job::signature::Kind;
 
-const FIX: &str =
-    "send {\"cancel\": {\"job\": JOB_ID, \"tenant\": TENANT, \"workspace\": WORKSPACE}}";
+const FIX: &str = "send {\"cancel\": {\"job\": JOB_ID, \"tenant\": TENANT, \"workspace\": WORKSPACE}} (with its \"signature\" where the tenant takes only signed cancels)";
 
 /// `Some` with the message's fate when it is a cancel (a JSON object with a `cancel` key).
 pub(super) async fn handle_cancel<T: Trigger + ?Sized>(
@@ -32,6 +32,15 @@ async fn cancel<T: Trigger + ?Sized>(trigger: &T, d: &Delivery<'_>, body: Value)
     let refuse = |field: &str, why: String, fix: &str| {
         rejection(d.message_id, vec![problem(field, why, fix)])
     };
+    // The sender first: a tenant that takes only signed cancels reads nothing more of one
+    // that is not.
+    let ask = body.get("cancel").and_then(Value::as_object);
+    let tenant = ask.and_then(|a| a.get("tenant")).and_then(Value::as_str);
+    if let Some(ask) = ask
+        && let Err(e) = authenticate(trigger, Kind::Cancel, ask, tenant, "cancel.signature")
+    {
+        return reject(trigger, rejection(d.message_id, vec![e])).await;
+    }
     let envelope: CancelEnvelope<T::Target> = match serde_json::from_value(body) {
         Ok(envelope) => envelope,
         Err(e) => {
@@ -52,6 +61,7 @@ async fn cancel<T: Trigger + ?Sized>(trigger: &T, d: &Delivery<'_>, body: Value)
             }
         }
         (None, Some(target)) => target,
+        (None, None) if let Some(target) = trigger.own_target() => target,
         (None, None) => {
             let record = refuse("target", "is missing".into(), trigger.envelope_fix());
             return reject(trigger, record).await;

@@ -67,6 +67,8 @@ impl Fake {
                 metrics: None,
                 max_state_bytes: crate::run::state_server::MAX_STATE_BYTES,
                 drift_per_tenant: crate::sweeps::drift::PER_TENANT,
+                signature_window: crate::job::signature::DEFAULT_WINDOW,
+                signing_key: None,
                 keys: None,
                 cloud: None,
                 outputs_recipient: None,
@@ -1059,4 +1061,174 @@ async fn a_job_that_waited_for_its_turn_past_its_time_is_handed_off() {
     let fate = waiting.await.unwrap();
     assert!(matches!(fate, Fate::HandedOff(_)), "{fate:?}");
     assert_eq!(fake.started.lock().unwrap().len(), 1, "one task started");
+}
+
+/// A fake whose registry gives tenant acme the sender key `key`.
+fn signing_fake(key: &crate::job::signature::SenderSecret) -> Fake {
+    let mut fake = Fake::new();
+    let registry = json!({ "acme": { "bucket": "b", "senders": [key.public().to_string()] } });
+    fake.tenants = Some(Tenants::parse(&registry.to_string(), "registry", |_| Vec::new()).unwrap());
+    fake
+}
+
+/// `body`'s job (or cancel) signed by `key` as of `at`.
+fn signed(
+    body: &[u8],
+    member: &str,
+    key: &crate::job::signature::SenderSecret,
+    at: time::OffsetDateTime,
+) -> Vec<u8> {
+    let kind = if member == "job" {
+        Kind::Job
+    } else {
+        Kind::Cancel
+    };
+    let mut body: Value = serde_json::from_slice(body).unwrap();
+    key.sign(kind, body[member].as_object_mut().unwrap(), at);
+    body.to_string().into_bytes()
+}
+
+/// The single rejection's one error: (field, problem).
+fn refused(fate: &Fate) -> (String, String) {
+    let Fate::Rejected(record) = fate else {
+        panic!("not rejected: {fate:?}")
+    };
+    let errors = record["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{record}");
+    (
+        errors[0]["field"].as_str().unwrap().to_owned(),
+        errors[0]["problem"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_tenant_with_sender_keys_runs_only_jobs_they_signed_and_says_what_is_wrong() {
+    use crate::job::signature::SenderSecret;
+    let key = SenderSecret::generate();
+    let fake = signing_fake(&key);
+    let now = time::OffsetDateTime::now_utc();
+    let left = Some(Duration::from_secs(600));
+
+    let unsigned = message("s1", "2h");
+    let (field, problem) = refused(&handle(&fake, delivery(&unsigned, left)).await);
+    assert_eq!(field, "signature");
+    assert!(
+        problem.starts_with("is missing: tenant \"acme\""),
+        "{problem}"
+    );
+
+    let by_another = signed(&unsigned, "job", &SenderSecret::generate(), now);
+    let (_, problem) = refused(&handle(&fake, delivery(&by_another, left)).await);
+    assert!(problem.starts_with("is wrong"), "{problem}");
+
+    // Changed after it was signed: a variable raised on the way.
+    let mut changed: Value = serde_json::from_slice(&signed(&unsigned, "job", &key, now)).unwrap();
+    changed["job"]["variables"]["node_count"] = json!(9);
+    let changed = changed.to_string().into_bytes();
+    let (_, problem) = refused(&handle(&fake, delivery(&changed, left)).await);
+    assert!(problem.starts_with("is wrong"), "{problem}");
+
+    let old = signed(&unsigned, "job", &key, now - time::Duration::hours(25));
+    let (_, problem) = refused(&handle(&fake, delivery(&old, left)).await);
+    assert!(
+        problem.starts_with("is replayed") && problem.contains("24 h"),
+        "{problem}"
+    );
+
+    // Nothing of the refused ones reached the store or a task.
+    assert!(fake.started.lock().unwrap().is_empty());
+    assert!(
+        fake.opened.lock().unwrap().is_empty(),
+        "the store was opened"
+    );
+    assert_eq!(fake.reported().len(), 4);
+
+    let good = signed(&unsigned, "job", &key, now);
+    let fate = handle(&fake, delivery(&good, left)).await;
+    assert!(matches!(fate, Fate::HandedOff(_)), "{fate:?}");
+    // The task reads the staged message, signature and all, and checks it again.
+    assert_eq!(fake.started.lock().unwrap().len(), 1);
+
+    // Another tenant, with no keys, takes unsigned jobs as before.
+    let registry = json!({ "acme": { "bucket": "b" } });
+    let mut open = Fake::new();
+    open.tenants = Some(Tenants::parse(&registry.to_string(), "registry", |_| Vec::new()).unwrap());
+    let fate = handle(&open, delivery(&unsigned, left)).await;
+    assert!(matches!(fate, Fate::HandedOff(_)), "{fate:?}");
+}
+
+#[tokio::test]
+async fn a_tenant_with_sender_keys_takes_only_signed_cancels() {
+    use crate::job::signature::SenderSecret;
+    let key = SenderSecret::generate();
+    let fake = signing_fake(&key);
+    let cancel = json!({ "cancel": { "job": "c1", "tenant": "acme", "workspace": "demo" } })
+        .to_string()
+        .into_bytes();
+    let (field, problem) = refused(&handle(&fake, delivery(&cancel, None)).await);
+    assert_eq!(field, "cancel.signature");
+    assert!(problem.starts_with("is missing"), "{problem}");
+    // A job's signature does not sign a cancel.
+    let now = time::OffsetDateTime::now_utc();
+    let mut as_job: Value = serde_json::from_slice(&cancel).unwrap();
+    key.sign(Kind::Job, as_job["cancel"].as_object_mut().unwrap(), now);
+    let as_job = as_job.to_string().into_bytes();
+    let (_, problem) = refused(&handle(&fake, delivery(&as_job, None)).await);
+    assert!(problem.starts_with("is wrong"), "{problem}");
+    assert!(
+        fake.store
+            .artifact(&ws(), "c1", "cancel.json")
+            .await
+            .unwrap()
+            .is_none(),
+        "a refused cancel recorded nothing"
+    );
+
+    let good = signed(&cancel, "cancel", &key, now);
+    let fate = handle(&fake, delivery(&good, None)).await;
+    let Fate::Ran(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(record["status"], "cancel-requested");
+}
+
+#[tokio::test]
+async fn drift_checks_for_a_tenant_that_takes_only_signed_jobs_are_signed_by_the_runner_or_not_sent()
+ {
+    use crate::job::signature::SenderSecret;
+    let platform = SenderSecret::generate();
+    let runner = Arc::new(SenderSecret::generate());
+    let mut fake = Fake::new();
+    let registry = json!({ "acme": { "bucket": "b", "senders": [platform.public().to_string(), runner.public().to_string()] } });
+    fake.tenants = Some(Tenants::parse(&registry.to_string(), "registry", |_| Vec::new()).unwrap());
+    let job = json!({
+        "id": "drift-2026112800", "tenant": "acme", "workspace": "demo", "operation": "drift-check",
+        "template": { "name": "demo", "version": "1.0.0" }, "variables": {},
+    });
+    let plan = crate::sweeps::drift::DriftPlan {
+        jobs: vec![(ws(), crate::job::RawJob(job.as_object().unwrap().clone()))],
+        ..Default::default()
+    };
+
+    let report = crate::host::sweep::queue(&fake, "b", &plan).await;
+    let report = serde_json::to_value(&report).unwrap();
+    assert!(fake.requeued().is_empty(), "an unsigned check was sent");
+    assert!(
+        report.to_string().contains("TERRACE_SIGNING_KEY"),
+        "{report}"
+    );
+
+    fake.runtime.signing_key = Some(runner.clone());
+    crate::host::sweep::queue(&fake, "b", &plan).await;
+    let sent = fake.requeued();
+    assert_eq!(sent.len(), 1);
+    let keys = [runner.public()];
+    crate::job::signature::verify(
+        Kind::Job,
+        sent[0].0["job"].as_object().unwrap(),
+        &keys,
+        time::OffsetDateTime::now_utc(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
 }
