@@ -759,6 +759,22 @@ pub fn demo_job(
     )
 }
 
+/// A new key: its PEM file in the sandbox, and its public key as `terrace keygen` prints it.
+pub fn keygen(sb: &Sandbox, name: &str) -> (std::path::PathBuf, String) {
+    let path = sb.dir.path().join(name);
+    let made = sb.run(&["keygen", "--out", path.to_str().unwrap()]);
+    made.expect_code(0);
+    let public = made.stdout().trim().to_owned();
+    assert_eq!(public.len(), 44, "base64 of 32 bytes: {public}");
+    let pem = std::fs::read_to_string(&path).unwrap();
+    assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"));
+    assert!(!made.stdout().contains("PRIVATE") && !made.stderr().contains("PRIVATE"));
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "readable by its owner only");
+    (path, public)
+}
+
 /// Waits until the stored log of `job` in `ws` (its chunks, read straight from `store`) holds
 /// `text`, for at most `within`: how a test knows a job on a cloud function's path has reached
 /// a step.

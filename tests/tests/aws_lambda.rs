@@ -2156,3 +2156,116 @@ async fn a_cancel_message_stops_a_running_apply_and_its_clean_up_destroys_what_i
     let state = String::from_utf8_lossy(&state.data).into_owned();
     assert!(!state.contains("testcloud_network"), "{state}");
 }
+
+/// A tenant whose registry entry lists senders: the Lambda runs a job put on the queue with
+/// `terrace submit --sign`, refuses an unsigned one and a cancel signed by another key (nothing
+/// runs), and answers a cancel sent signed with `terrace cancel --to sqs://…`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_with_senders_runs_only_signed_jobs_and_cancels_on_the_lambda() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let (key, public) = tests::keygen(&w.sb, "platform.pem");
+    let (other, _) = tests::keygen(&w.sb, "other.pem");
+    let mut registry: Value = serde_json::from_str(&w.tenants()).unwrap();
+    registry["acme"]["senders"] = json!([public]);
+    let registry = registry.to_string();
+    let _function = w.start_with(&api, &[("TERRACE_TENANTS", &registry)]);
+    let queue = format!("sqs://{}", w.jobs.split_once("://").unwrap().1);
+    let (key, other) = (key.to_str().unwrap(), other.to_str().unwrap());
+    let job = |id: &str, workspace: &str| {
+        w.sb.job(
+            &format!("{id}.yaml"),
+            &tests::demo_job(id, workspace, "apply", "demo", 1)
+                .replace("timeout: 5m", "timeout: 2m"),
+        )
+    };
+    let (signed, unsigned) = (job("sig-sqs-1", "signed"), job("sig-sqs-2", "unsigned"));
+    let send = |args: &[&str]| {
+        let out =
+            w.sb.terrace()
+                .env("AWS_ENDPOINT_URL", aws::moto())
+                .env("AWS_REGION", "us-east-1")
+                .env("AWS_ACCESS_KEY_ID", "testing")
+                .env("AWS_SECRET_ACCESS_KEY", "testing")
+                .args(args)
+                .output()
+                .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    };
+    send(&[
+        "submit",
+        signed.to_str().unwrap(),
+        "--to",
+        &queue,
+        "--sign",
+        key,
+    ]);
+    send(&["submit", unsigned.to_str().unwrap(), "--to", &queue]);
+    send(&[
+        "cancel",
+        "sig-sqs-8",
+        "-w",
+        "acme/signed",
+        "--to",
+        &queue,
+        "--sign",
+        other,
+    ]);
+    send(&[
+        "cancel",
+        "sig-sqs-9",
+        "-w",
+        "acme/signed",
+        "--to",
+        &queue,
+        "--sign",
+        key,
+    ]);
+    let event = w.receive(4, 60).await;
+    let response = api.invoke(event, Duration::from_secs(300)).await.unwrap();
+    assert!(failures(&response).is_empty(), "{response}");
+    let results = w.results().await;
+    assert_eq!(results.len(), 4, "{results:?}");
+    let ran = results.iter().find(|r| r["job_id"] == "sig-sqs-1").unwrap();
+    assert_eq!(ran["status"], "succeeded", "{ran}");
+    let refusals: Vec<(&str, &str)> = results
+        .iter()
+        .filter(|r| r["kind"] == "rejection")
+        .map(|r| {
+            (
+                r["errors"][0]["field"].as_str().unwrap(),
+                r["errors"][0]["problem"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(refusals.len(), 2, "{results:?}");
+    assert!(
+        refusals
+            .iter()
+            .any(|(f, p)| *f == "signature" && p.starts_with("is missing")),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals
+            .iter()
+            .any(|(f, p)| *f == "cancel.signature" && p.starts_with("is wrong")),
+        "{refusals:?}"
+    );
+    let answered = results.iter().find(|r| r["kind"] == "cancel").unwrap();
+    assert_eq!(answered["cancel"]["job_id"], "sig-sqs-9", "{answered}");
+    assert_eq!(answered["status"], "cancel-requested", "{answered}");
+    let store = w.store().await;
+    let unsigned_ws: WorkspaceId = "acme/unsigned".parse().unwrap();
+    assert!(
+        store.versions(&unsigned_ws).await.unwrap().is_empty(),
+        "the unsigned job ran"
+    );
+    let signed_ws: WorkspaceId = "acme/signed".parse().unwrap();
+    let wrong = store.artifact(&signed_ws, "sig-sqs-8", "cancel.json").await;
+    assert!(
+        wrong.unwrap().is_none(),
+        "a cancel signed by another key was recorded"
+    );
+    let right = store.artifact(&signed_ws, "sig-sqs-9", "cancel.json").await;
+    assert!(right.unwrap().is_some());
+}

@@ -873,3 +873,101 @@ async fn a_cancel_queued_mid_apply_stops_it_and_its_clean_up_destroys_what_it_ma
     assert!(!String::from_utf8_lossy(&state.data).contains("testcloud_network"));
     assert_eq!(w.jobs.count().await, 0, "both messages are settled");
 }
+
+/// A tenant whose registry entry lists senders: the execution runs a job sent with `terrace
+/// submit --sign`, refuses an unsigned one (to the poison queue, saying the signature is
+/// missing; nothing runs), and answers a cancel sent signed with `terrace cancel --to
+/// azqueue://…`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_with_senders_runs_only_signed_jobs_and_cancels_in_an_execution() {
+    let w = World::new().await;
+    let (key, public) = tests::keygen(&w.sb, "platform.pem");
+    let mut registry: Value = serde_json::from_str(&w.tenants()).unwrap();
+    registry["acme"]["senders"] = json!([public]);
+    let registry = registry.to_string();
+    let account = std::env::var("TERRACE_TEST_AZURE_ACCOUNT").unwrap();
+    let queue = format!("azqueue://{account}/{}", w.jobs.name);
+    let key = key.to_str().unwrap();
+    let job = |id: &str, workspace: &str| {
+        w.sb.job(
+            &format!("{id}.yaml"),
+            &tests::demo_job(id, workspace, "apply", "demo", 1),
+        )
+    };
+    let (signed, unsigned) = (job("az-sig-1", "signed"), job("az-sig-2", "unsigned"));
+    let send = |args: &[&str]| {
+        let out =
+            w.sb.terrace()
+                .env("TERRACE_AZURE_QUEUE_ENDPOINT", azure::queue_endpoint())
+                .env("AZURE_STORAGE_SAS_TOKEN", azure::sas())
+                .args(args)
+                .output()
+                .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    };
+    send(&[
+        "submit",
+        signed.to_str().unwrap(),
+        "--to",
+        &queue,
+        "--sign",
+        key,
+    ]);
+    send(&["submit", unsigned.to_str().unwrap(), "--to", &queue]);
+    send(&[
+        "cancel",
+        "az-sig-9",
+        "-w",
+        "acme/signed",
+        "--to",
+        &queue,
+        "--sign",
+        key,
+    ]);
+
+    // One message an execution.
+    for _ in 0..3 {
+        let out = w
+            .command(&[("TERRACE_TENANTS", &registry)])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert!(w.jobs.peek().await.is_empty(), "a message was left");
+    let reported = checked(w.results.peek().await);
+    let ran = reported
+        .iter()
+        .find(|r| r["job_id"] == "az-sig-1")
+        .unwrap_or_else(|| panic!("{reported:?}"));
+    assert_eq!(ran["status"], "succeeded", "{ran}");
+    let answered = reported
+        .iter()
+        .find(|r| r["kind"] == "cancel")
+        .unwrap_or_else(|| panic!("{reported:?}"));
+    assert_eq!(answered["status"], "cancel-requested", "{answered}");
+    let refused: Vec<Value> = reported
+        .iter()
+        .chain(records(w.poison.peek().await).iter())
+        .filter(|r| r["status"] == "rejected")
+        .cloned()
+        .collect();
+    assert!(!refused.is_empty(), "no rejection: {reported:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|r| r["errors"][0]["field"] == "signature"
+                && r["errors"][0]["problem"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("is missing")),
+        "{refused:?}"
+    );
+    assert!(
+        w.store()
+            .versions(&"acme/unsigned".parse().unwrap())
+            .await
+            .unwrap()
+            .is_empty(),
+        "the unsigned job ran"
+    );
+}

@@ -809,19 +809,25 @@ struct Wired {
 
 impl World {
     async fn wired(&self) -> Wired {
+        self.wired_with(&[]).await
+    }
+
+    /// As [`World::wired`], with `extra` settings for the service.
+    async fn wired_with(&self, extra: &[(&str, &str)]) -> Wired {
         let jobs = pubsub::topic("jobs").await;
         let results_topic = pubsub::topic("results").await;
         let dead_topic = pubsub::topic("dead").await;
         let results = pubsub::pull_subscription(&results_topic).await;
         let dead = pubsub::pull_subscription(&dead_topic).await;
-        let service = self
-            .start_with(&[
-                ("TERRACE_JOBS_TOPIC", &jobs),
-                ("TERRACE_RESULTS_TOPIC", &results_topic),
-                ("TERRACE_PUBSUB_ENDPOINT", &pubsub::endpoint()),
-                ("TERRACE_REQUEUE_WAIT", "1"),
-            ])
-            .await;
+        let endpoint = pubsub::endpoint();
+        let mut env = vec![
+            ("TERRACE_JOBS_TOPIC", jobs.as_str()),
+            ("TERRACE_RESULTS_TOPIC", results_topic.as_str()),
+            ("TERRACE_PUBSUB_ENDPOINT", endpoint.as_str()),
+            ("TERRACE_REQUEUE_WAIT", "1"),
+        ];
+        env.extend_from_slice(extra);
+        let service = self.start_with(&env).await;
         let relay = Relay::start(&service.url, self.key.bearer()).await;
         pubsub::push_subscription(&jobs, &relay.url, &dead_topic, 5).await;
         Wired {
@@ -1168,4 +1174,95 @@ async fn results_until(
     let seen = pubsub::pull_until(subscription, within, pred).await;
     seen.iter().for_each(tests::schema::check_record);
     seen
+}
+
+/// A tenant whose registry entry lists senders: the service runs a job published with
+/// `terrace submit --sign`, refuses an unsigned one (nothing runs, nothing is dead-lettered),
+/// and answers a cancel sent signed with `terrace cancel --to pubsub://…`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pubsub_a_tenant_with_senders_runs_only_signed_jobs_and_cancels() {
+    let w = World::new().await;
+    let (key, public) = tests::keygen(&w.sb, "platform.pem");
+    let mut registry: Value = serde_json::from_str(&w.tenants()).unwrap();
+    registry["acme"]["senders"] = json!([public]);
+    let registry = registry.to_string();
+    let p = w.wired_with(&[("TERRACE_TENANTS", &registry)]).await;
+    let topic = format!("pubsub://{}", p.jobs);
+    let key = key.to_str().unwrap().to_owned();
+    let signed = w.sb.job(
+        "signed.yaml",
+        &tests::demo_job("g-sig-1", "signed", "apply", "demo", 1),
+    );
+    let unsigned = w.sb.job(
+        "unsigned.yaml",
+        &tests::demo_job("g-sig-2", "unsigned", "apply", "demo", 1),
+    );
+    let send = |args: Vec<String>| {
+        let mut cmd = w.sb.terrace();
+        cmd.env("TERRACE_PUBSUB_ENDPOINT", pubsub::endpoint())
+            .args(args);
+        tokio::task::spawn_blocking(move || cmd.output().unwrap())
+    };
+    let strings = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    for args in [
+        strings(&[
+            "submit",
+            signed.to_str().unwrap(),
+            "--to",
+            &topic,
+            "--sign",
+            &key,
+        ]),
+        strings(&["submit", unsigned.to_str().unwrap(), "--to", &topic]),
+        strings(&[
+            "cancel",
+            "g-sig-9",
+            "-w",
+            "acme/signed",
+            "--to",
+            &topic,
+            "--sign",
+            &key,
+        ]),
+    ] {
+        let out = send(args).await.unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    // All three: the job's result, the rejection and the cancel's answer, in any order.
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let results = results_until(&p.results, Duration::from_secs(120), |r| {
+        let mut seen = seen.lock().unwrap();
+        seen.insert(r["kind"].as_str().unwrap_or_default().to_owned());
+        seen.len() == 3
+    })
+    .await;
+    let ran = results.iter().find(|r| r["job_id"] == "g-sig-1").unwrap();
+    assert_eq!(ran["status"], "succeeded", "{ran}");
+    let refused = results
+        .iter()
+        .find(|r| r["status"] == "rejected")
+        .unwrap_or_else(|| panic!("no rejection: {results:?}"));
+    assert_eq!(refused["errors"][0]["field"], "signature", "{refused}");
+    assert!(
+        refused["errors"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .starts_with("is missing"),
+        "{refused}"
+    );
+    let answered = results
+        .iter()
+        .find(|r| r["kind"] == "cancel")
+        .unwrap_or_else(|| panic!("no cancel answer: {results:?}"));
+    assert_eq!(answered["status"], "cancel-requested", "{answered}");
+    assert!(
+        w.store()
+            .await
+            .versions(&ws("unsigned"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the unsigned job ran"
+    );
+    assert_eq!(pubsub::pull(&p.dead).await, Vec::<Value>::new());
 }

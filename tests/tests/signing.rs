@@ -7,23 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{Value, json};
-use tests::{Sandbox, demo_job};
-
-/// A new key: its PEM file in the sandbox, and its public key as `terrace keygen` prints it.
-fn keygen(sb: &Sandbox, name: &str) -> (std::path::PathBuf, String) {
-    let path = sb.dir.path().join(name);
-    let made = sb.run(&["keygen", "--out", path.to_str().unwrap()]);
-    made.expect_code(0);
-    let public = made.stdout().trim().to_owned();
-    assert_eq!(public.len(), 44, "base64 of 32 bytes: {public}");
-    let pem = std::fs::read_to_string(&path).unwrap();
-    assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"));
-    assert!(!made.stdout().contains("PRIVATE") && !made.stderr().contains("PRIVATE"));
-    use std::os::unix::fs::PermissionsExt as _;
-    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o600, "readable by its owner only");
-    (path, public)
-}
+use tests::{Sandbox, demo_job, keygen};
 
 /// The rejection serve wrote for a refused job file, and its one error's problem.
 fn refusal(queue: &Path, file: &str) -> String {
