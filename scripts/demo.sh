@@ -79,6 +79,38 @@ if [[ "$code" != 1 ]]; then
     exit 1
 fi
 echo
+echo "== signed jobs: tenant acme takes only jobs its platform's key signed (docs/signing.md)"
+echo "\$ terrace keygen --out .terrace-demo/sender.pem"
+"$terrace" keygen --out "$demo/sender.pem" > "$demo/sender.pub" 2>/dev/null
+printf 'acme: [%s]\n' "$(cat "$demo/sender.pub")" > "$demo/senders.yaml"
+mkdir -p "$demo/queue"
+sed -e 's/^id: demo-apply-1/id: demo-signed-1/' -e 's/^workspace: demo/workspace: signed/' \
+    -e 's/cluster_name: demo/cluster_name: signed/' -e 's/^sequence: 2/sequence: 1/' \
+    examples/demo-job.yaml > "$demo/signed-job.yaml"
+sed -e 's/^id: demo-signed-1/id: demo-unsigned-1/' "$demo/signed-job.yaml" > "$demo/unsigned-job.yaml"
+echo "\$ terrace submit unsigned-job.yaml --to .terrace-demo/queue"
+"$terrace" submit "$demo/unsigned-job.yaml" --to "$demo/queue" 2>/dev/null
+echo "\$ terrace submit signed-job.yaml --to .terrace-demo/queue --sign .terrace-demo/sender.pem"
+"$terrace" submit "$demo/signed-job.yaml" --to "$demo/queue" --sign "$demo/sender.pem" 2>/dev/null
+echo "\$ terrace serve --queue .terrace-demo/queue --once --senders .terrace-demo/senders.yaml"
+"$terrace" serve -q --queue "$demo/queue" --once --senders "$demo/senders.yaml" 2> "$demo/serve.log" || {
+    cat "$demo/serve.log" >&2
+    exit 1
+}
+unsigned="$demo/queue/failed/demo-unsigned-1.json.result.json"
+signed="$demo/queue/done/demo-signed-1.json.result.json"
+if [[ ! -f "$unsigned" || ! -f "$signed" ]]; then
+    echo "the unsigned job should be refused and the signed one run" >&2
+    exit 1
+fi
+python3 - "$unsigned" "$signed" <<'PY'
+import json, sys
+refused, ran = (json.load(open(p)) for p in sys.argv[1:3])
+error = refused["errors"][0]
+print(f"demo-unsigned-1: {refused['status']}: {error['field']} {error['problem']}")
+print(f"demo-signed-1:   {ran['status']}")
+PY
+echo
 echo "== terrace cancel demo-apply-1 (a finished job: nothing changes)"
 "$terrace" cancel demo-apply-1
 echo
@@ -104,6 +136,7 @@ and plan for approval: edit examples/demo-plan.yaml (its id too), run it, then a
 plan it kept with a job naming it (see .terrace-demo/approved-apply.yaml, docs/approval.md);
 send a job to a runner as a platform would (README: "Driving a deployed runner"):
   terrace submit JOB_FILE --to QUEUE --follow   # sqs://, pubsub://, azqueue:// or a serve folder
+  terrace submit JOB_FILE --to QUEUE --sign .terrace-demo/sender.pem   # signed (docs/signing.md)
   terrace schema                                # the records a platform reads (docs/schema/)
 (make demo starts again from nothing.)
 TXT

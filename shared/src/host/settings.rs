@@ -208,7 +208,8 @@ pub struct Runtime {
     /// `TERRACE_SIGNATURE_WINDOW` (86400 s): how long after it was made a sender's signature
     /// is accepted (`docs/signing.md`).
     pub signature_window: Duration,
-    /// `TERRACE_SIGNING_KEY` (a PKCS#8 PEM file): the runner's own sender key, which signs the
+    /// `TERRACE_SIGNING_KEY` (PKCS#8 PEM, or the path of a file holding it): the runner's own
+    /// sender key, which signs the
     /// drift checks its sweep queues for tenants that take only signed jobs.
     pub signing_key: Option<std::sync::Arc<crate::job::signature::SenderSecret>>,
 }
@@ -273,11 +274,19 @@ impl Runtime {
             )?,
             signing_key: match var("TERRACE_SIGNING_KEY") {
                 None => None,
+                // The PEM itself (from a secret store), or the path of a file holding it.
+                Some(pem) if pem.trim_start().starts_with("-----BEGIN") => {
+                    Some(std::sync::Arc::new(
+                        crate::job::signature::SenderSecret::from_pem(&pem).map_err(|why| {
+                            ConfigError::Invalid(format!("TERRACE_SIGNING_KEY {why}"))
+                        })?,
+                    ))
+                }
                 Some(path) => {
                     let text = std::fs::read_to_string(path.trim()).map_err(|e| {
                         ConfigError::Invalid(format!(
-                            "TERRACE_SIGNING_KEY={:?}: cannot read the runner's signing key: {e}",
-                            path.trim()
+                            // Not quoted: a key pasted in the wrong form would be.
+                            "TERRACE_SIGNING_KEY: give the runner's signing key as PKCS#8 PEM or the path of a file holding it; as a path it cannot be read: {e}"
                         ))
                     })?;
                     let key =

@@ -81,6 +81,9 @@ variable "tenants" {
     kms_key         = optional(string)
     # The platform's age key (age1…) this tenant's sensitive outputs are sealed to (docs/outputs.md).
     outputs_recipient = optional(string)
+    # The Ed25519 public keys allowed to send this tenant's jobs and cancels: with any, only
+    # signed ones run (docs/signing.md).
+    senders = optional(list(string))
   }))
 
   validation {

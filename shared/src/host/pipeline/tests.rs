@@ -1232,3 +1232,24 @@ async fn drift_checks_for_a_tenant_that_takes_only_signed_jobs_are_signed_by_the
     )
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_task_checks_its_staged_jobs_signature_again() {
+    use crate::job::signature::SenderSecret;
+    let key = SenderSecret::generate();
+    let fake = signing_fake(&key);
+    // Staged unsigned (a hand-off by a runner whose registry had no senders then).
+    let reference = staged(&fake, "s2", &message("s2", "2h")).await;
+    let fate = task(&fake, &reference, Duration::ZERO, CancellationToken::new()).await;
+    let (field, problem) = refused(&fate);
+    assert_eq!(field, "signature");
+    assert!(problem.starts_with("is missing"), "{problem}");
+    assert!(
+        fake.store
+            .artifact(&ws(), "s2", crate::run::records::JOB_FILE)
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing ran"
+    );
+}
