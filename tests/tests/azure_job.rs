@@ -303,8 +303,39 @@ async fn a_job_submitted_to_the_storage_queue_runs_in_the_next_execution() {
     assert!(said.contains("has no queue no-such-queue"), "{said}");
     assert!(!said.contains("sig="), "the SAS is not quoted: {said}");
 
-    let sent = submit(&w.jobs.name);
-    assert_eq!(sent.status.code(), Some(0), "{sent:?}");
+    // Followed: the submit streams the job's log from the customer's container until it ends.
+    let follow =
+        w.sb.terrace()
+            .env("TERRACE_AZURE_QUEUE_ENDPOINT", azure::queue_endpoint())
+            .env("AZURE_STORAGE_SAS_TOKEN", azure::sas())
+            .env(
+                "TERRACE_STORE",
+                format!("{}/states", w.container.split('?').next().unwrap()),
+            )
+            .args([
+                "submit",
+                path.to_str().unwrap(),
+                "--follow",
+                "--interval-ms",
+                "200",
+                "--to",
+            ])
+            .arg(format!("azqueue://{account}/{}", w.jobs.name))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    let mut follow = Some(follow);
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while w.jobs.peek().await.is_empty() {
+        let child = follow.as_mut().unwrap();
+        if child.try_wait().unwrap().is_some() || std::time::Instant::now() > give_up {
+            let out = follow.take().unwrap().wait_with_output().unwrap();
+            panic!("the job was never sent: {out:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let follow = follow.unwrap();
     let queued = records(w.jobs.peek().await);
     assert_eq!(queued.len(), 1, "sent once: {queued:?}");
     tests::schema::check("job-message", &queued[0]);
@@ -319,6 +350,17 @@ async fn a_job_submitted_to_the_storage_queue_runs_in_the_next_execution() {
     assert_eq!(reported.len(), 1, "{reported:?}");
     assert_eq!(reported[0]["job_id"], "az-sub-1");
     assert_eq!(reported[0]["status"], "succeeded", "{}", reported[0]);
+    let out = tokio::task::spawn_blocking(move || follow.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("terraform apply"),
+        "the log was streamed: {stdout}"
+    );
+    assert!(stdout.contains("status:     succeeded"), "{stdout}");
 }
 
 /// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan

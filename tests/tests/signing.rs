@@ -46,8 +46,21 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
         )
     };
     // Unsigned, signed by a key the tenant does not list, and signed right.
-    sb.run(&["submit", job("sig-none").to_str().unwrap(), "--to", queue])
-        .expect_code(0);
+    // Followed: the unsigned job never starts, and the follow ends with its rejection.
+    let none = job("sig-none");
+    let follow = sb
+        .terrace()
+        .args(["submit", none.to_str().unwrap(), "--to", queue, "--follow"])
+        .args(["--interval-ms", "100"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !sb.queue.join("sig-none.json").exists() {
+        assert!(std::time::Instant::now() < give_up, "never sent");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let wrong = job("sig-wrong");
     sb.run(&[
         "submit",
@@ -91,6 +104,14 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
     ]);
     served.expect_code(0);
     assert!(refusal(&sb.queue, "sig-none.json").starts_with("is missing: tenant \"acme\""));
+    let followed = follow.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&followed.stderr);
+    assert_eq!(followed.status.code(), Some(65), "{said}");
+    assert!(
+        said.contains("job sig-none was rejected by the runner")
+            && said.contains("signature: is missing"),
+        "{said}"
+    );
     assert!(refusal(&sb.queue, "sig-wrong.json").starts_with("is wrong"));
     assert!(refusal(&sb.queue, "sig-changed.json").starts_with("is wrong"));
     let result = sb

@@ -231,7 +231,28 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
         interval: Duration::from_millis(a.interval_ms),
         out: ops::Output { json: false },
     };
-    let code = ops::logs(store.clone(), logs).await?;
+    let code = match &queue {
+        // A job the folder's runner refuses never starts: its rejection is in failed/.
+        Queue::Folder(dir) => {
+            tokio::select! {
+                code = ops::logs(store.clone(), logs) => code?,
+                errors = rejected_in(dir, &job.id, Duration::from_millis(a.interval_ms)) => {
+                    eprintln!("job {} was rejected by the runner, nothing ran:", job.id);
+                    for e in errors {
+                        eprintln!("  - {e}");
+                    }
+                    return Ok(exit::INVALID);
+                }
+            }
+        }
+        _ => {
+            eprintln!(
+                "following job {} in the store; a job the runner rejects never starts: its rejection is on the runner's results channel",
+                job.id
+            );
+            ops::logs(store.clone(), logs).await?
+        }
+    };
     if code != exit::OK {
         return Ok(code);
     }
@@ -242,6 +263,37 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
         out: ops::Output { json: false },
     };
     ops::result(&*store, ask).await
+}
+
+/// Waits until a `terrace serve` folder holds the rejection of job `id` (`failed/ID.json.result.json`
+/// with `status: rejected`), looking every `interval`; its errors.
+async fn rejected_in(dir: &Path, id: &str, interval: Duration) -> Vec<String> {
+    let path = dir.join("failed").join(format!("{id}.json.result.json"));
+    loop {
+        if let Some(record) = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+            .filter(|r| r["status"] == "rejected")
+        {
+            return record["errors"]
+                .as_array()
+                .map(|errors| {
+                    errors
+                        .iter()
+                        .map(|e| {
+                            format!(
+                                "{}: {} ({})",
+                                e["field"].as_str().unwrap_or_default(),
+                                e["problem"].as_str().unwrap_or_default(),
+                                e["fix"].as_str().unwrap_or_default()
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        }
+        tokio::time::sleep(interval).await;
+    }
 }
 
 /// Sends a message (`{"job": …}` or `{"cancel": …}`) to `queue`; `id` names it (the job's id,
