@@ -775,6 +775,23 @@ pub fn keygen(sb: &Sandbox, name: &str) -> (std::path::PathBuf, String) {
     (path, public)
 }
 
+/// Checks what `terrace submit --follow` printed for an apply that succeeded: exit 0, the
+/// streamed log, then the result. Returns its stderr.
+pub fn assert_followed_to_success(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("terraform apply"),
+        "the log was streamed: {stdout}"
+    );
+    assert!(
+        stdout.contains("status:     succeeded"),
+        "then the result: {stdout}"
+    );
+    stderr
+}
+
 /// Waits until the stored log of `job` in `ws` (its chunks, read straight from `store`) holds
 /// `text`, for at most `within`: how a test knows a job on a cloud function's path has reached
 /// a step.

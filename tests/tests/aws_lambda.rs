@@ -541,14 +541,7 @@ async fn a_job_submitted_to_the_sqs_queue_runs_on_the_lambda_and_is_followed_to_
     let out = tokio::task::spawn_blocking(move || follow.wait_with_output().unwrap())
         .await
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("terraform apply"),
-        "the log was streamed: {stdout}"
-    );
-    assert!(stdout.contains("status:     succeeded"), "{stdout}");
+    tests::assert_followed_to_success(&out);
     let results = w.results().await;
     assert_eq!(results[0]["job_id"], "sub-sqs-1");
     assert_eq!(results[0]["status"], "succeeded");

@@ -353,14 +353,7 @@ async fn a_job_submitted_to_the_storage_queue_runs_in_the_next_execution() {
     let out = tokio::task::spawn_blocking(move || follow.wait_with_output().unwrap())
         .await
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("terraform apply"),
-        "the log was streamed: {stdout}"
-    );
-    assert!(stdout.contains("status:     succeeded"), "{stdout}");
+    tests::assert_followed_to_success(&out);
 }
 
 /// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan

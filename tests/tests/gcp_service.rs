@@ -922,14 +922,7 @@ async fn a_job_submitted_to_the_pubsub_topic_is_pushed_to_the_service_and_follow
     let out = tokio::task::spawn_blocking(move || submit.output().unwrap())
         .await
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("terraform apply"),
-        "the log was streamed: {stdout}"
-    );
-    assert!(stdout.contains("status:     succeeded"), "{stdout}");
+    tests::assert_followed_to_success(&out);
     let results = results_until(&p.results, Duration::from_secs(60), |r| {
         r["job_id"] == "g-sub-1"
     })

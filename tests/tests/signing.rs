@@ -9,6 +9,21 @@ use std::process::Command;
 use serde_json::{Value, json};
 use tests::{Sandbox, demo_job, keygen};
 
+/// `terrace serve --once` on the sandbox's queue, taking signed jobs as `senders` says.
+fn serve(sb: &Sandbox, senders: &Path) -> tests::Run {
+    sb.run(&[
+        "serve",
+        "-q",
+        "--queue",
+        sb.queue.to_str().unwrap(),
+        "--once",
+        "--poll-ms",
+        "50",
+        "--senders",
+        senders.to_str().unwrap(),
+    ])
+}
+
 /// The rejection serve wrote for a refused job file, and its one error's problem.
 fn refusal(queue: &Path, file: &str) -> String {
     let raw = std::fs::read(queue.join(format!("failed/{file}.result.json")))
@@ -91,17 +106,7 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
     changed["variables"]["node_count"] = json!(9);
     std::fs::write(sb.queue.join("sig-changed.json"), changed.to_string()).unwrap();
 
-    let served = sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        queue,
-        "--once",
-        "--poll-ms",
-        "50",
-        "--senders",
-        senders.to_str().unwrap(),
-    ]);
+    let served = serve(&sb, &senders);
     served.expect_code(0);
     assert!(refusal(&sb.queue, "sig-none.json").starts_with("is missing: tenant \"acme\""));
     let followed = follow.wait_with_output().unwrap();
@@ -133,18 +138,7 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
     // A copy of the signed job, put back under another name: its id ran, so it gets its
     // result again and nothing runs.
     std::fs::write(sb.queue.join("replay.json"), signed.to_string()).unwrap();
-    sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        queue,
-        "--once",
-        "--poll-ms",
-        "50",
-        "--senders",
-        senders.to_str().unwrap(),
-    ])
-    .expect_code(0);
+    serve(&sb, &senders).expect_code(0);
     let replayed: Value = serde_json::from_slice(
         &std::fs::read(sb.queue.join("done/replay.json.result.json")).unwrap(),
     )
@@ -239,18 +233,7 @@ print(json.dumps(job))
         sign("ossl-2", "2026-01-01T00:00:00Z").to_string(),
     )
     .unwrap();
-    sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        queue,
-        "--once",
-        "--poll-ms",
-        "50",
-        "--senders",
-        senders.to_str().unwrap(),
-    ])
-    .expect_code(0);
+    serve(&sb, &senders).expect_code(0);
     let result = sb
         .artifact_json("acme/openssl", "ossl-1", "result.json")
         .await;
@@ -322,18 +305,7 @@ async fn a_signed_cancel_sent_to_the_queue_stops_the_job_and_an_unsigned_one_is_
         serde_json::from_slice(&std::fs::read(sb.queue.join("cancel-later-1.json")).unwrap())
             .unwrap();
     tests::schema::check("cancel-message", &sent);
-    sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        queue,
-        "--once",
-        "--poll-ms",
-        "50",
-        "--senders",
-        senders.to_str().unwrap(),
-    ])
-    .expect_code(0);
+    serve(&sb, &senders).expect_code(0);
     let raw = std::fs::read(sb.queue.join("failed/unsigned-cancel.json.result.json")).unwrap();
     let refused: Value = serde_json::from_slice(&raw).unwrap();
     assert_eq!(
@@ -358,17 +330,7 @@ async fn a_signed_cancel_sent_to_the_queue_stops_the_job_and_an_unsigned_one_is_
         key.to_str().unwrap(),
     ])
     .expect_code(0);
-    sb.run(&[
-        "serve",
-        "-q",
-        "--queue",
-        queue,
-        "--once",
-        "--poll-ms",
-        "50",
-        "--senders",
-        senders.to_str().unwrap(),
-    ]);
+    serve(&sb, &senders);
     let result = sb
         .artifact_json("acme/cancelled", "later-1", "result.json")
         .await;

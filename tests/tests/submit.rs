@@ -41,21 +41,12 @@ async fn a_job_submitted_to_a_serve_folder_runs_and_follow_ends_with_its_result(
 
     sb.serve_once(1).expect_code(0);
     let out = follow.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("terraform apply"),
-        "the log was streamed: {stdout}"
-    );
-    assert!(
-        stdout.contains("status:     succeeded"),
-        "then the result: {stdout}"
-    );
+    let stderr = tests::assert_followed_to_success(&out);
     assert!(
         stderr.contains("job sub-1 sent to the queue folder"),
         "{stderr}"
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains("correct-horse") && !stderr.contains("correct-horse"));
     let result = sb
         .artifact_json("acme/submit", "sub-1", "result.json")
