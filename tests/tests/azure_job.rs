@@ -122,6 +122,15 @@ fn checked(texts: Vec<String>) -> Vec<Value> {
     records
 }
 
+/// The poison queue's records, each checked against the published dead-letter schema.
+fn dead_letters(texts: Vec<String>) -> Vec<Value> {
+    let records = records(texts);
+    for record in &records {
+        tests::schema::check("dead-letter", record);
+    }
+    records
+}
+
 fn records(texts: Vec<String>) -> Vec<Value> {
     texts
         .iter()
@@ -268,7 +277,7 @@ async fn templates_published_to_the_runners_container_run_without_a_new_image() 
     w.jobs.send(&unpublished.to_string()).await;
     let out = w.run(&from_bucket);
     assert!(out.status.success(), "{out:?}");
-    let poisoned = records(w.poison.peek().await);
+    let poisoned = dead_letters(w.poison.peek().await);
     assert_eq!(poisoned.len(), 1, "{poisoned:?}");
     assert_eq!(poisoned[0]["status"], "rejected");
     assert_eq!(
@@ -445,7 +454,7 @@ async fn a_malformed_message_ends_in_the_poison_queue_with_an_error_record() {
         assert!(out.status.success(), "{out:?}");
     }
     assert_eq!(w.jobs.count().await, 0, "both left the jobs queue");
-    let poisoned = records(w.poison.peek().await);
+    let poisoned = dead_letters(w.poison.peek().await);
     assert_eq!(poisoned.len(), 4, "{poisoned:?}");
     assert_eq!(poisoned[0]["status"], "rejected");
     // Text that is no job cannot be searched for secrets: its size and digest only.
@@ -684,7 +693,7 @@ async fn a_message_received_too_often_goes_to_the_poison_queue_without_running()
     let out = w.run(&[("TERRACE_MAX_DEQUEUES", "1")]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(w.jobs.count().await, 0);
-    let poisoned = records(w.poison.peek().await);
+    let poisoned = dead_letters(w.poison.peek().await);
     assert_eq!(poisoned.len(), 1);
     assert_eq!(poisoned[0]["dequeue_count"], 2);
     assert!(
@@ -982,7 +991,7 @@ async fn a_tenant_with_senders_runs_only_signed_jobs_and_cancels_in_an_execution
     assert_eq!(answered["status"], "cancel-requested", "{answered}");
     let refused: Vec<Value> = reported
         .iter()
-        .chain(records(w.poison.peek().await).iter())
+        .chain(dead_letters(w.poison.peek().await).iter())
         .filter(|r| r["status"] == "rejected")
         .cloned()
         .collect();

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
-use serde_json::{Value, json};
-use shared::host::message::{Message, TaskStarted};
+use serde_json::Value;
+use shared::host::message::{DeadLetter, Message, TaskStarted};
 use shared::host::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::tenants::Tenants;
@@ -59,19 +59,20 @@ pub enum Outcome {
 
 /// The poison queue's record: the rejection, with the original text, cut until the record
 /// fits in a queue message.
-fn poison_record(record: &Value, text: &str) -> String {
+fn poison_record(record: &Message, dequeue_count: u64, text: &str) -> String {
     let mut keep = text.len();
     loop {
-        let mut poisoned = record.clone();
         let mut end = keep;
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        poisoned["message"] = json!(&text[..end]);
-        if end < text.len() {
-            poisoned["message_truncated"] = json!(true);
-        }
-        let serialized = poisoned.to_string();
+        let poisoned = DeadLetter {
+            record: record.clone(),
+            dequeue_count,
+            message: text[..end].to_owned(),
+            message_truncated: end < text.len(),
+        };
+        let serialized = serde_json::to_string(&poisoned).unwrap_or_default();
         if serialized.len() <= MAX_RECORD || end == 0 {
             return serialized;
         }
@@ -174,7 +175,6 @@ impl App {
             );
             let record = Message::Rejection(trigger::rejection(&message.id, vec![problem]));
             self.report(&record).await;
-            let record = record.to_value();
             let receipt = message.pop_receipt.clone();
             return self.poison(&jobs, &message, &receipt, record).await;
         }
@@ -202,7 +202,11 @@ impl App {
                 tracing::info!(message_id = %id, status = %result["status"], "done");
                 Ok(Outcome::Done)
             }
-            Fate::Rejected(record) => self.poison(&jobs, &message, &receipt, record).await,
+            Fate::Rejected(record) => {
+                // The pipeline's record is a rejection (its `Message`), as it was reported.
+                let record = serde_json::from_value(record).map_err(|e| e.to_string())?;
+                self.poison(&jobs, &message, &receipt, record).await
+            }
             // Busy: a fresh copy is on the queue, invisible until the holder's lease ends.
             // Waiting is not a failed delivery, so it must not count towards the poison queue.
             Fate::Requeued { why, delay } => {
@@ -248,18 +252,19 @@ impl App {
         jobs: &Queue,
         message: &Received,
         receipt: &str,
-        mut record: Value,
+        record: Message,
     ) -> Result<Outcome, String> {
-        record["dequeue_count"] = json!(message.dequeue_count);
         // Identifiers and errors stay; the job's secrets do not.
         let text = shared::host::trigger::masked_message(
             &message.text,
             self.config.runtime.templates.root(),
         );
-        let poisoned = poison_record(&record, &text);
+        let count = u64::try_from(message.dequeue_count).unwrap_or(0);
+        let poisoned = poison_record(&record, count, &text);
         let poison = self.queue(&self.config.poison_queue_url)?;
         poison.send(&poisoned, Duration::ZERO).await?;
         jobs.delete(&message.id, receipt).await?;
+        let record = record.to_value();
         tracing::warn!(message_id = %message.id, record = %record, "moved to the poison queue");
         Ok(Outcome::Poisoned)
     }
@@ -417,16 +422,18 @@ mod tests {
 
     #[test]
     fn a_poison_record_fits_in_a_queue_message_whatever_the_text() {
-        let record = json!({ "status": "rejected", "errors": [] });
-        let short = poison_record(&record, "not json");
+        let record = Message::Rejection(shared::host::trigger::rejection("m1", Vec::new()));
+        let short = poison_record(&record, 1, "not json");
         assert!(short.contains("\"message\":\"not json\""), "{short}");
         assert!(!short.contains("message_truncated"));
         // Quotes double in JSON: 60 KiB of them is far more than 64 KiB once escaped.
         let long = "\"".repeat(60 * 1024);
-        let cut = poison_record(&record, &long);
+        let cut = poison_record(&record, 1, &long);
         assert!(cut.len() <= MAX_RECORD, "{}", cut.len());
         let back: Value = serde_json::from_str(&cut).unwrap();
         assert_eq!(back["message_truncated"], true);
+        assert_eq!(back["kind"], "rejection");
+        assert_eq!(back["dequeue_count"], 1);
         assert!(!back["message"].as_str().unwrap().is_empty());
     }
 }

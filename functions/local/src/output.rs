@@ -191,6 +191,10 @@ pub fn schemas() -> Vec<(&'static str, Schema)> {
         ("result", schema_for!(JobResult)),
         ("message", schema_for!(Message)),
         (
+            "dead-letter",
+            schema_for!(shared::host::message::DeadLetter),
+        ),
+        (
             "sweep-report",
             schema_for!(shared::sweeps::report::SweepReport),
         ),

@@ -47,6 +47,23 @@ impl From<JobResult> for Message {
     }
 }
 
+/// A message the runner moved to its dead-letter queue (the Azure Storage queue's poison
+/// queue; `docs/schema/dead-letter.schema.json`): why, and the message as it came with its
+/// values masked. SQS and Pub/Sub dead-letter the original message themselves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DeadLetter {
+    /// The rejection reported for it (`kind: rejection`).
+    #[serde(flatten)]
+    pub record: Message,
+    /// How many times the queue had delivered it.
+    pub dequeue_count: u64,
+    /// The message's text, every variable's value masked but those its template declares not
+    /// sensitive; cut to fit a queue message when `message_truncated`.
+    pub message: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub message_truncated: bool,
+}
+
 /// A message that will never be a job: every problem found, each with the field it is about
 /// and the fix.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
