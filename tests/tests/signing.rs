@@ -153,6 +153,40 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
         versions,
         "no new state version"
     );
+
+    // The drift sweep's checks: refused unsigned, run when signed with a listed key. (The
+    // demo's workspace has a secret variable, so its check is not queued; the fleet's is.)
+    let fleet = sb.job(
+        "fleet.yaml",
+        "id: f1\ntenant: acme\nworkspace: nets\noperation: apply\ntemplate: { name: fleet, version: 1.0.0 }\nvariables: { networks: [a] }\n",
+    );
+    sb.run(&["run", "-q", fleet.to_str().unwrap()]).expect_code(0);
+    let drift = sb.run(&["drift", "--queue", queue]);
+    drift.expect_code(0);
+    serve(&sb, &senders).expect_code(0);
+    let failed: Vec<String> = std::fs::read_dir(sb.queue.join("failed"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("drift-") && n.ends_with(".result.json"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(
+        refusal(&sb.queue, failed[0].trim_end_matches(".result.json")).starts_with("is missing")
+    );
+    sb.run(&["drift", "--queue", queue, "--sign", key.to_str().unwrap()])
+        .expect_code(0);
+    serve(&sb, &senders).expect_code(0);
+    let done: Vec<String> = std::fs::read_dir(sb.queue.join("done"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("drift-") && n.ends_with(".result.json"))
+        .collect();
+    assert_eq!(done.len(), 1, "{done:?}");
+    let checked: Value =
+        serde_json::from_slice(&std::fs::read(sb.queue.join("done").join(&done[0])).unwrap())
+            .unwrap();
+    assert_eq!(checked["operation"], "drift-check", "{checked}");
+    assert_eq!(checked["status"], "succeeded", "{checked}");
 }
 
 #[tokio::test]

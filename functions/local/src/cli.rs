@@ -230,6 +230,10 @@ enum Cmd {
         /// The queue folder `terrace serve --queue` reads.
         #[arg(long)]
         queue: PathBuf,
+        /// Sign each check with this Ed25519 private key, for a `serve --senders` that lists
+        /// its public key (docs/signing.md).
+        #[arg(long, value_name = "KEY")]
+        sign: Option<PathBuf>,
     },
     /// List the store's workspaces, TENANT/WORKSPACE.
     Workspaces {
@@ -519,7 +523,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
         Cmd::Template(cmd) => template_cmd::run(&g, cmd).await,
         Cmd::Module(cmd) => Ok(template_cmd::module(cmd)),
-        Cmd::Drift { queue } => sweep_cmd::drift(&g, &queue).await,
+        Cmd::Drift { queue, sign } => sweep_cmd::drift(&g, &queue, sign.as_deref()).await,
         Cmd::Backup { hourly, daily } => sweep_cmd::backup(&g, hourly, daily).await,
     }
 }

@@ -45,18 +45,33 @@ pub(crate) async fn backup(g: &Global, hourly: usize, daily: usize) -> anyhow::R
     })
 }
 
-pub(crate) async fn drift(g: &Global, queue: &Path) -> anyhow::Result<u8> {
+pub(crate) async fn drift(g: &Global, queue: &Path, sign: Option<&Path>) -> anyhow::Result<u8> {
+    let key = match sign.map(crate::submit_cmd::signing_key).transpose() {
+        Ok(key) => key,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(exit::USAGE);
+        }
+    };
     let store = g.open_store().await?;
     let plan =
         shared::sweeps::drift::plan(&*store, time::OffsetDateTime::now_utc(), usize::MAX).await?;
     std::fs::create_dir_all(queue)
         .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
     for (ws, job) in &plan.jobs {
-        let id = job.0["id"].as_str().unwrap_or("drift");
+        let id = job.0["id"].as_str().unwrap_or("drift").to_owned();
         let name = format!("{id}--{}--{}.json", ws.tenant(), ws.workspace());
         // Written under a hidden name first: `serve` never sees half a file.
         let partial = queue.join(format!(".{name}.partial"));
-        std::fs::write(&partial, serde_json::to_vec_pretty(&job.0)?)
+        let mut job = job.0.clone();
+        if let Some(key) = &key {
+            key.sign(
+                shared::job::signature::Kind::Job,
+                &mut job,
+                time::OffsetDateTime::now_utc(),
+            );
+        }
+        std::fs::write(&partial, serde_json::to_vec_pretty(&job)?)
             .with_context(|| format!("cannot write {}", partial.display()))?;
         std::fs::rename(&partial, queue.join(&name))?;
         outln!("{ws}: drift check queued as {name}");
