@@ -160,7 +160,8 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
         "fleet.yaml",
         "id: f1\ntenant: acme\nworkspace: nets\noperation: apply\ntemplate: { name: fleet, version: 1.0.0 }\nvariables: { networks: [a] }\n",
     );
-    sb.run(&["run", "-q", fleet.to_str().unwrap()]).expect_code(0);
+    sb.run(&["run", "-q", fleet.to_str().unwrap()])
+        .expect_code(0);
     let drift = sb.run(&["drift", "--queue", queue]);
     drift.expect_code(0);
     serve(&sb, &senders).expect_code(0);

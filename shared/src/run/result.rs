@@ -542,14 +542,31 @@ impl JobResult {
     /// task that gave up): every field a result has, no step, `error` saying why. What a
     /// platform parses like any other result.
     pub fn never_started(job: &crate::job::Job, status: Status, error: JobError) -> Self {
+        let ws = Ran {
+            job_id: &job.id,
+            tenant: &job.tenant,
+            workspace: &job.workspace,
+            operation: job.operation,
+            template: job.template.to_string(),
+        };
+        Self {
+            sequence: job.sequence,
+            approved_plan: job.plan.clone(),
+            ..Self::nothing_run(ws, status, error)
+        }
+    }
+
+    /// A result with no step, no output and no state version: `job`, ended `status` now with
+    /// `error`. The caller sets what it knows beyond that (its fence, its times).
+    pub fn nothing_run(job: Ran<'_>, status: Status, error: JobError) -> Self {
         let now = OffsetDateTime::now_utc();
         Self {
             schema: RESULT_SCHEMA,
-            job_id: job.id.clone(),
-            tenant: job.tenant.clone(),
-            workspace: job.workspace.clone(),
+            job_id: job.job_id.to_owned(),
+            tenant: job.tenant.to_owned(),
+            workspace: job.workspace.to_owned(),
             operation: job.operation,
-            template: job.template.to_string(),
+            template: job.template,
             status,
             fence: None,
             terraform: None,
@@ -571,12 +588,22 @@ impl JobResult {
             error: Some(error),
             lifecycle: None,
             attention: Vec::new(),
-            sequence: job.sequence,
+            sequence: None,
             superseded_by: None,
             plan: None,
-            approved_plan: job.plan.clone(),
+            approved_plan: None,
         }
     }
+}
+
+/// Which job a result is of, for [`JobResult::nothing_run`].
+pub struct Ran<'a> {
+    pub job_id: &'a str,
+    pub tenant: &'a str,
+    pub workspace: &'a str,
+    pub operation: Operation,
+    /// `NAME@VERSION`.
+    pub template: String,
 }
 
 /// The run that superseded a job: it started on the workspace with this sequence.

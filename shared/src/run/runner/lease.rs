@@ -55,48 +55,28 @@ impl Runner {
                 .ok()
             })
             .unwrap_or(prev.expired_at);
-        let template = job.template.to_string();
-        let result = JobResult {
-            cost: None,
-            schema: crate::run::result::RESULT_SCHEMA,
-            job_id: prev.owner.clone(),
-            tenant: ws.tenant().to_owned(),
-            workspace: ws.workspace().to_owned(),
+        let ran = crate::run::result::Ran {
+            job_id: &prev.owner,
+            tenant: ws.tenant(),
+            workspace: ws.workspace(),
             operation,
-            template,
-            status: Status::Interrupted,
+            template: job.template.to_string(),
+        };
+        let error = JobError::new(
+            Category::Internal,
+            "unknown",
+            format!(
+                "the runner stopped without finishing (killed or crashed); its lease (fence {}) expired at {expired}",
+                prev.fence
+            ),
+            "every state version it wrote is kept; check `terrace state versions`, then run the job again",
+            true,
+        );
+        let result = JobResult {
             fence: Some(prev.fence),
             started_at,
             finished_at: prev.expired_at,
-            duration_ms: 0,
-            terraform: None,
-            steps: Vec::new(),
-            changes: None,
-            drift: None,
-            drifted: Vec::new(),
-            outputs: Default::default(),
-            sealed_outputs: None,
-            state_versions: Vec::new(),
-            attempts: Vec::new(),
-            cleanup: None,
-            recovered: Vec::new(),
-            unsaved_state: None,
-            sequence: None,
-            superseded_by: None,
-            plan: None,
-            approved_plan: None,
-            error: Some(JobError::new(
-                Category::Internal,
-                "unknown",
-                format!(
-                    "the runner stopped without finishing (killed or crashed); its lease (fence {}) expired at {expired}",
-                    prev.fence
-                ),
-                "every state version it wrote is kept; check `terrace state versions`, then run the job again",
-                true,
-            )),
-            lifecycle: None,
-            attention: Vec::new(),
+            ..JobResult::nothing_run(ran, Status::Interrupted, error)
         };
         let data = serde_json::to_vec_pretty(&result).ok()?;
         if self
