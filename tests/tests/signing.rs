@@ -102,7 +102,6 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
     assert!(signed["signature"]["ed25519"].is_string(), "{signed}");
     // A signed job changed on the way: the node count raised.
     let mut changed = signed.clone();
-    changed["id"] = json!("sig-changed");
     changed["variables"]["node_count"] = json!(9);
     std::fs::write(sb.queue.join("sig-changed.json"), changed.to_string()).unwrap();
 
@@ -188,6 +187,30 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
             .unwrap();
     assert_eq!(checked["operation"], "drift-check", "{checked}");
     assert_eq!(checked["status"], "succeeded", "{checked}");
+
+    // A refused job never ran: signed, it may be sent again under its id, and runs.
+    let resent = sb.run(&[
+        "submit",
+        none.to_str().unwrap(),
+        "--to",
+        queue,
+        "--sign",
+        key.to_str().unwrap(),
+    ]);
+    resent.expect_code(0);
+    serve(&sb, &senders).expect_code(0);
+    let result = sb
+        .artifact_json("acme/signed", "sig-none", "result.json")
+        .await;
+    assert_eq!(result["status"], "succeeded", "{result}");
+    // One that ran is not sent again.
+    let again = sb.run(&["submit", good.to_str().unwrap(), "--to", queue]);
+    again.expect_code(1);
+    assert!(
+        again.stderr().contains("a job id runs once"),
+        "{}",
+        again.stderr()
+    );
 }
 
 #[tokio::test]
@@ -263,11 +286,12 @@ print(json.dumps(job))
         sign("ossl-1", &now).to_string(),
     )
     .unwrap();
-    std::fs::write(
-        sb.queue.join("old.json"),
-        sign("ossl-2", "2026-01-01T00:00:00Z").to_string(),
-    )
-    .unwrap();
+    let old = (time::OffsetDateTime::now_utc() - time::Duration::hours(25))
+        .replace_nanosecond(0)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    std::fs::write(sb.queue.join("old.json"), sign("ossl-2", &old).to_string()).unwrap();
     serve(&sb, &senders).expect_code(0);
     let result = sb
         .artifact_json("acme/openssl", "ossl-1", "result.json")
@@ -275,7 +299,7 @@ print(json.dumps(job))
     assert_eq!(result["status"], "succeeded");
     let problem = refusal(&sb.queue, "old.json");
     assert!(
-        problem.starts_with("is replayed: it was made at 2026-01-01T00:00:00Z")
+        problem.starts_with(&format!("is replayed: it was made at {old}"))
             && problem.contains("24 h"),
         "{problem}"
     );
@@ -365,7 +389,7 @@ async fn a_signed_cancel_sent_to_the_queue_stops_the_job_and_an_unsigned_one_is_
         key.to_str().unwrap(),
     ])
     .expect_code(0);
-    serve(&sb, &senders);
+    serve(&sb, &senders).expect_code(0);
     let result = sb
         .artifact_json("acme/cancelled", "later-1", "result.json")
         .await;

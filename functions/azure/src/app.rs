@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
 use serde_json::Value;
-use shared::host::message::{DeadLetter, Message, TaskStarted};
+use shared::host::message::{DeadLetter, DeadLetterKind, Message, Rejection, TaskStarted};
 use shared::host::pipeline::{self, Delivery, Fate, Keep, Trigger};
 use shared::host::settings::Runtime;
 use shared::host::tenants::Tenants;
@@ -59,7 +59,7 @@ pub enum Outcome {
 
 /// The poison queue's record: the rejection, with the original text, cut until the record
 /// fits in a queue message.
-fn poison_record(record: &Message, dequeue_count: u64, text: &str) -> String {
+fn poison_record(record: &Rejection, dequeue_count: u64, text: &str) -> String {
     let mut keep = text.len();
     loop {
         let mut end = keep;
@@ -67,7 +67,8 @@ fn poison_record(record: &Message, dequeue_count: u64, text: &str) -> String {
             end -= 1;
         }
         let poisoned = DeadLetter {
-            record: record.clone(),
+            kind: DeadLetterKind::Rejection,
+            rejection: record.clone(),
             dequeue_count,
             message: text[..end].to_owned(),
             message_truncated: end < text.len(),
@@ -173,8 +174,8 @@ impl App {
                 ),
                 "see this job's earlier executions' logs; send it again once the cause is fixed",
             );
-            let record = Message::Rejection(trigger::rejection(&message.id, vec![problem]));
-            self.report(&record).await;
+            let record = trigger::rejection(&message.id, vec![problem]);
+            self.report(&Message::Rejection(record.clone())).await;
             let receipt = message.pop_receipt.clone();
             return self.poison(&jobs, &message, &receipt, record).await;
         }
@@ -204,7 +205,9 @@ impl App {
             }
             Fate::Rejected(record) => {
                 // The pipeline's record is a rejection (its `Message`), as it was reported.
-                let record = serde_json::from_value(record).map_err(|e| e.to_string())?;
+                let Ok(Message::Rejection(record)) = serde_json::from_value(record) else {
+                    return Err("the pipeline's rejection is not one".into());
+                };
                 self.poison(&jobs, &message, &receipt, record).await
             }
             // Busy: a fresh copy is on the queue, invisible until the holder's lease ends.
@@ -252,7 +255,7 @@ impl App {
         jobs: &Queue,
         message: &Received,
         receipt: &str,
-        record: Message,
+        record: Rejection,
     ) -> Result<Outcome, String> {
         // Identifiers and errors stay; the job's secrets do not.
         let text = shared::host::trigger::masked_message(
@@ -264,7 +267,7 @@ impl App {
         let poison = self.queue(&self.config.poison_queue_url)?;
         poison.send(&poisoned, Duration::ZERO).await?;
         jobs.delete(&message.id, receipt).await?;
-        let record = record.to_value();
+        let record = Message::Rejection(record).to_value();
         tracing::warn!(message_id = %message.id, record = %record, "moved to the poison queue");
         Ok(Outcome::Poisoned)
     }
@@ -422,7 +425,7 @@ mod tests {
 
     #[test]
     fn a_poison_record_fits_in_a_queue_message_whatever_the_text() {
-        let record = Message::Rejection(shared::host::trigger::rejection("m1", Vec::new()));
+        let record = shared::host::trigger::rejection("m1", Vec::new());
         let short = poison_record(&record, 1, "not json");
         assert!(short.contains("\"message\":\"not json\""), "{short}");
         assert!(!short.contains("message_truncated"));

@@ -114,12 +114,15 @@ pub(crate) async fn send_cancel(a: SendCancel<'_>) -> anyhow::Result<u8> {
     }) else {
         unreachable!("a JSON object")
     };
-    if let Some(key) = &key {
-        key.sign(
+    if let Some(key) = &key
+        && let Err(why) = key.sign(
             shared::job::signature::Kind::Cancel,
             &mut ask,
             time::OffsetDateTime::now_utc(),
-        );
+        )
+    {
+        eprintln!("error: --sign: {why}");
+        return Ok(exit::USAGE);
     }
     let message = serde_json::json!({ "cancel": ask });
     let id = format!("cancel-{}", a.job);
@@ -131,8 +134,12 @@ pub(crate) async fn send_cancel(a: SendCancel<'_>) -> anyhow::Result<u8> {
         );
         return Ok(exit::FAILED);
     }
+    let answer = match queue {
+        Queue::Folder(_) => "`terrace serve` answers in the folder's done/ (or failed/)",
+        _ => "the runner answers on its results channel",
+    };
     eprintln!(
-        "cancel of job {} ({ws}) sent to {}: the runner answers on its results channel; `terrace result {} -w {ws}` shows how the job ended",
+        "cancel of job {} ({ws}) sent to {}: {answer}; `terrace result {} -w {ws}` shows how the job ended",
         a.job,
         queue.describe(),
         a.job

@@ -72,6 +72,13 @@ fn read_senders(path: &Path) -> Result<BTreeMap<String, Vec<SenderKey>>, String>
     doc.0
         .into_iter()
         .map(|(tenant, keys)| {
+            if let Err(e) = state_backends::check_name(&tenant) {
+                return Err(format!(
+                    "--senders {}: tenant {tenant:?} {}",
+                    path.display(),
+                    e.reason
+                ));
+            }
             shared::host::tenants::parse_senders(&keys)
                 .map(|keys| (tenant.clone(), keys))
                 .map_err(|why| {
@@ -122,6 +129,20 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
     recover_orphans(q)?;
     let templates = g.open_templates().await?;
     let mut runtime = runtime(g, templates.clone());
+    runtime.signature_window = match shared::host::settings::signature_window() {
+        Ok(window) => window,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
+    if !senders.is_empty() {
+        let names: Vec<&str> = senders.keys().map(String::as_str).collect();
+        eprintln!(
+            "only signed jobs and cancels run for tenant(s) {}; any other tenant's run unsigned",
+            names.join(", ")
+        );
+    }
     runtime.terraform.serve_jobs(false)?;
     if !runtime.terraform.per_job_users && args.concurrency > 1 {
         eprintln!(

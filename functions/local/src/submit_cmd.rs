@@ -203,8 +203,11 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
         };
     let job = &validated.job;
     let ws = WorkspaceId::new(&job.tenant, &job.workspace)?;
-    if let Some(key) = &key {
-        key.sign(Kind::Job, &mut raw.0, time::OffsetDateTime::now_utc());
+    if let Some(key) = &key
+        && let Err(why) = key.sign(Kind::Job, &mut raw.0, time::OffsetDateTime::now_utc())
+    {
+        eprintln!("error: --sign: {why}");
+        return Ok(exit::INVALID);
     }
     let envelope = serde_json::json!({ "job": raw.0 });
     if let Err(why) = send(&queue, &ws, &job.id, &envelope).await {
@@ -336,15 +339,24 @@ fn to_folder(dir: &Path, id: &str, message: &Value) -> Result<(), String> {
             dir.display()
         ));
     }
+    // A cancel answered before may be sent again; a job only when it was rejected (it never
+    // ran: a job id runs once).
+    let cancel = message.get("cancel").is_some();
     for sub in ["", "running", "done", "failed"] {
         for ext in ["json", "yaml", "yml"] {
             let there = dir.join(sub).join(format!("{id}.{ext}"));
-            if there.exists() {
-                return Err(format!(
+            let settled = sub == "done" || sub == "failed";
+            if !there.exists() || (settled && (cancel || was_rejected(&there))) {
+                continue;
+            }
+            return Err(if cancel {
+                format!("{} is already waiting there", there.display())
+            } else {
+                format!(
                     "{} is already there: a job id runs once (give the job a new id to send it again)",
                     there.display()
-                ));
-            }
+                )
+            });
         }
     }
     // The queue reads a job file as the job itself, not its envelope; a cancel as it is.
@@ -362,6 +374,16 @@ fn to_folder(dir: &Path, id: &str, message: &Value) -> Result<(), String> {
         ),
         _ => format!("cannot queue {}: {e}", to.display()),
     })
+}
+
+/// Whether `serve` settled the message file at `path` as rejected (its `.result.json` says so).
+fn was_rejected(path: &Path) -> bool {
+    let mut result = path.as_os_str().to_owned();
+    result.push(".result.json");
+    std::fs::read(result)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+        .is_some_and(|r| r["status"] == "rejected")
 }
 
 #[cfg(feature = "aws")]

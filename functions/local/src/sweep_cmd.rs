@@ -64,12 +64,15 @@ pub(crate) async fn drift(g: &Global, queue: &Path, sign: Option<&Path>) -> anyh
         // Written under a hidden name first: `serve` never sees half a file.
         let partial = queue.join(format!(".{name}.partial"));
         let mut job = job.0.clone();
-        if let Some(key) = &key {
-            key.sign(
+        if let Some(key) = &key
+            && let Err(why) = key.sign(
                 shared::job::signature::Kind::Job,
                 &mut job,
                 time::OffsetDateTime::now_utc(),
-            );
+            )
+        {
+            eprintln!("{ws}: not queued: --sign: {why}");
+            continue;
         }
         std::fs::write(&partial, serde_json::to_vec_pretty(&job)?)
             .with_context(|| format!("cannot write {}", partial.display()))?;

@@ -52,9 +52,10 @@ impl From<JobResult> for Message {
 /// values masked. SQS and Pub/Sub dead-letter the original message themselves.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DeadLetter {
-    /// The rejection reported for it (`kind: rejection`).
+    /// Always `rejection`: the record is the rejection reported for the message, and more.
+    pub kind: DeadLetterKind,
     #[serde(flatten)]
-    pub record: Message,
+    pub rejection: Rejection,
     /// How many times the queue had delivered it.
     pub dequeue_count: u64,
     /// The message's text, every variable's value masked but those its template declares not
@@ -62,6 +63,13 @@ pub struct DeadLetter {
     pub message: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub message_truncated: bool,
+}
+
+/// Always `rejection`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeadLetterKind {
+    Rejection,
 }
 
 /// A message that will never be a job: every problem found, each with the field it is about

@@ -282,36 +282,58 @@ fn target_of<T: Trigger + ?Sized>(
 }
 
 /// Checks the sender's signature of `object` (a job, or a cancel's `cancel`) when `tenant`
-/// takes only signed ones (`docs/signing.md`).
+/// takes only signed ones (`docs/signing.md`). `Ok(Some(refusal))`: a good signature older than
+/// the window, which a job may still run on only if this store knows it already (its records:
+/// a redelivery, not a replay of a job whose records are gone).
 ///
 /// # Errors
 /// The rejection's entry, at `field`, saying whether the signature is missing, malformed,
-/// wrong or replayed.
+/// wrong, replayed or ahead of this runner's clock.
 fn authenticate<T: Trigger + ?Sized>(
     trigger: &T,
     kind: Kind,
     object: &Map<String, Value>,
     tenant: Option<&str>,
     field: &str,
-) -> Result<(), ValidationError> {
+) -> Result<Option<ValidationError>, ValidationError> {
     let Some(tenant) = tenant else {
-        return Ok(());
+        return Ok(None);
     };
     let keys = trigger.senders(tenant);
     if keys.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
+    let refused = |refusal: signature::Refusal| {
+        tracing::warn!(
+            tenant,
+            signature = refusal.word(),
+            "message refused: its signature"
+        );
+        refusal.to_error(field, kind, tenant, keys.len())
+    };
     let now = time::OffsetDateTime::now_utc();
-    signature::verify(kind, object, keys, now, trigger.runtime().signature_window).map_err(
-        |refusal| {
-            tracing::warn!(
-                tenant,
-                signature = refusal.word(),
-                "message refused: its signature"
-            );
-            refusal.to_error(field, kind, tenant, keys.len())
-        },
-    )
+    let window = trigger.runtime().signature_window;
+    let (signer, too_old) =
+        signature::verify_signer(kind, object, keys, now, window).map_err(refused)?;
+    // The runner's own key signs its drift checks, and nothing else.
+    let own = trigger.runtime().signing_key.as_ref();
+    let drift =
+        kind == Kind::Job && object.get("operation").and_then(Value::as_str) == Some("drift-check");
+    if own.is_some_and(|own| own.public() == keys[signer]) && !drift {
+        tracing::warn!(tenant, "message refused: signed with the runner's own key");
+        return Err(problem(
+            field,
+            "is made with this runner's own key (TERRACE_SIGNING_KEY), which signs only its drift checks",
+            "sign with the platform's key",
+        ));
+    }
+    match too_old {
+        None => Ok(None),
+        Some(refusal) if kind == Kind::Job => {
+            Ok(Some(refusal.to_error(field, kind, tenant, keys.len())))
+        }
+        Some(refusal) => Err(refused(refusal)),
+    }
 }
 
 /// Checks a message: its sender first (a tenant that takes only signed jobs reads nothing
@@ -324,12 +346,12 @@ fn authenticate<T: Trigger + ?Sized>(
 async fn check<T: Trigger + ?Sized>(
     trigger: &T,
     d: &Delivery<'_>,
-) -> Result<(T::Target, ValidatedJob), Result<Vec<ValidationError>, Fate>> {
+) -> Result<Checked<T::Target>, Result<Vec<ValidationError>, Fate>> {
     let envelope = trigger
         .decode(d.body)
         .map_err(|e| Ok(vec![problem("", e, trigger.envelope_fix())]))?;
     let tenant = envelope.job.get("tenant").and_then(Value::as_str);
-    authenticate(trigger, Kind::Job, &envelope.job, tenant, signature::FIELD)
+    let too_old = authenticate(trigger, Kind::Job, &envelope.job, tenant, signature::FIELD)
         .map_err(|e| Ok(vec![e]))?;
     let (target, mut problems) = match target_of(trigger, &envelope) {
         Ok(target) => (target, Vec::new()),
@@ -374,9 +396,21 @@ async fn check<T: Trigger + ?Sized>(
         ));
     }
     match (target, job) {
-        (Some(target), Some(job)) if problems.is_empty() => Ok((target, job)),
+        (Some(target), Some(job)) if problems.is_empty() => Ok(Checked {
+            target,
+            job,
+            too_old,
+        }),
         _ => Err(Ok(problems)),
     }
+}
+
+/// A message that may run: its target and job, and, when its signature is older than the
+/// window, the refusal it gets unless the store knows the job already.
+struct Checked<T> {
+    target: T,
+    job: ValidatedJob,
+    too_old: Option<ValidationError>,
 }
 
 /// Sees one message through: check, hand off or run, report; then sends its spans, when they
@@ -391,7 +425,11 @@ async fn handle_one<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
     if let Some(fate) = cancel::handle_cancel(trigger, &d).await {
         return fate;
     }
-    let (target, job) = match check(trigger, &d).await {
+    let Checked {
+        target,
+        job,
+        too_old,
+    } = match check(trigger, &d).await {
         Ok(checked) => checked,
         Err(Ok(problems)) => return reject(trigger, rejection(d.message_id, problems)).await,
         Err(Err(again)) => return again,
@@ -403,6 +441,19 @@ async fn handle_one<T: Trigger + ?Sized>(trigger: &T, d: Delivery<'_>) -> Fate {
             return reject(trigger, record).await;
         }
     };
+    // An old signature: a redelivery of a job this store knows goes on (to its result, or its
+    // run); one it does not know is a replay.
+    if let Some(refusal) = too_old {
+        let store = match trigger.store(&target, &job.job.id, None).await {
+            Ok(store) => store,
+            Err(e) => return cannot(trigger, d.message_id, e).await,
+        };
+        match store.artifacts(&ws, &job.job.id).await {
+            Ok(known) if !known.is_empty() => {}
+            Ok(_) => return reject(trigger, rejection(d.message_id, vec![refusal])).await,
+            Err(e) => return Fate::again(e.to_string()),
+        }
+    }
     if d.time_left.is_some_and(|left| job.job.timeout > left) {
         return hand_off(trigger, &target, &job, &ws, &d).await;
     }

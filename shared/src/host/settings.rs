@@ -15,7 +15,7 @@ use terraform::terraform_user;
 pub use terraform::{cpu_limit, job_limits, memory_limit};
 
 /// The variables that hold a cloud function's own credentials, or lead to them (an endpoint,
-/// a token file): a function refuses to pass any of them to terraform, which gets the
+/// a token file, the runner's signing key): a function refuses to pass any of them to terraform, which gets the
 /// customer's access from the runner instead.
 pub const RUNNER_CREDENTIALS: &[&str] = &[
     "AWS_ACCESS_KEY_ID",
@@ -31,6 +31,7 @@ pub const RUNNER_CREDENTIALS: &[&str] = &[
     "AWS_PROFILE",
     "AWS_CONFIG_FILE",
     "AWS_SHARED_CREDENTIALS_FILE",
+    "TERRACE_SIGNING_KEY",
     "AWS_LAMBDA_RUNTIME_API",
     "IDENTITY_ENDPOINT",
     "IDENTITY_HEADER",
@@ -138,6 +139,26 @@ pub fn call_timeout() -> Result<Duration, ConfigError> {
         state_backends::CALL_TIMEOUT.as_secs(),
     )?
     .max(Duration::from_secs(1)))
+}
+
+/// `TERRACE_SIGNATURE_WINDOW`: how long after it was made a sender's signature is accepted
+/// (24 h by default; never 0, which would refuse every signed job).
+///
+/// # Errors
+/// A value that is not a whole number of seconds above 0.
+pub fn signature_window() -> Result<Duration, ConfigError> {
+    let window = seconds(
+        "TERRACE_SIGNATURE_WINDOW",
+        crate::job::signature::DEFAULT_WINDOW.as_secs(),
+    )?;
+    if window.is_zero() {
+        return Err(ConfigError::Malformed {
+            name: "TERRACE_SIGNATURE_WINDOW".into(),
+            value: "0".into(),
+            expected: "seconds above 0 (a window of 0 refuses every signed job)",
+        });
+    }
+    Ok(window)
 }
 
 /// A number of seconds, `default` when unset.
@@ -268,10 +289,7 @@ impl Runtime {
                     ))
                 })?),
             },
-            signature_window: seconds(
-                "TERRACE_SIGNATURE_WINDOW",
-                crate::job::signature::DEFAULT_WINDOW.as_secs(),
-            )?,
+            signature_window: signature_window()?,
             signing_key: match var("TERRACE_SIGNING_KEY") {
                 None => None,
                 // The PEM itself (from a secret store), or the path of a file holding it.

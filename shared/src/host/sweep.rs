@@ -67,18 +67,33 @@ pub(crate) async fn queue<T: Trigger + ?Sized>(
     let mut unqueued = Vec::new();
     for (i, (ws, job)) in plan.jobs.iter().enumerate() {
         let mut job = job.0.clone();
-        if !trigger.senders(ws.tenant()).is_empty() {
-            let Some(key) = &trigger.runtime().signing_key else {
+        let senders = trigger.senders(ws.tenant());
+        if !senders.is_empty() {
+            let listed = trigger
+                .runtime()
+                .signing_key
+                .as_ref()
+                .filter(|key| senders.contains(&key.public()));
+            let Some(key) = listed else {
+                let why = match &trigger.runtime().signing_key {
+                    None => {
+                        "this runner has no key to sign its drift checks: set TERRACE_SIGNING_KEY"
+                    }
+                    Some(_) => "the runner's key (TERRACE_SIGNING_KEY) is not among them",
+                };
                 unqueued.push((
                     ws.to_string(),
                     format!(
-                        "tenant {:?} takes only signed jobs and this runner has no key to sign its drift checks: set TERRACE_SIGNING_KEY and list its public key in the tenant's senders",
+                        "tenant {:?} takes only signed jobs and {why}, and list its public key in the tenant's senders",
                         ws.tenant()
                     ),
                 ));
                 continue;
             };
-            key.sign(Kind::Job, &mut job, now);
+            if let Err(why) = key.sign(Kind::Job, &mut job, now) {
+                unqueued.push((ws.to_string(), format!("cannot be signed: {why}")));
+                continue;
+            }
         }
         // The job's tenant names its target: the registry's, this one.
         bodies.push(serde_json::json!({ "job": job }).to_string());

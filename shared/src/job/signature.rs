@@ -45,7 +45,17 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// How far ahead of the runner's clock a sender's may be.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(300);
 
-const FORMAT_FIX: &str = "sign the job with `terrace submit --sign KEY`, or as docs/signing.md says: {\"signed_at\": RFC 3339 time, \"ed25519\": base64 of the 64-byte signature}";
+/// How to sign a job or a cancel.
+fn format_fix(kind: Kind) -> String {
+    let command = match kind {
+        Kind::Job => "terrace submit --sign KEY",
+        Kind::Cancel => "terrace cancel --to QUEUE --sign KEY",
+    };
+    format!(
+        "sign the {} with `{command}`, or as docs/signing.md says: {{\"signed_at\": RFC 3339 time, \"ed25519\": base64 of the 64-byte signature}}",
+        kind.as_str()
+    )
+}
 
 /// A signature, as the signed object's `signature` member.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -179,7 +189,19 @@ impl SenderSecret {
     }
 
     /// Signs `object` as of `now`, replacing any signature it had.
-    pub fn sign(&self, kind: Kind, object: &mut Map<String, Value>, now: OffsetDateTime) {
+    ///
+    /// # Errors
+    /// A whole number in it beyond ±2^53, which canonical JSON cannot keep exactly (named by
+    /// its path: send it as text).
+    pub fn sign(
+        &self,
+        kind: Kind,
+        object: &mut Map<String, Value>,
+        now: OffsetDateTime,
+    ) -> Result<(), String> {
+        if let Some(why) = inexact_number(object) {
+            return Err(why);
+        }
         let signed_at = now
             .replace_nanosecond(0)
             .unwrap_or(now)
@@ -195,7 +217,46 @@ impl SenderSecret {
             FIELD.into(),
             serde_json::to_value(signature).unwrap_or(Value::Null),
         );
+        Ok(())
     }
+}
+
+/// The largest whole number canonical JSON keeps exactly (it writes numbers as IEEE doubles).
+const EXACT: u64 = 1 << 53;
+
+/// Where in `object` a whole number lies beyond ±2^53, if anywhere: a signature over it would
+/// hold for a different number too.
+fn inexact_number(object: &Map<String, Value>) -> Option<String> {
+    fn walk(value: &Value, path: &str) -> Option<String> {
+        match value {
+            Value::Number(n) => {
+                let beyond = n.as_u64().is_some_and(|u| u > EXACT)
+                    || n.as_i64().is_some_and(|i| i.unsigned_abs() > EXACT);
+                beyond.then(|| {
+                    format!(
+                        "{path} is a whole number beyond ±2^53, which a signature cannot cover exactly: send it as text"
+                    )
+                })
+            }
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| walk(v, &format!("{path}[{i}]"))),
+            Value::Object(map) => map.iter().find_map(|(k, v)| {
+                let at = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                walk(v, &at)
+            }),
+            _ => None,
+        }
+    }
+    object
+        .iter()
+        .filter(|(k, _)| k.as_str() != FIELD)
+        .find_map(|(k, v)| walk(v, k))
 }
 
 impl fmt::Debug for SenderSecret {
@@ -240,9 +301,9 @@ impl Refusal {
                 format!(
                     "is missing: tenant {tenant:?} accepts only a {what} signed by one of its {keys} sender key(s)"
                 ),
-                FORMAT_FIX.to_owned(),
+                format_fix(kind),
             ),
-            Self::Malformed(why) => (format!("is malformed: {why}"), FORMAT_FIX.to_owned()),
+            Self::Malformed(why) => (format!("is malformed: {why}"), format_fix(kind)),
             Self::Wrong => (
                 format!(
                     "is wrong: it verifies with none of the {keys} sender key(s) of tenant {tenant:?} (signed by another key, or the {what} was changed after it was signed)"
@@ -304,8 +365,9 @@ pub fn read(object: &Map<String, Value>) -> Result<Option<Signature>, String> {
     }
 }
 
-/// Checks `object`'s signature against `keys` as of `now`: it must verify with one of them and
-/// be no older than `window` (nor ahead of `now` by more than [`CLOCK_SKEW`]).
+/// Checks `object`'s signature against `keys` as of `now`: it must be well formed, verify with
+/// one of them, and be dated neither ahead of `now` by more than [`CLOCK_SKEW`] nor older than
+/// `window` (checked in that order). The key that signed it, by its index in `keys`.
 ///
 /// # Errors
 /// Why it is refused.
@@ -315,10 +377,30 @@ pub fn verify(
     keys: &[SenderKey],
     now: OffsetDateTime,
     window: Duration,
-) -> Result<(), Refusal> {
+) -> Result<usize, Refusal> {
+    let (signer, too_old) = verify_signer(kind, object, keys, now, window)?;
+    too_old.map_or(Ok(signer), Err)
+}
+
+/// As [`verify`], but a signature older than the window is told apart: the key that signed it,
+/// and [`Refusal::Replayed`] when it is too old. (A runner still reports the result of a job
+/// it knows, whatever the age of its signature.)
+///
+/// # Errors
+/// Any other refusal.
+pub fn verify_signer(
+    kind: Kind,
+    object: &Map<String, Value>,
+    keys: &[SenderKey],
+    now: OffsetDateTime,
+    window: Duration,
+) -> Result<(usize, Option<Refusal>), Refusal> {
     let signature = read(object)
         .map_err(Refusal::Malformed)?
         .ok_or(Refusal::Missing)?;
+    if let Some(why) = inexact_number(object) {
+        return Err(Refusal::Malformed(why));
+    }
     let bytes = signed_bytes(kind, object, &signature.signed_at);
     let raw: [u8; 64] = STANDARD
         .decode(&signature.ed25519)
@@ -327,9 +409,10 @@ pub fn verify(
         .ok_or(Refusal::Wrong)?;
     let sig = ed25519_dalek::Signature::from_bytes(&raw);
     // Strict: a signature that verifies only under the lax rules is not one.
-    if !keys.iter().any(|k| k.0.verify_strict(&bytes, &sig).is_ok()) {
-        return Err(Refusal::Wrong);
-    }
+    let signer = keys
+        .iter()
+        .position(|k| k.0.verify_strict(&bytes, &sig).is_ok())
+        .ok_or(Refusal::Wrong)?;
     let at = OffsetDateTime::parse(&signature.signed_at, &Rfc3339)
         .map_err(|_| Refusal::Malformed("signed_at is not an RFC 3339 time".into()))?;
     if at > now + CLOCK_SKEW {
@@ -337,13 +420,11 @@ pub fn verify(
             signed_at: signature.signed_at,
         });
     }
-    if now - at > window {
-        return Err(Refusal::Replayed {
-            signed_at: signature.signed_at,
-            window,
-        });
-    }
-    Ok(())
+    let too_old = (now - at > window).then_some(Refusal::Replayed {
+        signed_at: signature.signed_at,
+        window,
+    });
+    Ok((signer, too_old))
 }
 
 #[cfg(test)]
@@ -383,7 +464,7 @@ mod tests {
         let key = SenderSecret::generate();
         let other = SenderSecret::generate();
         let mut object = job();
-        key.sign(Kind::Job, &mut object, now());
+        key.sign(Kind::Job, &mut object, now()).unwrap();
         assert_eq!(
             object[FIELD]["signed_at"], "2026-11-28T09:30:00Z",
             "{object:?}"
@@ -391,14 +472,15 @@ mod tests {
         let keys = [other.public(), key.public()];
         assert_eq!(
             verify(Kind::Job, &object, &keys, now(), DEFAULT_WINDOW),
-            Ok(())
+            Ok(1),
+            "the second key signed it"
         );
         // Read back from the text a queue carries, keys in another order: still the same.
         let text = serde_json::to_string_pretty(&object).unwrap();
         let back: Map<String, Value> = serde_json::from_str(&text).unwrap();
         assert_eq!(
             verify(Kind::Job, &back, &keys, now(), DEFAULT_WINDOW),
-            Ok(())
+            Ok(1)
         );
 
         let mut changed = object.clone();
@@ -457,7 +539,8 @@ mod tests {
         ));
 
         let mut old = job();
-        key.sign(Kind::Job, &mut old, now() - time::Duration::hours(25));
+        key.sign(Kind::Job, &mut old, now() - time::Duration::hours(25))
+            .unwrap();
         let refusal = verify(Kind::Job, &old, &keys, now(), DEFAULT_WINDOW).unwrap_err();
         assert_eq!(refusal.word(), "replayed");
         let error = refusal.to_error("signature", Kind::Job, "acme", 1);
@@ -472,11 +555,12 @@ mod tests {
                 now(),
                 Duration::from_secs(26 * 3600)
             ),
-            Ok(())
+            Ok(0)
         );
 
         let mut ahead = job();
-        key.sign(Kind::Job, &mut ahead, now() + time::Duration::minutes(10));
+        key.sign(Kind::Job, &mut ahead, now() + time::Duration::minutes(10))
+            .unwrap();
         assert_eq!(
             verify(Kind::Job, &ahead, &keys, now(), DEFAULT_WINDOW)
                 .unwrap_err()
@@ -484,10 +568,11 @@ mod tests {
             "future"
         );
         let mut skewed = job();
-        key.sign(Kind::Job, &mut skewed, now() + time::Duration::minutes(2));
+        key.sign(Kind::Job, &mut skewed, now() + time::Duration::minutes(2))
+            .unwrap();
         assert_eq!(
             verify(Kind::Job, &skewed, &keys, now(), DEFAULT_WINDOW),
-            Ok(())
+            Ok(0)
         );
     }
 
@@ -530,6 +615,36 @@ mod tests {
         let e = SenderSecret::from_pem("garbage").unwrap_err();
         assert!(e.contains("PKCS#8") && !e.contains("garbage"), "{e}");
         // The private key never shows in a debug print.
-        assert!(!format!("{secret:?}").contains("PRIVATE"));
+        let body: String = secret
+            .to_pem()
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        assert!(!format!("{secret:?}").contains(&body), "{secret:?}");
+        assert!(format!("{secret:?}").contains(&public.to_string()));
+    }
+
+    #[test]
+    fn a_whole_number_canonical_json_cannot_keep_exactly_is_refused_on_both_sides() {
+        let key = SenderSecret::generate();
+        let mut object = job();
+        object["variables"]["big"] = json!(9_007_199_254_740_993_u64);
+        let e = key.sign(Kind::Job, &mut object, now()).unwrap_err();
+        assert!(
+            e.starts_with("variables.big is a whole number beyond"),
+            "{e}"
+        );
+        assert!(object.get(FIELD).is_none(), "not signed");
+        // 2^53 itself, and small negative numbers, are exact.
+        object["variables"]["big"] = json!(9_007_199_254_740_992_u64);
+        object["variables"]["small"] = json!([-3]);
+        key.sign(Kind::Job, &mut object, now()).unwrap();
+        // A signed job whose number was raised past 2^53 on the way is refused as malformed,
+        // even where the canonical bytes would still match.
+        object["variables"]["big"] = json!(9_007_199_254_740_993_u64);
+        assert!(matches!(
+            verify(Kind::Job, &object, &[key.public()], now(), DEFAULT_WINDOW),
+            Err(Refusal::Malformed(why)) if why.contains("variables.big")
+        ));
     }
 }

@@ -39,6 +39,7 @@ async fn cancel<T: Trigger + ?Sized>(trigger: &T, d: &Delivery<'_>, body: Value)
     if let Some(ask) = ask
         && let Err(e) = authenticate(trigger, Kind::Cancel, ask, tenant, "cancel.signature")
     {
+        // (An old cancel is refused outright: it changes nothing a new one could not.)
         return reject(trigger, rejection(d.message_id, vec![e])).await;
     }
     let envelope: CancelEnvelope<T::Target> = match serde_json::from_value(body) {

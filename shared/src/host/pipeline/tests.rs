@@ -1084,7 +1084,8 @@ fn signed(
         Kind::Cancel
     };
     let mut body: Value = serde_json::from_slice(body).unwrap();
-    key.sign(kind, body[member].as_object_mut().unwrap(), at);
+    key.sign(kind, body[member].as_object_mut().unwrap(), at)
+        .unwrap();
     body.to_string().into_bytes()
 }
 
@@ -1135,12 +1136,11 @@ async fn a_tenant_with_sender_keys_runs_only_jobs_they_signed_and_says_what_is_w
         "{problem}"
     );
 
-    // Nothing of the refused ones reached the store or a task.
+    // Nothing of the refused ones reached a task or the store (the old one's only read: is
+    // it a job the store knows?).
     assert!(fake.started.lock().unwrap().is_empty());
-    assert!(
-        fake.opened.lock().unwrap().is_empty(),
-        "the store was opened"
-    );
+    assert_eq!(fake.opened.lock().unwrap().len(), 1);
+    assert!(fake.store.artifacts(&ws(), "s1").await.unwrap().is_empty());
     assert_eq!(fake.reported().len(), 4);
 
     let good = signed(&unsigned, "job", &key, now);
@@ -1171,7 +1171,8 @@ async fn a_tenant_with_sender_keys_takes_only_signed_cancels() {
     // A job's signature does not sign a cancel.
     let now = time::OffsetDateTime::now_utc();
     let mut as_job: Value = serde_json::from_slice(&cancel).unwrap();
-    key.sign(Kind::Job, as_job["cancel"].as_object_mut().unwrap(), now);
+    key.sign(Kind::Job, as_job["cancel"].as_object_mut().unwrap(), now)
+        .unwrap();
     let as_job = as_job.to_string().into_bytes();
     let (_, problem) = refused(&handle(&fake, delivery(&as_job, None)).await);
     assert!(problem.starts_with("is wrong"), "{problem}");
@@ -1218,6 +1219,16 @@ async fn drift_checks_for_a_tenant_that_takes_only_signed_jobs_are_signed_by_the
         "{report}"
     );
 
+    // A key of the runner's that the tenant does not list would only be refused: not sent.
+    fake.runtime.signing_key = Some(Arc::new(SenderSecret::generate()));
+    let report = crate::host::sweep::queue(&fake, "b", &plan).await;
+    let report = serde_json::to_value(&report).unwrap();
+    assert!(
+        fake.requeued().is_empty(),
+        "a check signed by an unlisted key was sent"
+    );
+    assert!(report.to_string().contains("is not among them"), "{report}");
+
     fake.runtime.signing_key = Some(runner.clone());
     crate::host::sweep::queue(&fake, "b", &plan).await;
     let sent = fake.requeued();
@@ -1251,5 +1262,59 @@ async fn a_task_checks_its_staged_jobs_signature_again() {
             .unwrap()
             .is_none(),
         "nothing ran"
+    );
+}
+
+#[tokio::test]
+async fn the_runners_own_key_signs_drift_checks_only() {
+    use crate::job::signature::SenderSecret;
+    let runner = Arc::new(SenderSecret::generate());
+    let mut fake = signing_fake(&runner);
+    fake.runtime.signing_key = Some(runner.clone());
+    let now = time::OffsetDateTime::now_utc();
+    let apply = signed(&message("own-1", "2h"), "job", &runner, now);
+    let (field, problem) =
+        refused(&handle(&fake, delivery(&apply, Some(Duration::from_secs(600)))).await);
+    assert_eq!(field, "signature");
+    assert!(problem.contains("runner's own key"), "{problem}");
+    let cancel = json!({ "cancel": { "job": "own-1", "tenant": "acme", "workspace": "demo" } });
+    let cancel = signed(cancel.to_string().as_bytes(), "cancel", &runner, now);
+    let (_, problem) = refused(&handle(&fake, delivery(&cancel, None)).await);
+    assert!(problem.contains("runner's own key"), "{problem}");
+    // Its drift check gets past the signature (and is handed off, as any job too long here).
+    let mut drift: Value = serde_json::from_slice(&message("drift-1", "2h")).unwrap();
+    drift["job"]["operation"] = json!("drift-check");
+    let drift = signed(drift.to_string().as_bytes(), "job", &runner, now);
+    let fate = handle(&fake, delivery(&drift, Some(Duration::from_secs(600)))).await;
+    assert!(matches!(fate, Fate::HandedOff(_)), "{fate:?}");
+}
+
+#[tokio::test]
+async fn an_old_signature_gets_a_known_jobs_result_and_refuses_an_unknown_one() {
+    use crate::job::signature::SenderSecret;
+    let key = SenderSecret::generate();
+    let fake = signing_fake(&key);
+    let old = time::OffsetDateTime::now_utc() - time::Duration::hours(30);
+    // A job that ran, delivered again past the window: its result, reported again.
+    finish(fake.store.as_ref(), "known-1").await;
+    let again = signed(&message("known-1", "10m"), "job", &key, old);
+    let fate = handle(&fake, delivery(&again, None)).await;
+    let Fate::Ran(record) = fate else {
+        panic!("{fate:?}")
+    };
+    assert_eq!(
+        (record["job_id"].as_str(), record["status"].as_str()),
+        (Some("known-1"), Some("succeeded"))
+    );
+    // One the store does not know: a replay.
+    let unknown = signed(&message("unknown-1", "10m"), "job", &key, old);
+    let (_, problem) = refused(&handle(&fake, delivery(&unknown, None)).await);
+    assert!(problem.starts_with("is replayed"), "{problem}");
+    assert!(
+        fake.store
+            .artifacts(&ws(), "unknown-1")
+            .await
+            .unwrap()
+            .is_empty()
     );
 }
