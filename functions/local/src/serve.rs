@@ -46,6 +46,21 @@ pub struct ServeArgs {
     senders: Option<PathBuf>,
 }
 
+/// The first folder above `path` that users other than its owner cannot search (no `o+x`),
+/// if any: a job's own user cannot reach `path` through it.
+fn unsearchable(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    // A bare name (`terraform`) is found on PATH.
+    if !path.is_absolute() {
+        return None;
+    }
+    path.ancestors()
+        .skip(1)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .find(|dir| std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
+        .map(Path::to_owned)
+}
+
 /// Whether the file is a cancel message (`{"cancel": …}`) rather than a job.
 fn is_cancel(path: &Path) -> bool {
     std::fs::read(path)
@@ -144,6 +159,18 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
         );
     }
     runtime.terraform.serve_jobs(false)?;
+    if runtime.terraform.per_job_users {
+        let t = &runtime.terraform;
+        let paths = t.cli_config.iter().chain(std::iter::once(&t.binary));
+        for (path, hidden) in paths.filter_map(|p| unsearchable(p).map(|h| (p, h))) {
+            eprintln!(
+                "warning: each job's terraform runs as a user of its own, which cannot reach {} ({} is not searchable by other users): `chmod o+x {}` (scripts/searchable-checkout.sh does it for a checkout), or run jobs as yourself with TERRACE_TERRAFORM_USER=root",
+                path.display(),
+                hidden.display(),
+                hidden.display()
+            );
+        }
+    }
     if !runtime.terraform.per_job_users && args.concurrency > 1 {
         eprintln!(
             "terraform runs as one user for every job, so jobs run one at a time (what a job leaves running must never meet the next): run as root for jobs side by side, each as a user of its own"
