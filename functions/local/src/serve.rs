@@ -172,8 +172,13 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
         }
     }
     if !runtime.terraform.per_job_users && args.concurrency > 1 {
+        let side_by_side = if std::env::var_os("TERRACE_TERRAFORM_USER").is_some() {
+            "run as root with TERRACE_TERRAFORM_USER unset"
+        } else {
+            "run as root"
+        };
         eprintln!(
-            "terraform runs as one user for every job, so jobs run one at a time (what a job leaves running must never meet the next): run as root for jobs side by side, each as a user of its own"
+            "terraform runs as one user for every job, so jobs run one at a time (what a job leaves running must never meet the next): {side_by_side} for jobs side by side, each as a user of its own"
         );
     }
     let folder = Arc::new(Folder {
