@@ -199,9 +199,9 @@ enum Cmd {
         #[command(flatten)]
         out: ops::Output,
     },
-    /// Put a job on a deployed runner's queue (sqs://HOST/ACCOUNT/QUEUE, or a `serve` queue
-    /// folder) after checking it against the templates; with --follow, stream its log from the
-    /// store and end with its result and exit code, as `run` does.
+    /// Put a job on a deployed runner's queue (sqs://, pubsub://, azqueue://, or a `serve` queue
+    /// folder) after checking it against the templates, signed with --sign; with --follow,
+    /// stream its log from the store and end with its result and exit code, as `run` does.
     Submit(crate::submit_cmd::SubmitArgs),
     /// Process job files dropped into a folder, moving each to done/ or failed/ with its result.
     Serve(serve::ServeArgs),

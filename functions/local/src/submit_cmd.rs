@@ -27,7 +27,8 @@ use crate::{exit, ops};
 pub struct SubmitArgs {
     /// The job file (YAML or JSON).
     job: PathBuf,
-    /// The runner's jobs queue: sqs://HOST/ACCOUNT/QUEUE, or a `terrace serve` queue folder.
+    /// The runner's jobs queue: sqs://HOST/ACCOUNT/QUEUE, pubsub://projects/P/topics/T,
+    /// azqueue://ACCOUNT/QUEUE, or a `terrace serve` queue folder.
     #[arg(long, value_name = "QUEUE")]
     to: String,
     /// Stream the job's log from the store (--store) until it ends, then print its result; the
