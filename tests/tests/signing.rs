@@ -24,6 +24,15 @@ fn serve(sb: &Sandbox, senders: &Path) -> tests::Run {
     ])
 }
 
+/// The names of the drift checks' result files serve left in the queue's `sub` folder.
+fn drift_results(queue: &Path, sub: &str) -> Vec<String> {
+    std::fs::read_dir(queue.join(sub))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("drift-") && n.ends_with(".result.json"))
+        .collect()
+}
+
 /// The rejection serve wrote for a refused job file, and its one error's problem.
 fn refusal(queue: &Path, file: &str) -> String {
     let raw = std::fs::read(queue.join(format!("failed/{file}.result.json")))
@@ -164,11 +173,7 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
     let drift = sb.run(&["drift", "--queue", queue]);
     drift.expect_code(0);
     serve(&sb, &senders).expect_code(0);
-    let failed: Vec<String> = std::fs::read_dir(sb.queue.join("failed"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("drift-") && n.ends_with(".result.json"))
-        .collect();
+    let failed = drift_results(&sb.queue, "failed");
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert!(
         refusal(&sb.queue, failed[0].trim_end_matches(".result.json")).starts_with("is missing")
@@ -176,11 +181,7 @@ async fn a_tenant_with_senders_runs_only_jobs_they_signed_and_a_replay_runs_noth
     sb.run(&["drift", "--queue", queue, "--sign", key.to_str().unwrap()])
         .expect_code(0);
     serve(&sb, &senders).expect_code(0);
-    let done: Vec<String> = std::fs::read_dir(sb.queue.join("done"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("drift-") && n.ends_with(".result.json"))
-        .collect();
+    let done = drift_results(&sb.queue, "done");
     assert_eq!(done.len(), 1, "{done:?}");
     let checked: Value =
         serde_json::from_slice(&std::fs::read(sb.queue.join("done").join(&done[0])).unwrap())

@@ -109,10 +109,15 @@ pub(crate) async fn send_cancel(a: SendCancel<'_>) -> anyhow::Result<u8> {
             return Ok(exit::USAGE);
         }
     };
-    let serde_json::Value::Object(mut ask) = serde_json::json!({
-        "job": a.job, "tenant": ws.tenant(), "workspace": ws.workspace(),
-    }) else {
-        unreachable!("a JSON object")
+    // The cancel as the runner reads it (`docs/schema/cancel-message.schema.json`).
+    let ask = shared::host::message::CancelAsk {
+        job: a.job.to_owned(),
+        tenant: ws.tenant().to_owned(),
+        workspace: ws.workspace().to_owned(),
+        signature: None,
+    };
+    let Ok(serde_json::Value::Object(mut ask)) = serde_json::to_value(ask) else {
+        unreachable!("a struct of text is a JSON object")
     };
     if let Some(key) = &key
         && let Err(why) = key.sign(

@@ -17,7 +17,9 @@ use clap::Args;
 use state_backends::WorkspaceId;
 
 use serde_json::Value;
+use shared::host::message::{Message, Rejection};
 use shared::job::signature::{Kind, SenderSecret};
+use shared::job::validate::ValidationError;
 
 use crate::cli::Global;
 use crate::job_cmd::{read_job, report_invalid};
@@ -269,32 +271,13 @@ pub async fn submit(g: &Global, a: SubmitArgs) -> anyhow::Result<u8> {
     ops::result(&*store, ask).await
 }
 
-/// Waits until a `terrace serve` folder holds the rejection of job `id` (`failed/ID.json.result.json`
-/// with `status: rejected`), looking every `interval`; its errors.
-async fn rejected_in(dir: &Path, id: &str, interval: Duration) -> Vec<String> {
-    let path = dir.join("failed").join(format!("{id}.json.result.json"));
+/// Waits until a `terrace serve` folder holds the rejection of job `id` (beside
+/// `failed/ID.json`), looking every `interval`; its errors.
+async fn rejected_in(dir: &Path, id: &str, interval: Duration) -> Vec<ValidationError> {
+    let path = dir.join("failed").join(format!("{id}.json"));
     loop {
-        if let Some(record) = std::fs::read(&path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
-            .filter(|r| r["status"] == "rejected")
-        {
-            return record["errors"]
-                .as_array()
-                .map(|errors| {
-                    errors
-                        .iter()
-                        .map(|e| {
-                            format!(
-                                "{}: {} ({})",
-                                e["field"].as_str().unwrap_or_default(),
-                                e["problem"].as_str().unwrap_or_default(),
-                                e["fix"].as_str().unwrap_or_default()
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+        if let Some(rejection) = rejection_of(&path) {
+            return rejection.errors;
         }
         tokio::time::sleep(interval).await;
     }
@@ -347,7 +330,7 @@ fn to_folder(dir: &Path, id: &str, message: &Value) -> Result<(), String> {
         for ext in ["json", "yaml", "yml"] {
             let there = dir.join(sub).join(format!("{id}.{ext}"));
             let settled = sub == "done" || sub == "failed";
-            if !there.exists() || (settled && (cancel || was_rejected(&there))) {
+            if !there.exists() || (settled && (cancel || rejection_of(&there).is_some())) {
                 continue;
             }
             return Err(if cancel {
@@ -377,14 +360,16 @@ fn to_folder(dir: &Path, id: &str, message: &Value) -> Result<(), String> {
     })
 }
 
-/// Whether `serve` settled the message file at `path` as rejected (its `.result.json` says so).
-fn was_rejected(path: &Path) -> bool {
+/// The rejection `serve` settled the message file at `path` with (its `.result.json`), if
+/// that is how it ended.
+fn rejection_of(path: &Path) -> Option<Rejection> {
     let mut result = path.as_os_str().to_owned();
     result.push(".result.json");
-    std::fs::read(result)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
-        .is_some_and(|r| r["status"] == "rejected")
+    let bytes = std::fs::read(result).ok()?;
+    match serde_json::from_slice(&bytes).ok()? {
+        Message::Rejection(rejection) => Some(rejection),
+        _ => None,
+    }
 }
 
 #[cfg(feature = "aws")]
