@@ -140,6 +140,8 @@ struct Shared {
     failing: Mutex<Option<(Matches, u32, Fault)>>,
     /// Requests forwarded only after a set pause, every time.
     slow: Mutex<Option<(Matches, Duration)>>,
+    /// Where each request is written once answered, when set (see [`FaultProxy::log_to`]).
+    log: Mutex<Option<std::fs::File>>,
     counts: Counts,
     client: Client<HttpConnector, Incoming>,
 }
@@ -184,6 +186,7 @@ impl FaultProxy {
             hold: Mutex::new(None),
             failing: Mutex::new(None),
             slow: Mutex::new(None),
+            log: Mutex::new(None),
             counts: Counts::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         });
@@ -233,6 +236,14 @@ impl FaultProxy {
     /// again (`None`: no request).
     pub fn slow(&self, matches: Option<Matches>, pause: Duration) {
         *self.shared.slow.lock().expect("not poisoned") = matches.map(|m| (m, pause));
+    }
+
+    /// From now on, one JSON line per answered request is appended to `file`: `{"start_ms",
+    /// "end_ms"` (Unix time, as floats), `"what"` (method and path, see `describe`), `"sent"`
+    /// and `"received"` (the bodies' `Content-Length`, 0 when it has none)`}`. The start is
+    /// the request's arrival (before any pause), the end the answer head's.
+    pub fn log_to(&self, file: std::fs::File) {
+        *self.shared.log.lock().expect("not poisoned") = Some(file);
     }
 
     /// The next request `matches` accepts (given its method, path and query, and headers) is
@@ -297,6 +308,7 @@ impl Shared {
 
     async fn handle(&self, mut request: Request<Incoming>) -> Result<Response<Body>, Dropped> {
         self.counts.requests.fetch_add(1, Ordering::Relaxed);
+        let arrived = unix_ms();
         let partition = *self.partition_until.lock().expect("not poisoned");
         if let Some(until) = partition.filter(|until| Instant::now() < *until) {
             // Nothing comes back while the network is cut: the request hangs until the
@@ -387,7 +399,9 @@ impl Shared {
         }
         let version_write =
             matches!(request.method().as_str(), "PUT" | "POST") && path.contains("versions");
+        let sent = content_length(request.headers());
         let answer = self.client.request(request).await.map_err(|_| Dropped)?;
+        self.note(arrived, &what, sent, content_length(answer.headers()));
         if let Some(hold) = held {
             // The emulator has done what was asked; its answer never reaches the client.
             let _ = answer.into_body().collect().await;
@@ -405,6 +419,21 @@ impl Shared {
             return Err(Dropped);
         }
         Ok(answer.map(BodyExt::boxed))
+    }
+
+    /// One line in the request log, if there is one.
+    fn note(&self, arrived: f64, what: &str, sent: u64, received: u64) {
+        use std::io::Write;
+        if let Some(file) = self.log.lock().expect("not poisoned").as_mut() {
+            let line = serde_json::json!({
+                "start_ms": arrived,
+                "end_ms": unix_ms(),
+                "what": what,
+                "sent": sent,
+                "received": received,
+            });
+            let _ = writeln!(file, "{line}");
+        }
     }
 
     /// An error answer in the cloud's words, for a fault that is not forwarded.
@@ -476,4 +505,20 @@ impl Shared {
             )
             .expect("an answer")
     }
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// A message's `Content-Length` (0 when it has none, as a chunked body).
+fn content_length(headers: &hyper::HeaderMap) -> u64 {
+    headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
