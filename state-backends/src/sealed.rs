@@ -315,6 +315,10 @@ impl StateStore for SealedStore {
         self.inner.delete_current(ws, expected, fence).await
     }
 
+    async fn settle(&self, ws: &WorkspaceId) {
+        self.inner.settle(ws).await;
+    }
+
     async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>> {
         self.inner.versions(ws).await
     }

@@ -56,6 +56,9 @@ impl StateStore for FailingPuts {
     async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>> {
         self.inner.current(ws).await
     }
+    async fn settle(&self, ws: &WorkspaceId) {
+        self.inner.settle(ws).await;
+    }
     async fn put(
         &self,
         ws: &WorkspaceId,

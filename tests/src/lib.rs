@@ -82,6 +82,7 @@ pub async fn leased_state_server(
         logger: None,
         lease_lost: tokio_util::sync::CancellationToken::new(),
         max_body: shared::run::state_server::MAX_STATE_BYTES,
+        vouch: None,
         header_read_timeout: shared::run::state_server::HEADER_READ_TIMEOUT,
     })
     .await

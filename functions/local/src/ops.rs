@@ -502,6 +502,10 @@ pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8>
     let waiting_since = tokio::time::Instant::now();
     let mut waiting_said = false;
     let mut stopped_polls = 0;
+    // Set once the run is seen to have ended: one more listing then prints the chunks stored
+    // after the last one (the runner stores its last chunk and its result side by side, and
+    // lets the lease go only after both).
+    let mut ended = false;
     loop {
         let names = store.artifacts(&a.ws, &job_id).await?;
         for name in names.iter().filter(|n| shared::run::logs::is_chunk(n)) {
@@ -524,6 +528,9 @@ pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8>
                 }
             }
             seen.insert(name.clone());
+        }
+        if ended {
+            return Ok(exit::OK);
         }
         if !a.follow {
             if names.is_empty() {
@@ -551,7 +558,8 @@ pub async fn logs(store: Arc<dyn StateStore>, a: LogsArgs) -> anyhow::Result<u8>
             if names.iter().any(|n| n == RESULT_FILE) {
                 // Done, unless an interrupted job is running again under its own id.
                 if !holds {
-                    return Ok(exit::OK);
+                    ended = true;
+                    continue;
                 }
             } else if names.iter().any(|n| n == JOB_FILE) && !holds {
                 // No result and no live lease: the runner may be between its result and its

@@ -244,6 +244,7 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                     logger: None,
                     lease_lost: tokio_util::sync::CancellationToken::new(),
                     max_body: shared::run::state_server::MAX_STATE_BYTES,
+                    vouch: None,
                     header_read_timeout: shared::run::state_server::HEADER_READ_TIMEOUT,
                 })
                 .await?;

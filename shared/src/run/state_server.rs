@@ -101,6 +101,10 @@ pub struct Config {
     /// Fired when the job's lease is lost or cannot be confirmed: every write is refused from
     /// then on (terraform gets 423), whatever the store would say.
     pub lease_lost: CancellationToken,
+    /// While `lease_lost` has not fired, the runner vouches for its lease this far ahead
+    /// ([`Fence::confirmed_until`]): the store then writes without reading the lease first,
+    /// and terraform's LOCK is granted without a read. `None`: every write and lock reads it.
+    pub vouch: Option<std::time::Duration>,
     /// The largest request body accepted (413 beyond it).
     pub max_body: usize,
     /// A connection whose next request's head has not arrived within this is closed
@@ -149,6 +153,25 @@ impl Shared {
 
     fn forget_current(&self) {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// After a write of its own, the state just written is the current one (within the lease
+    /// nobody else writes): terraform's next read or write needs no store read.
+    fn wrote_current(&self, state: CurrentState) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Some(state));
+    }
+
+    /// The job's fence for a write now: vouched for while the lease is not lost (see
+    /// [`Config::vouch`]).
+    fn fence(&self) -> Fence {
+        let c = &self.config;
+        match c.vouch {
+            Some(ahead) if !c.lease_lost.is_cancelled() => c
+                .fence
+                .clone()
+                .confirmed_until(time::OffsetDateTime::now_utc() + ahead),
+            _ => c.fence.clone(),
+        }
     }
 }
 
@@ -200,6 +223,16 @@ impl StateServer {
     /// The store's.
     pub async fn current(&self) -> Result<Option<CurrentState>, StoreError> {
         self.shared.current().await
+    }
+
+    /// The workspace's current state as the caller read it under the job's lease, so that
+    /// terraform's first read needs no store read of its own.
+    pub fn seed(&self, current: Option<CurrentState>) {
+        *self
+            .shared
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(current);
     }
 
     pub fn endpoint(&self) -> &Endpoint {

@@ -33,7 +33,10 @@
 //! Writes are fenced by reading the lease immediately before the conditional create: an object
 //! store has no condition across two objects, so a writer whose lease runs out in the
 //! milliseconds between the two can still land one write, and that write is still a checked
-//! successor of the version it read.
+//! successor of the version it read. A writer that vouches for its own lease
+//! ([`Fence::confirmed_until`]: a runner that renewed it and fences itself before it could
+//! expire) skips that read, and one that knows the newest version (it read or wrote it last)
+//! skips reading that too: the conditional create alone is then the write, one round trip.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -158,6 +161,12 @@ pub struct BucketStore<B> {
     leases: Arc<dyn LeaseKeeper>,
     /// Whether `leases` is the lock object over `bucket` (made again over a mapped bucket).
     lock_object: bool,
+    /// Each workspace's newest version as this store last read or wrote it: its number and
+    /// whether it is a deletion. Only a guess for the next write, which its create-only
+    /// condition checks (see `commit`).
+    heads: Arc<std::sync::Mutex<HashMap<WorkspaceId, (u64, bool)>>>,
+    /// Per workspace, the follow-ups of its last vouched write still under way (see `put`).
+    tails: Arc<std::sync::Mutex<HashMap<WorkspaceId, tokio::task::JoinHandle<()>>>>,
 }
 
 impl<B: Bucket + Clone + 'static> BucketStore<B> {
@@ -170,6 +179,8 @@ impl<B: Bucket + Clone + 'static> BucketStore<B> {
             prefix: prefix.trim_matches('/').to_owned(),
             leases,
             lock_object,
+            heads: Arc::default(),
+            tails: Arc::default(),
         }
     }
 
@@ -190,6 +201,8 @@ impl<B: Bucket + Clone + 'static> BucketStore<B> {
             prefix: self.prefix,
             leases,
             lock_object: self.lock_object,
+            heads: self.heads,
+            tails: self.tails,
         }
     }
 }

@@ -61,24 +61,40 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         meta.remove(META_NUMBER);
         let number = self.commit(ws, &mode, fence, state.data, meta).await?;
         info.number = number;
-        // The version is committed. Then, side by side: its change mark, and the convenience
-        // copy with the number a reader starts from (it may lag on a crash).
-        let (version_key, copy_key) = (
-            self.version_key(ws, number),
-            self.key(ws, "terraform.tfstate"),
-        );
-        let (marked, copied) = tokio::join!(
-            self.mark_changed(ws, number, Some(&info.sha256)),
-            self.bucket
-                .copy(&version_key, &copy_key, Some(info_metadata(&info)))
-        );
-        if let Err(e) = marked {
-            tracing::warn!(workspace = %ws, error = %e, "state version committed, but its change mark failed");
-        }
-        if let Err(e) = copied {
-            tracing::warn!(workspace = %ws, error = %e, "state version committed, but its terraform.tfstate copy failed");
+        // The version is committed. Then its change mark and the convenience copy with the
+        // number a reader starts from. Neither is needed to read the version back (a reader
+        // checks the copy's successor, so the copy may lag), so a writer that vouches for
+        // its lease, and settles before it lets it go, is answered now: they run on, after
+        // the previous write's, in order.
+        if fence.is_some_and(|f| f.is_confirmed_at(OffsetDateTime::now_utc())) {
+            let store = self.clone();
+            let (key, info) = (ws.clone(), info.clone());
+            let mut tails = self.tails.lock().unwrap_or_else(|e| e.into_inner());
+            let previous = tails.remove(ws);
+            let tail = tokio::spawn(async move {
+                if let Some(previous) = previous {
+                    let _ = previous.await;
+                }
+                store.follow_up(&key, &info).await;
+            });
+            tails.insert(ws.clone(), tail);
+        } else {
+            self.follow_up(ws, &info).await;
         }
         Ok(info)
+    }
+
+    async fn settle(&self, ws: &WorkspaceId) {
+        let tail = self
+            .tails
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(ws);
+        if let Some(tail) = tail
+            && let Err(e) = tail.await
+        {
+            tracing::warn!(workspace = %ws, error = %e, "a state version's follow-ups did not finish");
+        }
     }
 
     async fn delete_current(
@@ -87,6 +103,8 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         expected: &VersionToken,
         fence: Option<&Fence>,
     ) -> Result<()> {
+        // A copy still to be made must not outlive the deletion.
+        self.settle(ws).await;
         let meta = HashMap::from([(META_KIND.to_owned(), "deleted".to_owned())]);
         let number = self
             .commit(

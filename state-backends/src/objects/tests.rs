@@ -1,6 +1,7 @@
 //! Unit tests of the bucket protocol, on an in-memory bucket.
 
 use super::*;
+use crate::StateStoreExt;
 use crate::memory::MemoryBucket;
 
 #[test]
@@ -22,6 +23,17 @@ struct Troubled {
     inner: MemoryBucket,
     sent_twice: bool,
     refuses: Option<&'static str>,
+    /// Reads (get, head, list) so far.
+    reads: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Troubled {
+    fn reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn read(&self) {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[async_trait]
@@ -30,9 +42,11 @@ impl Bucket for Troubled {
         "troubled"
     }
     async fn get(&self, key: &str) -> Result<Option<Object>> {
+        self.read();
         self.inner.get(key).await
     }
     async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>> {
+        self.read();
         self.inner.head(key).await
     }
     async fn put(
@@ -83,6 +97,7 @@ impl Bucket for Troubled {
         self.inner.clear_if(key, tag).await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.read();
         self.inner.list(prefix).await
     }
     async fn folders(&self, prefix: &str) -> Result<Vec<String>> {
@@ -507,4 +522,146 @@ fn version_facts_round_trip_through_metadata() {
     let mut meta = info_metadata(&info);
     meta.remove(META_SERIAL);
     assert!(info_from_metadata(3, &meta).unwrap_err().contains("serial"));
+}
+
+/// A lease on `ws` held for a minute, and its fence vouched for by its holder for 10 s.
+async fn vouched(store: &BucketStore<Troubled>, ws: &WorkspaceId) -> Fence {
+    let lease = store
+        .acquire_lease(
+            ws,
+            &crate::LeaseRequest {
+                owner: "job-1".into(),
+                ttl: Duration::from_secs(60),
+                info: serde_json::Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    lease
+        .fence()
+        .confirmed_until(OffsetDateTime::now_utc() + Duration::from_secs(10))
+}
+
+#[tokio::test]
+async fn a_vouched_write_with_a_known_head_is_one_conditional_create_and_settles_after() {
+    let bucket = Troubled::default();
+    let store = BucketStore::over(bucket.clone(), "p", None);
+    let ws: WorkspaceId = "acme/fast".parse().unwrap();
+    let fence = vouched(&store, &ws).await;
+    // The read a run starts from tells the store the newest version (none).
+    assert!(store.current(&ws).await.unwrap().is_none());
+    let before = bucket.reads();
+    let first = store
+        .put(&ws, state(1), PutMode::Create, Some(&fence))
+        .await
+        .unwrap();
+    let second = store
+        .put(&ws, state(2), PutMode::Update(first.token()), Some(&fence))
+        .await
+        .unwrap();
+    assert_eq!((first.number, second.number), (1, 2));
+    assert_eq!(
+        bucket.reads(),
+        before,
+        "a vouched write with a known head read neither the lease nor the newest version"
+    );
+    // Read back before the follow-ups settle: the copy may lag, the newest version is found.
+    let current = store.current(&ws).await.unwrap().unwrap();
+    assert_eq!(current.version.number, 2);
+    store.settle(&ws).await;
+    let copy = bucket
+        .inner
+        .head("p/acme/fast/terraform.tfstate")
+        .await
+        .unwrap()
+        .expect("the copy is made once settled");
+    assert_eq!(copy.get(META_NUMBER).map(String::as_str), Some("2"));
+    let marks = bucket.inner.list("p/_changes/acme/fast/").await.unwrap();
+    assert_eq!(marks.len(), 2, "each version's change mark: {marks:?}");
+}
+
+#[tokio::test]
+async fn a_stale_known_head_costs_a_read_never_a_wrong_version() {
+    let bucket = Troubled::default();
+    let ours = BucketStore::over(bucket.clone(), "p", None);
+    let other = BucketStore::over(bucket.clone(), "p", None);
+    let ws: WorkspaceId = "acme/stale".parse().unwrap();
+    // This store learns "no state"; another writer then makes version 1 behind its back.
+    assert!(ours.current(&ws).await.unwrap().is_none());
+    let theirs = other
+        .put(&ws, state(1), PutMode::Create, None)
+        .await
+        .unwrap();
+    // A create on the stale view is refused: version 1 is taken and the write is no successor.
+    let refused = ours.put(&ws, state(1), PutMode::Create, None).await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict { .. })),
+        "{refused:?}"
+    );
+    // An update from the version it now knows lands as version 2, though its guess was 0.
+    let other_view = BucketStore::over(bucket.clone(), "p", None);
+    let stale = BucketStore::over(bucket.clone(), "p", None);
+    assert!(stale.current(&ws).await.unwrap().is_some());
+    other_view
+        .put(&ws, state(2), PutMode::Update(theirs.token()), None)
+        .await
+        .unwrap();
+    let refused = stale
+        .put(&ws, state(2), PutMode::Update(theirs.token()), None)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict { .. })),
+        "an update from version 1 after version 2 was written: {refused:?}"
+    );
+    let numbers: Vec<u64> = ours
+        .versions(&ws)
+        .await
+        .unwrap()
+        .iter()
+        .map(|v| v.number)
+        .collect();
+    assert_eq!(numbers, vec![1, 2], "no version written twice or skipped");
+}
+
+#[tokio::test]
+async fn a_fence_vouched_for_no_longer_reads_the_lease_again_and_a_broken_lease_refuses() {
+    let bucket = Troubled::default();
+    let store = BucketStore::over(bucket.clone(), "p", None);
+    let ws: WorkspaceId = "acme/broken".parse().unwrap();
+    let fence = vouched(&store, &ws).await;
+    store
+        .put(&ws, state(1), PutMode::Create, Some(&fence))
+        .await
+        .unwrap();
+    store.break_lease(&ws, None).await.unwrap();
+    // The holder no longer vouches (its watchdog found the lease lost, or the time passed).
+    let mut expired = fence.clone();
+    expired.confirmed_until = Some(OffsetDateTime::now_utc() - Duration::from_secs(1));
+    let current = store.current(&ws).await.unwrap().unwrap();
+    let refused = store
+        .put(
+            &ws,
+            state(2),
+            PutMode::Update(current.token.clone()),
+            Some(&expired),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::LeaseLost { .. })),
+        "{refused:?}"
+    );
+    let refused = store
+        .put_artifact_fenced(
+            &ws,
+            "job-1",
+            "result.json",
+            Bytes::from_static(b"{}"),
+            &expired,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::LeaseLost { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(store.versions(&ws).await.unwrap().len(), 1);
 }

@@ -60,6 +60,7 @@ impl<B: Bucket> BucketStore<B> {
                     newest.deleted = is_deleted(&meta);
                     newest.facts = (!newest.deleted).then_some(meta);
                 }
+                self.saw_head(ws, newest.number, newest.deleted);
                 return Ok(newest);
             }
         };
@@ -74,6 +75,7 @@ impl<B: Bucket> BucketStore<B> {
             newest.facts = (!newest.deleted).then_some(meta);
             newest.copy = None;
         }
+        self.saw_head(ws, newest.number, newest.deleted);
         Ok(newest)
     }
 
@@ -105,6 +107,11 @@ impl<B: Bucket> BucketStore<B> {
     }
 
     /// Checks a write (fence and expected version) and commits `data` as the next version.
+    ///
+    /// When the fence's holder vouches for its lease (or there is no fence) and this store
+    /// knows the workspace's newest version, the write is the conditional create alone: a guess
+    /// that the create-only condition checks, so a stale guess costs a second try with the
+    /// reads, never a wrong version.
     pub(super) async fn commit(
         &self,
         ws: &WorkspaceId,
@@ -113,9 +120,28 @@ impl<B: Bucket> BucketStore<B> {
         data: Bytes,
         metadata: HashMap<String, String>,
     ) -> Result<u64> {
+        let deletion = is_deleted(&metadata);
+        // This write's own mark, to know it again if its answer is lost.
+        let mut metadata = metadata;
+        let write_id = format!("{:032x}", rand::random::<u128>());
+        metadata.insert(META_WRITE.to_owned(), write_id.clone());
+        let read_lease = fence.filter(|f| !f.is_confirmed_at(OffsetDateTime::now_utc()));
+        if read_lease.is_none()
+            && let Some((number, deleted)) = self.known_head(ws)
+        {
+            let current = (!deleted).then(|| VersionToken(number.to_string()));
+            if check_put(ws, &LeaseRecord::default(), current.as_ref(), mode, None).is_ok()
+                && let Some(next) = self
+                    .create_next(ws, number, &data, &metadata, &write_id)
+                    .await?
+            {
+                self.saw_head(ws, next, deletion);
+                return Ok(next);
+            }
+        }
         // Two reads, side by side: the conditional write below is what orders writers.
         let (head, record) = tokio::join!(self.head_version(ws), async {
-            match fence {
+            match read_lease {
                 Some(_) => self.lease_record(ws).await,
                 None => Ok(LeaseRecord::default()),
             }
@@ -123,30 +149,99 @@ impl<B: Bucket> BucketStore<B> {
         let (number, deleted) = head?;
         let record = record?;
         let current = (!deleted).then(|| VersionToken(number.to_string()));
-        check_put(ws, &record, current.as_ref(), mode, fence)?;
-        let next = self.successor(ws, number)?;
-        let key = self.version_key(ws, next);
-        // This write's own mark, to know it again below.
-        let mut metadata = metadata;
-        let write_id = format!("{:032x}", rand::random::<u128>());
-        metadata.insert(META_WRITE.to_owned(), write_id.clone());
-        if !self
-            .bucket
-            .put(&key, data, metadata, Condition::Absent)
+        check_put(ws, &record, current.as_ref(), mode, read_lease)?;
+        match self
+            .create_next(ws, number, &data, &metadata, &write_id)
             .await?
         {
-            // A client that lost the answer to this very write and sent it again finds the
-            // version taken, by itself: the version carries this write's mark, and is its.
-            let landed = self.bucket.head(&key).await?;
-            if landed.is_some_and(|facts| facts.get(META_WRITE) == Some(&write_id)) {
-                return Ok(next);
+            Some(next) => {
+                self.saw_head(ws, next, deletion);
+                Ok(next)
             }
-            return Err(StoreError::Conflict {
+            None => Err(StoreError::Conflict {
                 workspace: ws.clone(),
-                detail: format!("version {next} was written by another writer first"),
-            });
+                detail: format!(
+                    "version {} was written by another writer first",
+                    self.successor(ws, number)?
+                ),
+            }),
         }
-        Ok(next)
+    }
+
+    /// Creates version `number + 1` only if it does not exist: `None` when another writer
+    /// took it first.
+    async fn create_next(
+        &self,
+        ws: &WorkspaceId,
+        number: u64,
+        data: &Bytes,
+        metadata: &HashMap<String, String>,
+        write_id: &str,
+    ) -> Result<Option<u64>> {
+        let next = self.successor(ws, number)?;
+        let key = self.version_key(ws, next);
+        if self
+            .bucket
+            .put(&key, data.clone(), metadata.clone(), Condition::Absent)
+            .await?
+        {
+            return Ok(Some(next));
+        }
+        // A client that lost the answer to this very write and sent it again finds the
+        // version taken, by itself: the version carries this write's mark, and is its.
+        let landed = self.bucket.head(&key).await?;
+        if landed.is_some_and(|facts| facts.get(META_WRITE).map(String::as_str) == Some(write_id)) {
+            return Ok(Some(next));
+        }
+        self.forget_head(ws);
+        Ok(None)
+    }
+
+    /// What follows a committed state version, side by side: its change mark (for the backup
+    /// sweep) and the convenience copy with the number a reader starts from. Failures are
+    /// logged: the version is committed, the copy is a hint, and a missing mark only delays
+    /// the version's backup until the workspace's next write.
+    pub(super) async fn follow_up(&self, ws: &WorkspaceId, info: &VersionInfo) {
+        let (version_key, copy_key) = (
+            self.version_key(ws, info.number),
+            self.key(ws, "terraform.tfstate"),
+        );
+        let (marked, copied) = tokio::join!(
+            self.mark_changed(ws, info.number, Some(&info.sha256)),
+            self.bucket
+                .copy(&version_key, &copy_key, Some(info_metadata(info)))
+        );
+        if let Err(e) = marked {
+            tracing::warn!(workspace = %ws, error = %e, "state version committed, but its change mark failed");
+        }
+        if let Err(e) = copied {
+            tracing::warn!(workspace = %ws, error = %e, "state version committed, but its terraform.tfstate copy failed");
+        }
+    }
+
+    /// The workspace's newest version as this store last saw it, if it did.
+    fn known_head(&self, ws: &WorkspaceId) -> Option<(u64, bool)> {
+        self.heads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(ws)
+            .copied()
+    }
+
+    /// Remembers the newest version read or written (never an older one).
+    pub(super) fn saw_head(&self, ws: &WorkspaceId, number: u64, deleted: bool) {
+        let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        let head = heads.entry(ws.clone()).or_insert((number, deleted));
+        if number >= head.0 {
+            *head = (number, deleted);
+        }
+    }
+
+    fn forget_head(&self, ws: &WorkspaceId) {
+        self.heads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(ws);
     }
 }
 

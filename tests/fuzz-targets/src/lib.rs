@@ -148,6 +148,7 @@ async fn serve() -> (
         password: "fuzz-password".into(),
         logger: None,
         lease_lost: tokio_util::sync::CancellationToken::new(),
+        vouch: None,
         max_body: 1 << 20,
         header_read_timeout: Duration::from_millis(500),
     })

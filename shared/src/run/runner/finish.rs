@@ -92,7 +92,7 @@ impl Runner {
         // land. (One already lost still tries: the check says whether the store still holds it
         // as this run's.)
         let lost_before = lost.is_cancelled();
-        let fence = lease.fence();
+        let fence = super::lease::Vouched::new(lease, lost, self.config.lease_ttl).fence();
         let write = || async {
             let write =
                 self.store

@@ -290,6 +290,39 @@ pub(super) struct Watch {
     pub(super) logger: Logger,
 }
 
+/// The job's fence, vouched for ([`state_backends::Fence::confirmed_until`]) while the
+/// watchdog has not found the lease lost: until it does, the lease is the runner's own for at
+/// least [`fence_margin`] more by this machine's clock (it fires `lost` that long before the
+/// lease could expire), so a write now needs no read of the lease first. Half the margin is
+/// vouched for, the other half is slack for a watchdog late to fire.
+#[derive(Clone, Debug)]
+pub(super) struct Vouched {
+    fence: state_backends::Fence,
+    lost: CancellationToken,
+    ahead: Duration,
+}
+
+impl Vouched {
+    pub(super) fn new(lease: &Lease, lost: &CancellationToken, ttl: Duration) -> Self {
+        Self {
+            fence: lease.fence(),
+            lost: lost.clone(),
+            ahead: fence_margin(ttl) / 2,
+        }
+    }
+
+    /// The fence for a write now: vouched for unless the lease is lost.
+    pub(super) fn fence(&self) -> state_backends::Fence {
+        if self.lost.is_cancelled() {
+            self.fence.clone()
+        } else {
+            self.fence
+                .clone()
+                .confirmed_until(OffsetDateTime::now_utc() + self.ahead)
+        }
+    }
+}
+
 /// The least time a renewal attempt is given before it is abandoned and tried again (never past
 /// the give-up time): with a short TTL, half a period is shorter than a busy store may take.
 const RENEWAL_ATTEMPT: Duration = Duration::from_secs(2);

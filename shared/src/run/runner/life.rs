@@ -4,7 +4,7 @@
 //! that cannot be read for now (a store error, a newer runner's schema) is left alone for the
 //! whole run, never replaced; only one that is not a record at all is started afresh.
 
-use state_backends::{Lease, WorkspaceId};
+use state_backends::{StoreError, WorkspaceId};
 use time::OffsetDateTime;
 
 use crate::job::Operation;
@@ -17,10 +17,20 @@ use crate::run::result::JobResult;
 
 use super::Runner;
 
+/// What a run found of its workspace as it started, under its lease.
+pub(super) struct Found<'a> {
+    /// The job found interrupted when this one took the workspace.
+    pub(super) interrupted: Option<String>,
+    /// The workspace's status record.
+    pub(super) status: Result<Option<WorkspaceStatus>, lifecycle::StatusError>,
+    /// Whether the workspace has a state (from the run's own read of it).
+    pub(super) exists: Result<bool, &'a StoreError>,
+}
+
 /// The workspace's record as this run has left it so far.
 pub(super) struct Life {
     ws: WorkspaceId,
-    fence: state_backends::Fence,
+    fence: super::lease::Vouched,
     operation: Operation,
     job_id: String,
     status: Option<WorkspaceStatus>,
@@ -70,12 +80,16 @@ impl Life {
         runner: &Runner,
         job: &ValidatedJob,
         ws: &WorkspaceId,
-        lease: &Lease,
-        interrupted: Option<String>,
+        fence: &super::lease::Vouched,
+        Found {
+            interrupted,
+            status: read,
+            exists,
+        }: Found<'_>,
         logger: &Logger,
     ) -> Self {
         let j = &job.job;
-        let (status, skip) = match lifecycle::read(runner.store.as_ref(), ws).await {
+        let (status, skip) = match read {
             Ok(status) => (status, false),
             Err(lifecycle::StatusError::Record(crate::run::records::RecordError::Malformed {
                 source,
@@ -98,7 +112,7 @@ impl Life {
         let unfinished = unfinished_runs(status.as_ref(), interrupted.as_deref());
         let mut life = Self {
             ws: ws.clone(),
-            fence: lease.fence(),
+            fence: fence.clone(),
             operation: j.operation,
             job_id: j.id.clone(),
             status,
@@ -133,7 +147,11 @@ impl Life {
         // Without a record (a workspace older than records), whether it exists is its state's.
         let exists = match &life.status {
             Some(s) => s.exists,
-            None => matches!(runner.store.current_version(ws).await, Ok(Some(_))),
+            None => match exists {
+                Ok(exists) => exists,
+                // A state this runner cannot read (sealed with a key it lacks) still exists.
+                Err(_) => matches!(runner.store.current_version(ws).await, Ok(Some(_))),
+            },
         };
         if let Some(phase) = lifecycle::starting(j.operation, exists) {
             let id = j.id.clone();
@@ -204,7 +222,7 @@ impl Life {
         match lifecycle::record(
             runner.store.as_ref(),
             &self.ws,
-            &self.fence,
+            &self.fence.fence(),
             self.status.clone(),
             t.clone(),
         )

@@ -20,8 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use bytes::Bytes;
-use state_backends::{Lease, StateStore, StoreError, WorkspaceId};
+use state_backends::{CurrentState, Lease, StateStore, StateStoreExt, StoreError, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -35,7 +34,7 @@ use crate::run::terraform::TerraformConfig;
 use crate::run::{logs, state_server};
 
 use finish::{Clock, summary};
-use lease::{Acquired, StopReason, Watch, watch};
+use lease::{Acquired, StopReason, Vouched, Watch, watch};
 use life::Life;
 use report::{Earlier, Report};
 use steps::Steps;
@@ -359,7 +358,15 @@ impl Runner {
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         let j = &job.job;
-        if let Some(settled) = self.settled_before_running(job, ws, lease).await? {
+        // What the run starts from, read side by side with whether it runs at all: the
+        // workspace's status record and its state (the read terraform's first GET is served
+        // from). Each is a store round trip; one after the other they would add up.
+        let (settled, status, state) = tokio::join!(
+            self.settled_before_running(job, ws, lease),
+            crate::run::lifecycle::read(self.store.as_ref(), ws),
+            self.store.current(ws)
+        );
+        if let Some(settled) = settled? {
             return Ok(settled);
         }
         // The run starts when the workspace is ours; waiting for it is not part of the run.
@@ -369,9 +376,6 @@ impl Runner {
         let redactor = self.redactor(job, &password);
         let record = crate::run::records::JobRecord::new(job, &redactor, lease).to_bytes();
         let (logger, pump) = self.open_log(ws, &j.id, lease, &redactor);
-        let interrupted = self.note_interrupted(ws, lease, &logger).await;
-        let mut life = Life::start(self, job, ws, lease, interrupted, &logger).await;
-
         // The job's token: fired by the caller, the deadline, or a lost lease. The watchdog
         // keeps renewing the lease after that, through terraform's grace period, until the
         // result is written.
@@ -392,6 +396,35 @@ impl Runner {
             logger: logger.clone(),
         })));
 
+        // The watchdog vouches for the lease until it finds it lost: writes under it need no
+        // read of the lease first.
+        let vouched = Vouched::new(lease, &lost, self.config.lease_ttl);
+        let interrupted = self.note_interrupted(ws, lease, &logger).await;
+        let exists = state.as_ref().map(Option::is_some);
+        // The job's record is written while the workspace's status moves.
+        let fence = vouched.fence();
+        let (mut life, recorded) = tokio::join!(
+            Life::start(
+                self,
+                job,
+                ws,
+                &vouched,
+                life::Found {
+                    interrupted,
+                    status,
+                    exists,
+                },
+                &logger,
+            ),
+            self.store.put_artifact_fenced(
+                ws,
+                &j.id,
+                crate::run::records::JOB_FILE,
+                record,
+                &fence
+            )
+        );
+
         // A cancel asked for while the job runs stops it as the caller's cancel does.
         let _cancel = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(cancel::watch(
             self.store.clone(),
@@ -411,7 +444,7 @@ impl Runner {
         let outcome = self
             .execute(
                 job,
-                record,
+                (recorded, state),
                 ws,
                 lease,
                 &password,
@@ -422,11 +455,30 @@ impl Runner {
             .await;
         let (status, error) = self.ending(outcome, reason.get(), &stop);
         let state_bytes = report.state_bytes;
+        let applied = report.applied.take();
         let mut result = report.into_result(job, lease, &clock, status, error);
-        life.end(self, &mut result, &redactor, &logger).await;
+        // The run's ending records, side by side: the workspace's status, what a later
+        // rollback returns to, and the follow-ups of its state writes (see `StateStore::settle`).
+        let last_apply = async {
+            let Some(made) = applied else { return };
+            if let Err(e) =
+                crate::run::records::record_last_apply(self.store.as_ref(), ws, &made).await
+            {
+                logger
+                    .runner(
+                        "apply",
+                        &format!("could not record this apply for later rollbacks: {e}"),
+                    )
+                    .await;
+            }
+        };
+        tokio::join!(
+            life.end(self, &mut result, &redactor, &logger),
+            last_apply,
+            self.store.settle(ws)
+        );
         logger.runner("", &summary(&result)).await;
         drop(logger);
-        pump.finish().await;
 
         let redacted = result.redacted(&redactor);
         // A plan's own key is delivered with the result, never stored with it.
@@ -434,7 +486,10 @@ impl Runner {
         if let Some(plan) = stored.plan.as_mut() {
             plan.key = None;
         }
-        let written = self.write_result(ws, lease, &lost, &stored).await;
+        // The log's last lines and the result, side by side; both before the lease is let go
+        // (which is what `terrace logs --follow` waits for).
+        let ((), written) =
+            tokio::join!(pump.finish(), self.write_result(ws, lease, &lost, &stored));
         drop(watchdog);
         tracing::info!(
             status = redacted.status.as_str(),
@@ -494,7 +549,10 @@ impl Runner {
     async fn execute(
         &self,
         job: &ValidatedJob,
-        record: Bytes,
+        (recorded, state): (
+            Result<(), StoreError>,
+            Result<Option<CurrentState>, StoreError>,
+        ),
         ws: &WorkspaceId,
         lease: &Lease,
         password: &str,
@@ -517,7 +575,7 @@ impl Runner {
             )
             .await;
         let (client, server, before) = self
-            .prepare(job, record, ws, lease, password, logger, lost)
+            .prepare(job, (recorded, state), ws, lease, password, logger, lost)
             .await?;
         // Refused before terraform runs: a budget this runner cannot check.
         let costing = self.costing(job, logger).await?;
@@ -561,17 +619,7 @@ impl Runner {
         if result.is_ok() && j.operation == Operation::Apply {
             // What a later `on_failure: rollback` returns to: for an approved plan, the plan
             // job, whose record holds the variables.
-            let made = j.plan.as_deref().unwrap_or(&j.id);
-            if let Err(e) =
-                crate::run::records::record_last_apply(self.store.as_ref(), ws, made).await
-            {
-                logger
-                    .runner(
-                        "apply",
-                        &format!("could not record this apply for later rollbacks: {e}"),
-                    )
-                    .await;
-            }
+            report.applied = Some(j.plan.clone().unwrap_or_else(|| j.id.clone()));
         }
         // Never without a live lease: a clean-up's destroy could otherwise reach what another
         // runner, which took the workspace, has made since. A job cancelled (not stopped by its

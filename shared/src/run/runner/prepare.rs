@@ -4,15 +4,13 @@
 
 use std::collections::BTreeSet;
 
-use bytes::Bytes;
-use state_backends::{Lease, StateStoreExt, StoreError, WorkspaceId};
+use state_backends::{CurrentState, Lease, StoreError, WorkspaceId};
 use tokio_util::sync::CancellationToken;
 
 use crate::job::Operation;
 use crate::job::validate::ValidatedJob;
 use crate::run::client::Client;
 use crate::run::logs::Logger;
-use crate::run::records::JOB_FILE;
 use crate::run::result::{Category, JobError};
 use crate::run::state_server::StateServer;
 use crate::run::{cost, state_server};
@@ -26,15 +24,18 @@ use super::report::Costing;
 pub(super) type Prepared = (Client, StateServer, Result<BTreeSet<String>, String>);
 
 impl Runner {
-    /// Before terraform runs: the job's record written while the client is checked, the
-    /// state server started and the state read (the read that terraform's first GET is then
-    /// served from). The client, the state server and what the state held (or why it could
-    /// not be read).
+    /// Before terraform runs: the client checked, the state server started with the state read
+    /// when the run started (terraform's first GET is served from it), and the job's record
+    /// (`recorded`, written while the workspace's status moved) confirmed. The client, the
+    /// state server and what the state held (or why it could not be read).
     #[allow(clippy::too_many_arguments)] // the run's context, passed once
     pub(super) async fn prepare(
         &self,
         job: &ValidatedJob,
-        record: Bytes,
+        (recorded, state): (
+            Result<(), StoreError>,
+            Result<Option<CurrentState>, StoreError>,
+        ),
         ws: &WorkspaceId,
         lease: &Lease,
         password: &str,
@@ -42,8 +43,6 @@ impl Runner {
         lost: &CancellationToken,
     ) -> Result<Prepared, JobError> {
         let j = &job.job;
-        // The job's record is written while the client is checked, the state server started
-        // and the state read (the read that terraform's first GET is then served from).
         let prepare = async {
             // Refused before anything touches the workspace's state.
             let client = self.client().await.map_err(|e| {
@@ -63,12 +62,18 @@ impl Runner {
                 logger: Some(logger.clone()),
                 lease_lost: lost.clone(),
                 max_body: self.config.max_state_bytes,
+                vouch: Some(super::lease::fence_margin(self.config.lease_ttl) / 2),
                 header_read_timeout: crate::run::state_server::HEADER_READ_TIMEOUT,
             })
             .await
             .map_err(|e| {
                 JobError::internal("prepare", format!("cannot start the state server: {e}"))
             })?;
+            // The state as read when the run started, under the lease; read again only if that
+            // read failed.
+            if let Ok(state) = state {
+                server.seed(state);
+            }
             let current = server.current().await;
             // A sealed state this runner cannot open: said here, before terraform, which would
             // only see its state server fail.
@@ -102,12 +107,6 @@ impl Runner {
             let before = addresses(current);
             Ok::<_, JobError>((client.clone(), server, before))
         };
-        let fence = lease.fence();
-        let (recorded, prepared) = tokio::join!(
-            self.store
-                .put_artifact_fenced(ws, &j.id, JOB_FILE, record, &fence),
-            prepare
-        );
         if let Err(e) = recorded {
             return Err(JobError::new(
                 Category::Internal,
@@ -117,7 +116,7 @@ impl Runner {
                 e.is_retryable(),
             ));
         }
-        prepared
+        prepare.await
     }
 
     /// The price books and budget the job's plans are estimated with: none for drift checks,

@@ -36,6 +36,9 @@ pub(super) struct Report {
     pub(super) keep_workdir: bool,
     /// A plan job's plan, kept for approval.
     pub(super) plan: Option<crate::run::plans::PlanSummary>,
+    /// A successful apply: the job whose record holds its variables (the plan job, for an
+    /// approved plan), recorded for a later rollback as the run ends.
+    pub(super) applied: Option<String>,
 }
 
 /// Earlier runs of the workspace that ended without finishing (failed, timed out, killed),

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use state_backends::tfstate::{StateMeta, WriteCheck, check_successor};
-use state_backends::{NewState, PutMode};
+use state_backends::{CurrentState, NewState, PutMode};
 
 use super::{Handled, Refusal, Shared};
 
@@ -47,14 +47,23 @@ pub(super) async fn post(shared: &Shared, lock_id: Option<&str>, body: Bytes) ->
 /// A checked, fenced write: the version it made, `None` when the state was already current.
 pub(super) async fn write_state(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refusal> {
     let written = checked_write(shared, body).await;
-    if !matches!(written, Ok(None)) {
-        // Written, or refused (perhaps on a stale view): read afresh next time.
-        shared.forget_current();
+    match written {
+        Ok(Some(current)) => {
+            let number = current.version.number;
+            shared.wrote_current(current);
+            Ok(Some(number))
+        }
+        Ok(None) => Ok(None),
+        Err(refused) => {
+            // Refused, perhaps on a stale view: read afresh next time.
+            shared.forget_current();
+            Err(refused)
+        }
     }
-    written
 }
 
-async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refusal> {
+/// The state written, as the current one, or `None` when it was already current.
+async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<CurrentState>, Refusal> {
     let c = &shared.config;
     let meta = StateMeta::parse(&body)
         .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, format!("state write refused: {e}")))?;
@@ -95,13 +104,13 @@ async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refu
     }
     let mode = current.map_or(PutMode::Create, |cur| PutMode::Update(cur.token));
     let state = NewState {
-        data: body,
+        data: body.clone(),
         serial: meta.serial,
         lineage: meta.lineage,
     };
     let info = c
         .store
-        .put(&c.ws, state, mode, Some(&c.fence))
+        .put(&c.ws, state, mode, Some(&shared.fence()))
         .await
         .map_err(|e| Refusal::from_store(&e))?;
     {
@@ -120,7 +129,11 @@ async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<u64>, Refu
             )
             .await;
     }
-    Ok(Some(info.number))
+    Ok(Some(CurrentState {
+        token: info.token(),
+        data: body,
+        version: info,
+    }))
 }
 
 pub(super) async fn delete(shared: &Shared) -> Handled {
@@ -134,7 +147,7 @@ pub(super) async fn delete(shared: &Shared) -> Handled {
     };
     let deleted = c
         .store
-        .delete_current(&c.ws, &current.token, Some(&c.fence))
+        .delete_current(&c.ws, &current.token, Some(&shared.fence()))
         .await;
     shared.forget_current();
     deleted.map_err(|e| Refusal::from_store(&e))?;
@@ -144,6 +157,12 @@ pub(super) async fn delete(shared: &Shared) -> Handled {
 /// Whether the job's lease is still the live one; terraform must not lock without it.
 async fn check_lease(shared: &Shared) -> Result<(), Refusal> {
     let c = &shared.config;
+    if shared
+        .fence()
+        .is_confirmed_at(time::OffsetDateTime::now_utc())
+    {
+        return Ok(());
+    }
     let lease = c
         .store
         .lease(&c.ws)

@@ -41,6 +41,7 @@ async fn leased(ttl: Duration, max_body: usize) -> (Arc<dyn StateStore>, Workspa
         logger: None,
         lease_lost: CancellationToken::new(),
         max_body,
+        vouch: None,
         header_read_timeout: HEADER_READ_TIMEOUT,
     };
     (store, ws, config)
