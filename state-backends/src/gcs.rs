@@ -199,14 +199,15 @@ impl GcsBucket {
         }))
     }
 
-    /// One write, with the client's own retries.
+    /// One write, with the client's own retries: the written object's generation, or `None`
+    /// when the condition failed.
     async fn put_once(
         &self,
         key: &str,
         data: Bytes,
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
-    ) -> Result<bool> {
+    ) -> Result<Option<String>> {
         // The checksum goes with the request's metadata part: left to be computed while
         // sending, it becomes a trailing part that some servers store as content.
         let crc = crc32c::crc32c(&data);
@@ -228,8 +229,8 @@ impl GcsBucket {
             write = write.set_kms_key(key);
         }
         match write.send_unbuffered().await {
-            Ok(_) => Ok(true),
-            Err(e) if e.http_status_code() == Some(412) => Ok(false),
+            Ok(written) => Ok(Some(written.generation.to_string())),
+            Err(e) if e.http_status_code() == Some(412) => Ok(None),
             Err(e) => Err(client_error(&format!("PUT {key}"), &e)),
         }
     }
@@ -260,13 +261,28 @@ impl Bucket for GcsBucket {
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
     ) -> Result<bool> {
+        Ok(self
+            .put_tagged(key, data, metadata, condition)
+            .await?
+            .is_some())
+    }
+
+    async fn put_tagged(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<Option<Option<String>>> {
         // A try that got no answer may have landed: a create-only or generation-matched write
         // sent again then finds it taken, by itself, which its caller tells from the content
         // (a version's write mark, a lease's record), as after a lost answer.
-        self.in_time(&format!("PUT {key}"), self.upload_limit(data.len()), || {
-            self.put_once(key, data.clone(), metadata.clone(), condition)
-        })
-        .await
+        let written = self
+            .in_time(&format!("PUT {key}"), self.upload_limit(data.len()), || {
+                self.put_once(key, data.clone(), metadata.clone(), condition)
+            })
+            .await?;
+        Ok(written.map(Some))
     }
 
     async fn copy(

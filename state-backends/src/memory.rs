@@ -235,24 +235,38 @@ impl Bucket for MemoryBucket {
         condition: Condition<'_>,
     ) -> Result<bool> {
         Ok(self
+            .put_tagged(key, data, metadata, condition)
+            .await?
+            .is_some())
+    }
+
+    async fn put_tagged(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<Option<Option<String>>> {
+        Ok(self
             .with(|b| {
                 let allowed = match (condition, b.objects.get(key)) {
                     (Condition::None, _) | (Condition::Absent, None) => true,
                     (Condition::Matches(tag), Some(o)) => o.tag == tag,
                     (Condition::Absent, Some(_)) | (Condition::Matches(_), None) => false,
                 };
-                if allowed {
-                    let tag = b.tag();
-                    b.objects.insert(
-                        key.to_owned(),
-                        Object {
-                            data,
-                            tag,
-                            metadata,
-                        },
-                    );
+                if !allowed {
+                    return None;
                 }
-                allowed
+                let tag = b.tag();
+                b.objects.insert(
+                    key.to_owned(),
+                    Object {
+                        data,
+                        tag: tag.clone(),
+                        metadata,
+                    },
+                );
+                Some(Some(tag))
             })
             .await)
     }

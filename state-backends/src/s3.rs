@@ -180,6 +180,19 @@ impl Bucket for S3Bucket {
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
     ) -> Result<bool> {
+        Ok(self
+            .put_tagged(key, data, metadata, condition)
+            .await?
+            .is_some())
+    }
+
+    async fn put_tagged(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<Option<Option<String>>> {
         let mut req = self
             .client
             .put_object()
@@ -199,8 +212,8 @@ impl Bucket for S3Bucket {
                 .ssekms_key_id(kms);
         }
         match req.send().await {
-            Ok(_) => Ok(true),
-            Err(e) if matches!(status(&e), Some(412 | 409)) => Ok(false),
+            Ok(written) => Ok(Some(written.e_tag().map(str::to_owned))),
+            Err(e) if matches!(status(&e), Some(412 | 409)) => Ok(None),
             Err(e) => Err(sdk_error(&format!("PUT {key}"), e)),
         }
     }

@@ -49,6 +49,16 @@ impl<B: Bucket> Bucket for Counted<B> {
         self.tick();
         self.inner.put(key, data, metadata, condition).await
     }
+    async fn put_tagged(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<Option<Option<String>>> {
+        self.tick();
+        self.inner.put_tagged(key, data, metadata, condition).await
+    }
     async fn copy(
         &self,
         from: &str,

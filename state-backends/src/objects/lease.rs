@@ -3,6 +3,7 @@
 //! only if absent the first time.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,23 +18,39 @@ use crate::{Lease, LeaseRequest, Result, StoreError, WorkspaceId};
 #[derive(Clone, Debug)]
 pub struct LockObject<B> {
     bucket: B,
+    /// Each lock object as this keeper last read or wrote it, with its tag: a change starts
+    /// from it instead of reading the object again (a round trip), and its tag condition makes
+    /// a stale one cost a read, never a wrong record.
+    known: Arc<Mutex<HashMap<String, (LeaseRecord, String)>>>,
 }
 
 impl<B: Bucket> LockObject<B> {
     pub fn new(bucket: B) -> Self {
-        Self { bucket }
+        Self {
+            bucket,
+            known: Arc::default(),
+        }
     }
 
     fn object(key: &str) -> String {
         format!("{key}/lease.json")
     }
 
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<String, (LeaseRecord, String)>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     async fn read(&self, object: &str) -> Result<(LeaseRecord, Option<String>)> {
         match self.bucket.get(object).await? {
-            None => Ok((LeaseRecord::default(), None)),
+            None => {
+                self.known().remove(object);
+                Ok((LeaseRecord::default(), None))
+            }
             Some(obj) => {
-                let record = serde_json::from_slice(&obj.data)
+                let record: LeaseRecord = serde_json::from_slice(&obj.data)
                     .map_err(|e| corrupt(self.bucket.backend(), object, &e.to_string()))?;
+                self.known()
+                    .insert(object.to_owned(), (record.clone(), obj.tag.clone()));
                 Ok((record, Some(obj.tag)))
             }
         }
@@ -49,8 +66,16 @@ impl<B: Bucket> LockObject<B> {
         let object = Self::object(key);
         // The record last written and its answer, when the write's condition failed.
         let mut tried: Option<(LeaseRecord, T)> = None;
-        for _ in 0..20 {
-            let (mut record, tag) = self.read(&object).await?;
+        for attempt in 0..20 {
+            // First from what this keeper last saw, when it saw the object; a failed condition
+            // sends every later attempt to the object itself.
+            let known = (attempt == 0)
+                .then(|| self.known().get(&object).cloned())
+                .flatten();
+            let (mut record, tag) = match known {
+                Some((record, tag)) => (record, Some(tag)),
+                None => self.read(&object).await?,
+            };
             // A client that lost the answer to a write and sent it again finds the object
             // changed, by that very write: the record it wrote is there (a lease carries its
             // time to the nanosecond, so no other writer's record is the same).
@@ -68,12 +93,22 @@ impl<B: Bucket> LockObject<B> {
                 Some(tag) => Condition::Matches(tag),
                 None => Condition::Absent,
             };
-            if self
+            match self
                 .bucket
-                .put(&object, data, HashMap::new(), condition)
+                .put_tagged(&object, data, HashMap::new(), condition)
                 .await?
             {
-                return Ok(answer);
+                Some(Some(tag)) => {
+                    self.known().insert(object, (record, tag));
+                    return Ok(answer);
+                }
+                Some(None) => {
+                    self.known().remove(&object);
+                    return Ok(answer);
+                }
+                None => {
+                    self.known().remove(&object);
+                }
             }
             tried = Some((record, answer));
         }

@@ -98,6 +98,20 @@ pub trait Bucket: Send + Sync + Debug {
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
     ) -> Result<bool>;
+    /// [`Bucket::put`], telling the written object's tag where the bucket answers with it
+    /// (`Ok(None)`: the condition failed; `Ok(Some(None))`: written, its tag unknown).
+    async fn put_tagged(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<Option<Option<String>>> {
+        Ok(self
+            .put(key, data, metadata, condition)
+            .await?
+            .then_some(None))
+    }
     /// A server-side copy; `metadata` replaces the source's when given.
     async fn copy(
         &self,

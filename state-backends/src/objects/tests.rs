@@ -65,6 +65,21 @@ impl Bucket for Troubled {
         }
         self.inner.put(key, data, metadata, condition).await
     }
+    async fn put_tagged(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<Option<Option<String>>> {
+        if self.sent_twice {
+            return Ok(self
+                .put(key, data, metadata, condition)
+                .await?
+                .then_some(None));
+        }
+        self.inner.put_tagged(key, data, metadata, condition).await
+    }
     async fn copy(
         &self,
         from: &str,
@@ -664,4 +679,42 @@ async fn a_fence_vouched_for_no_longer_reads_the_lease_again_and_a_broken_lease_
         "{refused:?}"
     );
     assert_eq!(store.versions(&ws).await.unwrap().len(), 1);
+}
+
+fn request(owner: &str) -> crate::LeaseRequest {
+    crate::LeaseRequest {
+        owner: owner.into(),
+        ttl: Duration::from_secs(60),
+        info: serde_json::Value::Null,
+    }
+}
+
+#[tokio::test]
+async fn a_lock_object_is_changed_from_the_tag_last_written_and_a_stale_tag_costs_a_read() {
+    let bucket = Troubled::default();
+    let ours = BucketStore::over(bucket.clone(), "p", None);
+    let ws: WorkspaceId = "acme/locked".parse().unwrap();
+    let lease = ours.acquire_lease(&ws, &request("job-1")).await.unwrap();
+    let before = bucket.reads();
+    let renewed = ours
+        .renew_lease(&ws, &lease, Duration::from_secs(60))
+        .await
+        .unwrap();
+    ours.release_lease(&ws, &renewed).await.unwrap();
+    assert_eq!(
+        bucket.reads(),
+        before,
+        "a renewal and a release from the tag this keeper wrote read nothing"
+    );
+    // Another runner takes the workspace behind this keeper's back: its remembered tag is
+    // stale, the conditional write fails, and the object itself says who holds it.
+    let theirs = BucketStore::over(bucket.clone(), "p", None);
+    let held = theirs.acquire_lease(&ws, &request("job-2")).await.unwrap();
+    let refused = ours.acquire_lease(&ws, &request("job-3")).await;
+    let Err(StoreError::LeaseHeld { holder, .. }) = refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(holder.owner, "job-2");
+    assert!(held.fence > lease.fence);
+    assert_eq!(ours.lease(&ws).await.unwrap().unwrap().owner, "job-2");
 }
