@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make demo-tools`, `make tools`).
-.PHONY: tools demo-tools demo test schema images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing bench-store-latency fuzz clean
+.PHONY: tools demo-tools demo test schema images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing bench-store-latency bench-start-latency fuzz clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -46,7 +46,7 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 
 ci: test test-images check-deploy lint deny
 
-bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-store-latency bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency ## the benchmarks
+bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-store-latency bench-start-latency bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
@@ -65,6 +65,9 @@ bench-s3: tools ## terraform's s3 backend vs Terrace's S3 + DynamoDB store, agai
 
 bench-store-latency: tools ## a job's store round trips at 0, 20 and 100 ms per request: terraform's s3 (lock file, DynamoDB) and gcs backends vs Terrace (PROFILE=release, N, DELAYS, SIDES)
 	benches/store-latency.sh
+
+bench-start-latency: demo-tools ## enqueue to terraform's first output on terrace serve's folder queue, 100 jobs: p50/p99, and the runner's own share (PROFILE=release, N, POLL_MS)
+	benches/start-latency.sh
 
 bench-templates: tools ## what reading a job's template from a bucket costs, against moto
 	benches/template-fetch.sh

@@ -17,7 +17,10 @@
 # Per side and delay it prints the median wall time, the ratio to the native side(s), the
 # requests and bytes per job (from the proxy's log), and the round trips the job waited on one
 # after the other: (median at the highest delay - median at 0) / that delay. SIDES picks sides;
-# PROFILE=release (default debug) uses the release build of terrace.
+# PROFILE=release (default debug) uses the release build of terrace. Terrace runs without price
+# books (COST=off, the default), as the native sides estimate nothing: a plan's estimate is a
+# fourth terraform process (`show -json`, some 100 ms of CPU, no store request; measured by
+# `make bench-concurrency`). COST=on prices the plans with the repository's books.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -25,6 +28,7 @@ N="${N:-7}"
 DELAYS="${DELAYS:-0 20 100}"
 PROFILE="${PROFILE:-debug}"
 SIDES="${SIDES:-s3-lockfile s3-dynamodb terrace-s3 terrace-s3-table gcs terrace-gcs}"
+COST="${COST:-off}"
 
 if [[ -z "${TERRACE_TEST_MOTO:-}" ]]; then
     scripts/install-tools.sh
@@ -72,6 +76,8 @@ req = urllib.request.Request(f"{gcs}/storage/v1/b?project=bench", data=json.dump
 urllib.request.urlopen(req, timeout=10).read()
 PY
 
+price_books="$repo_root/price-books"
+[[ "$COST" == off ]] && price_books="$work/no-price-books"
 vars='{"cluster_name":"bench","region":"eu-west-1","node_count":3,"instance_type":"small","cidr":"10.0.0.0/16","ha":false,"admin_password":"bench-password-123"}'
 now_ms() { date +%s%3N; }
 
@@ -157,6 +163,7 @@ JOB
         TERRACE_GCS_ENDPOINT="$gcs" TERRACE_GCS_ANONYMOUS=1 \
         TERRACE_TEMPLATES="$repo_root/templates" TERRACE_TERRAFORM="$tf" \
         TERRACE_TF_CLI_CONFIG="$TF_CLI_CONFIG_FILE" TERRACE_CACHE_DIR="$work/terrace-cache" \
+        TERRACE_PRICE_BOOKS="$price_books" \
         TERRACE_PASS_ENV=TESTCLOUD_ROOT TESTCLOUD_ROOT="$work/cloud-$side-$run" TERRACE_LOG=warn \
         "$bin" run -q "$work/job-$side-$run.yaml" >/dev/null 2>>"$work/terrace.err"
 }
@@ -184,7 +191,7 @@ for delay in $DELAYS; do
 done
 
 python3 - "$work" "$N" "$PROFILE" "$("$tf" version -json | python3 -c 'import json,sys; print(json.load(sys.stdin)["terraform_version"])')" <<'PY'
-import collections, json, statistics, sys
+import collections, json, os, statistics, sys
 w, n, profile, version = sys.argv[1:5]
 runs = [line.split("\t") for line in open(f"{w}/runs.tsv").read().splitlines()]
 requests = [json.loads(line) for line in open(f"{w}/requests.jsonl")]
@@ -202,8 +209,8 @@ sides = list(dict.fromkeys(s for s, _ in ms))
 native_of = {"terrace-s3": ["s3-lockfile", "s3-dynamodb"], "terrace-s3-table": ["s3-lockfile", "s3-dynamodb"],
              "terrace-gcs": ["gcs"]}
 med = {k: statistics.median(v) for k, v in ms.items()}
-print(f"runs: {n} each, interleaved; terraform {version}; terrace {profile} build; "
-      f"delays {delays} ms per store request")
+print(f"runs: {n} each, interleaved; terraform {version}; terrace {profile} build, cost estimate "
+      f"{os.environ.get('COST', 'off')}; delays {delays} ms per store request")
 for d in delays:
     print(f"\n-- {d} ms added to every store request")
     for s in sides:
@@ -212,6 +219,41 @@ for d in delays:
         print(f"{s:17} median {med[(s, d)]:6.0f} ms  {ratios:34}  requests {statistics.median(c[0] for c in counts):4.0f}"
               f"  sent {statistics.median(c[1] for c in counts) / 1024:6.1f} KiB  received {statistics.median(c[2] for c in counts) / 1024:6.1f} KiB"
               f"  {sorted(ms[(s, d)])}")
+# What a job costs in store requests, by the clouds' billing classes, at the list prices in
+# PRICES (USD; defaults: S3 Standard and DynamoDB on-demand in us-east-1, GCS Standard in a
+# region: check the providers' pages for yours). DELETE is free on both.
+prices = {"s3-write": 0.005 / 1000, "s3-read": 0.0004 / 1000, "ddb-write": 0.625 / 1e6,
+          "ddb-read": 0.125 / 1e6, "gcs-a": 0.005 / 1000, "gcs-b": 0.0004 / 1000}
+for pair in os.environ.get("PRICES", "").split(","):
+    if "=" in pair:
+        k, v = pair.split("=", 1)
+        prices[k.strip()] = float(v)
+def billing_class(side, what):
+    method, path = (what.split(" ", 1) + [""])[:2]
+    if "(" in path:  # DynamoDB: POST / (Operation)
+        op = path.split("(")[1].rstrip(")")
+        return "ddb-read" if op in ("GetItem", "Query", "Scan") else "ddb-write"
+    if "gcs" in side:
+        if method == "DELETE":
+            return "free"
+        if method == "POST" or path.rstrip("/").endswith("/o"):
+            return "gcs-a"  # uploads, rewrites (copies), listings
+        return "gcs-b"
+    if method == "DELETE":
+        return "free"
+    if method in ("PUT", "POST") or path.count("/") <= 2 and path.endswith("/") or "/" not in path.strip("/"):
+        return "s3-write"  # writes, copies, listings (a GET of the bucket itself)
+    return "s3-read"
+print(f"\n-- store requests per job by billing class, and what 1,000 jobs cost in them (USD, {delays[0]} ms runs)")
+for s in sides:
+    counts = per_run[(s, delays[0])]
+    classes = collections.Counter()
+    for c in counts:
+        for r in c[3]:
+            classes[billing_class(s, r["what"])] += 1
+    per_job = {k: v / len(counts) for k, v in classes.items()}
+    cost = sum(prices.get(k, 0) * v for k, v in per_job.items()) * 1000
+    print(f"{s:17} " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_job.items())) + f"  -> ${cost:.4f} per 1,000 jobs")
 top = delays[-1]
 if top > 0:
     print(f"\n-- round trips waited one after the other: (median at {top} ms - median at 0) / {top} ms")

@@ -15,12 +15,15 @@ use state_backends::{
 type Result<T> = std::result::Result<T, StoreError>;
 
 /// Fails the next `n` writes of a state that has resources (a fresh workspace's only such
-/// write is the end of the first apply) with a retryable backend error.
+/// write is the end of the first apply) with a retryable backend error; or, made with
+/// [`FailingPuts::records`], every write of run artifacts with one name.
 #[derive(Debug)]
 pub struct FailingPuts {
     inner: Arc<dyn StateStore>,
     remaining: AtomicU32,
     failed: AtomicU32,
+    /// The artifact name whose writes all fail.
+    artifact: Option<&'static str>,
 }
 
 impl FailingPuts {
@@ -29,6 +32,24 @@ impl FailingPuts {
             inner,
             remaining: AtomicU32::new(n),
             failed: AtomicU32::new(0),
+            artifact: None,
+        }
+    }
+
+    /// Every write of a run artifact named `name` (`job.json`, say) fails; states are written.
+    pub fn records(inner: Arc<dyn StateStore>, name: &'static str) -> Self {
+        Self {
+            artifact: Some(name),
+            ..Self::new(inner, 0)
+        }
+    }
+
+    fn unreachable() -> StoreError {
+        StoreError::Backend {
+            backend: "failing-puts",
+            message: "injected: the bucket is unreachable".into(),
+            retryable: true,
+            source: None,
         }
     }
 
@@ -73,12 +94,7 @@ impl StateStore for FailingPuts {
                 .is_ok()
         {
             self.failed.fetch_add(1, Ordering::SeqCst);
-            return Err(StoreError::Backend {
-                backend: "failing-puts",
-                message: "injected: the bucket is unreachable".into(),
-                retryable: true,
-                source: None,
-            });
+            return Err(Self::unreachable());
         }
         self.inner.put(ws, state, mode, fence).await
     }
@@ -140,6 +156,10 @@ impl StateStore for FailingPuts {
         name: &str,
         data: Bytes,
     ) -> Result<()> {
+        if self.artifact == Some(name) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(Self::unreachable());
+        }
         self.inner.put_artifact(ws, job_id, name, data).await
     }
     async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>> {

@@ -184,3 +184,39 @@ async fn a_sealed_state_that_cannot_be_pushed_is_kept_sealed_and_pushed_from_the
     let missing = sb.run(&["state", "push", "acme/unsaved", "--from-run", "nope"]);
     missing.expect_code(66);
 }
+
+/// The job's record is written while terraform initialises and plans (it is off the job's
+/// critical path), but nothing is applied before it is: a record that cannot be written stops
+/// the job before any change, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_record_cannot_be_written_changes_nothing() {
+    let sb = Sandbox::new();
+    let ws: WorkspaceId = "acme/unsaved".parse().unwrap();
+    let store = Arc::new(FailingPuts::records(Arc::new(sb.fs_store()), "job.json"));
+    let result = run(&sb, store.clone(), "u4").await;
+    assert!(store.failed() >= 1, "the record's write was tried");
+    assert_eq!(result.status.as_str(), "failed", "{result:?}");
+    let error = result.error.as_ref().unwrap();
+    assert!(
+        error.message.contains("cannot record the job in the store"),
+        "{error:?}"
+    );
+    assert!(error.retryable, "{error:?}");
+    let steps: Vec<&str> = result.steps.iter().map(|s| s.step.as_str()).collect();
+    assert!(!steps.contains(&"apply"), "nothing was applied: {steps:?}");
+    assert!(
+        result.cleanup.is_none(),
+        "nothing to clean up: {:?}",
+        result.cleanup
+    );
+    assert!(sb.cloud_names().is_empty(), "the cloud is untouched");
+    let fs = sb.fs_store();
+    assert!(
+        fs.versions(&ws).await.unwrap().is_empty(),
+        "no state version"
+    );
+    assert!(
+        fs.lease(&ws).await.unwrap().is_none(),
+        "the lease is released"
+    );
+}

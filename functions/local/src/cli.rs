@@ -87,6 +87,10 @@ pub(crate) struct Global {
     /// `--cache-dir`).
     #[arg(long, env = "TERRACE_TEMPLATE_CACHE", global = true)]
     pub(crate) template_cache: Option<PathBuf>,
+    /// One metrics record per finished job on stderr (`json` or `emf`, as the functions
+    /// write them: duration, steps, lease wait, the runner's own share of the start), or `off`.
+    #[arg(long, env = "TERRACE_METRICS", default_value = "off", value_parser = ["off", "json", "emf"], global = true)]
+    pub(crate) metrics: String,
     /// Folder of price books: plans are estimated when it exists (docs/templates.md).
     #[arg(
         long,
@@ -572,8 +576,12 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         task_lease_wait: Duration::ZERO,
         client_cache: g.cache_dir.clone().or_else(default_cache_dir),
         console: !g.quiet,
-        // The summary is what a person reads here; the functions write metrics records.
-        metrics: None,
+        // The summary is what a person reads here; metrics records only when asked for.
+        metrics: match g.metrics.as_str() {
+            "json" => Some(shared::run::metrics::Format::Json),
+            "emf" => Some(shared::run::metrics::Format::Emf),
+            _ => None,
+        },
         max_state_bytes: usize::try_from(g.max_state_bytes).unwrap_or(usize::MAX),
         // One machine's own sweep (`terrace drift`) checks every workspace.
         drift_per_tenant: usize::MAX,

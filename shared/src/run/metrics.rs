@@ -28,6 +28,11 @@ pub struct Extra {
     pub lease_wait_ms: u64,
     /// Bytes of the last state version the job wrote (none: it wrote none).
     pub state_bytes: Option<u64>,
+    /// Milliseconds from asking for the lease to terraform's first command starting: the
+    /// runner's own share of a job's start (the lease, the reads under it, the state server,
+    /// the workdir), with any wait for a busy workspace (also in `lease_wait_ms`). None: no
+    /// terraform command ran.
+    pub to_terraform_ms: Option<u64>,
 }
 
 /// The record of `result` as one JSON object.
@@ -58,6 +63,9 @@ pub fn record(result: &JobResult, extra: Extra, format: Format) -> Value {
     ];
     if let Some(bytes) = extra.state_bytes {
         metrics.push(("state_bytes".into(), bytes, "Bytes"));
+    }
+    if let Some(ms) = extra.to_terraform_ms {
+        metrics.push(("to_terraform_ms".into(), ms, "Milliseconds"));
     }
     for step in &result.steps {
         let name = format!(
@@ -130,6 +138,7 @@ mod tests {
         let extra = Extra {
             lease_wait_ms: 5,
             state_bytes: Some(1777),
+            to_terraform_ms: Some(42),
         };
         let r = record(&result(), extra, Format::Emf);
         let directive = &r["_aws"]["CloudWatchMetrics"][0];
@@ -159,6 +168,7 @@ mod tests {
                 "attempts",
                 "lease_wait_ms",
                 "state_bytes",
+                "to_terraform_ms",
                 "step_init_ms",
                 "step_apply_ms"
             ]

@@ -4,7 +4,7 @@
 //! that cannot be read for now (a store error, a newer runner's schema) is left alone for the
 //! whole run, never replaced; only one that is not a record at all is started afresh.
 
-use state_backends::{StoreError, WorkspaceId};
+use state_backends::WorkspaceId;
 use time::OffsetDateTime;
 
 use crate::job::Operation;
@@ -18,13 +18,14 @@ use crate::run::result::JobResult;
 use super::Runner;
 
 /// What a run found of its workspace as it started, under its lease.
-pub(super) struct Found<'a> {
+pub(super) struct Found {
     /// The job found interrupted when this one took the workspace.
     pub(super) interrupted: Option<String>,
     /// The workspace's status record.
     pub(super) status: Result<Option<WorkspaceStatus>, lifecycle::StatusError>,
-    /// Whether the workspace has a state (from the run's own read of it).
-    pub(super) exists: Result<bool, &'a StoreError>,
+    /// Whether the workspace has a state, from the run's own read of it (`None`: that read
+    /// failed).
+    pub(super) exists: Option<bool>,
 }
 
 /// The workspace's record as this run has left it so far.
@@ -74,10 +75,9 @@ fn unfinished_runs(
 }
 
 impl Life {
-    /// Reads the record, records as interrupted a run it shows under way, then the move this
-    /// job starts with.
-    pub(super) async fn start(
-        runner: &Runner,
+    /// The run's life from what it found; [`Life::begin`] then writes the moves it starts
+    /// with. Whether the workspace has a state, for `begin`.
+    pub(super) async fn new(
         job: &ValidatedJob,
         ws: &WorkspaceId,
         fence: &super::lease::Vouched,
@@ -85,9 +85,9 @@ impl Life {
             interrupted,
             status: read,
             exists,
-        }: Found<'_>,
+        }: Found,
         logger: &Logger,
-    ) -> Self {
+    ) -> (Self, Option<bool>) {
         let j = &job.job;
         let (status, skip) = match read {
             Ok(status) => (status, false),
@@ -110,7 +110,7 @@ impl Life {
             }
         };
         let unfinished = unfinished_runs(status.as_ref(), interrupted.as_deref());
-        let mut life = Self {
+        let life = Self {
             ws: ws.clone(),
             fence: fence.clone(),
             operation: j.operation,
@@ -120,6 +120,19 @@ impl Life {
             interrupted_before: interrupted,
             unfinished,
         };
+        (life, exists)
+    }
+
+    /// Records as interrupted a run the record shows under way, then the move this job starts
+    /// with. `exists`: whether the workspace has a state, as read (`None`: read it here).
+    pub(super) async fn begin(
+        &mut self,
+        runner: &Runner,
+        job: &ValidatedJob,
+        exists: Option<bool>,
+        logger: &Logger,
+    ) {
+        let (j, ws, life) = (&job.job, self.ws.clone(), self);
         // The workspace is ours now, so a run the record shows under way has stopped without
         // finishing (killed or crashed, even before it wrote its job record).
         if let Some(stale) = life.status.as_ref().filter(|s| s.status.in_progress()) {
@@ -142,15 +155,15 @@ impl Life {
             .await;
         }
         if !j.operation.mutates() {
-            return life;
+            return;
         }
         // Without a record (a workspace older than records), whether it exists is its state's.
         let exists = match &life.status {
             Some(s) => s.exists,
             None => match exists {
-                Ok(exists) => exists,
+                Some(exists) => exists,
                 // A state this runner cannot read (sealed with a key it lacks) still exists.
-                Err(_) => matches!(runner.store.current_version(ws).await, Ok(Some(_))),
+                None => matches!(runner.store.current_version(&ws).await, Ok(Some(_))),
             },
         };
         if let Some(phase) = lifecycle::starting(j.operation, exists) {
@@ -158,7 +171,6 @@ impl Life {
             life.move_to(runner, phase, &id, j.operation, None, logger)
                 .await;
         }
-        life
     }
 
     /// Earlier runs of the workspace that did not finish, newest first (see [`unfinished_runs`]).

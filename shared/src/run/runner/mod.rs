@@ -36,6 +36,7 @@ use crate::run::{logs, state_server};
 use finish::{Clock, summary};
 use lease::{Acquired, StopReason, Vouched, Watch, watch};
 use life::Life;
+use prepare::Started;
 use report::{Earlier, Report};
 use steps::Steps;
 use workdir::prepare_workdir;
@@ -400,30 +401,18 @@ impl Runner {
         // read of the lease first.
         let vouched = Vouched::new(lease, &lost, self.config.lease_ttl);
         let interrupted = self.note_interrupted(ws, lease, &logger).await;
-        let exists = state.as_ref().map(Option::is_some);
-        // The job's record is written while the workspace's status moves.
-        let fence = vouched.fence();
-        let (mut life, recorded) = tokio::join!(
-            Life::start(
-                self,
-                job,
-                ws,
-                &vouched,
-                life::Found {
-                    interrupted,
-                    status,
-                    exists,
-                },
-                &logger,
-            ),
-            self.store.put_artifact_fenced(
-                ws,
-                &j.id,
-                crate::run::records::JOB_FILE,
-                record,
-                &fence
-            )
-        );
+        let (mut life, exists) = Life::new(
+            job,
+            ws,
+            &vouched,
+            life::Found {
+                interrupted,
+                status,
+                exists: state.as_ref().map(Option::is_some).ok(),
+            },
+            &logger,
+        )
+        .await;
 
         // A cancel asked for while the job runs stops it as the caller's cancel does.
         let _cancel = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(cancel::watch(
@@ -441,20 +430,42 @@ impl Runner {
             },
             ..Report::default()
         };
-        let outcome = self
-            .execute(
-                job,
-                (recorded, state),
-                ws,
-                lease,
-                &password,
-                &logger,
-                (&stop, &lost, &reason),
-                &mut report,
-            )
-            .await;
+        // The run's start records (the job's record, the workspace's status moving) are
+        // written while terraform initialises and plans; nothing changes before they are.
+        let (tell, started) = Started::new();
+        let starting = async {
+            let fence = vouched.fence();
+            let ((), recorded) = tokio::join!(
+                life.begin(self, job, exists, &logger),
+                self.store.put_artifact_fenced(
+                    ws,
+                    &j.id,
+                    crate::run::records::JOB_FILE,
+                    record,
+                    &fence
+                )
+            );
+            let _ = tell.send(Some(
+                recorded.map_err(|e| (e.to_string(), e.is_retryable())),
+            ));
+        };
+        let executing = self.execute(
+            job,
+            (&started, state),
+            ws,
+            lease,
+            &password,
+            &logger,
+            (&stop, &lost, &reason),
+            &mut report,
+        );
+        let ((), outcome) = tokio::join!(starting, executing);
         let (status, error) = self.ending(outcome, reason.get(), &stop);
         let state_bytes = report.state_bytes;
+        // From asking for the lease (`waited` before it was granted) to terraform's first command.
+        let to_terraform = report
+            .first_command
+            .map(|at| (at.saturating_duration_since(granted) + waited).as_millis() as u64);
         let applied = report.applied.take();
         let mut result = report.into_result(job, lease, &clock, status, error);
         // The run's ending records, side by side: the workspace's status, what a later
@@ -501,6 +512,7 @@ impl Runner {
             let extra = crate::run::metrics::Extra {
                 lease_wait_ms: waited.as_millis() as u64,
                 state_bytes,
+                to_terraform_ms: to_terraform,
             };
             crate::run::metrics::emit(&redacted, extra, format);
         }
@@ -549,10 +561,7 @@ impl Runner {
     async fn execute(
         &self,
         job: &ValidatedJob,
-        (recorded, state): (
-            Result<(), StoreError>,
-            Result<Option<CurrentState>, StoreError>,
-        ),
+        (started, state): (&Started, Result<Option<CurrentState>, StoreError>),
         ws: &WorkspaceId,
         lease: &Lease,
         password: &str,
@@ -575,7 +584,7 @@ impl Runner {
             )
             .await;
         let (client, server, before) = self
-            .prepare(job, (recorded, state), ws, lease, password, logger, lost)
+            .prepare(job, state, ws, lease, password, logger, lost)
             .await?;
         // Refused before terraform runs: a budget this runner cannot check.
         let costing = self.costing(job, logger).await?;
@@ -611,8 +620,14 @@ impl Runner {
             destroy: j.destroy,
             approved: j.plan.is_some(),
             seal_to: self.config.outputs_recipient.as_ref(),
+            started,
         };
         let mut result = self.steps(j.operation, j.retry, &steps, report).await;
+        // A job that changed nothing (a plan, a drift check) still ends only once its start
+        // records are written; a plan is kept only then.
+        if result.is_ok() {
+            result = started.wait().await;
+        }
         if result.is_ok() && j.operation == Operation::Plan {
             result = self.keep_plan(job, lease, &server, &steps, report).await;
         }
@@ -636,6 +651,7 @@ impl Runner {
             && j.operation == Operation::Apply
             && (!stop.is_cancelled() || cancelled)
             && !lost.is_cancelled()
+            && !started.failed()
         {
             let (bounded, _guard) = cleanup_token(
                 lost,

@@ -19,23 +19,63 @@ use super::Runner;
 use super::cleanup::addresses;
 use super::report::Costing;
 
+/// The run's start records (the job's record, the workspace's status moving), written while
+/// terraform initialises and plans. Awaited before anything changes infrastructure (an apply, an
+/// import) and before a run that changed nothing ends: the next run must find that this one
+/// started before there is anything to find.
+#[derive(Clone, Debug)]
+pub(super) struct Started(Told);
+
+/// `None` until written; then whether the job's record was (its error, and whether it may pass).
+type Told = tokio::sync::watch::Receiver<Option<Result<(), (String, bool)>>>;
+
+/// Where the start records' outcome is told.
+pub(super) type Tell = tokio::sync::watch::Sender<Option<Result<(), (String, bool)>>>;
+
+impl Started {
+    pub(super) fn new() -> (Tell, Self) {
+        let (tell, told) = tokio::sync::watch::channel(None);
+        (tell, Self(told))
+    }
+
+    /// Whether the job's record could not be written: then nothing was applied, and there is
+    /// nothing to clean up.
+    pub(super) fn failed(&self) -> bool {
+        matches!(*self.0.borrow(), Some(Err(_)))
+    }
+
+    /// Waits until the start records are written; a job that could not be recorded stops here.
+    pub(super) async fn wait(&self) -> Result<(), JobError> {
+        let mut told = self.0.clone();
+        let written = match told.wait_for(Option::is_some).await {
+            Ok(written) => written.clone().unwrap_or(Ok(())),
+            Err(_) => Err(("the run ended before its records were written".into(), true)),
+        };
+        written.map_err(|(e, retryable)| {
+            JobError::new(
+                Category::Internal,
+                "prepare",
+                format!("cannot record the job in the store: {e}"),
+                "check that the store is reachable and writable",
+                retryable,
+            )
+        })
+    }
+}
+
 /// What [`Runner::prepare`] readies: the client, the state server, and the addresses the
 /// state held before the run (or why it could not be read).
 pub(super) type Prepared = (Client, StateServer, Result<BTreeSet<String>, String>);
 
 impl Runner {
-    /// Before terraform runs: the client checked, the state server started with the state read
-    /// when the run started (terraform's first GET is served from it), and the job's record
-    /// (`recorded`, written while the workspace's status moved) confirmed. The client, the
+    /// Before terraform runs: the client checked and the state server started with the state
+    /// read when the run started (terraform's first GET is served from it). The client, the
     /// state server and what the state held (or why it could not be read).
     #[allow(clippy::too_many_arguments)] // the run's context, passed once
     pub(super) async fn prepare(
         &self,
         job: &ValidatedJob,
-        (recorded, state): (
-            Result<(), StoreError>,
-            Result<Option<CurrentState>, StoreError>,
-        ),
+        state: Result<Option<CurrentState>, StoreError>,
         ws: &WorkspaceId,
         lease: &Lease,
         password: &str,
@@ -107,15 +147,6 @@ impl Runner {
             let before = addresses(current);
             Ok::<_, JobError>((client.clone(), server, before))
         };
-        if let Err(e) = recorded {
-            return Err(JobError::new(
-                Category::Internal,
-                "prepare",
-                format!("cannot record the job in the store: {e}"),
-                "check that the store is reachable and writable",
-                e.is_retryable(),
-            ));
-        }
         prepare.await
     }
 

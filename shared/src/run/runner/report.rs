@@ -36,6 +36,8 @@ pub(super) struct Report {
     pub(super) keep_workdir: bool,
     /// A plan job's plan, kept for approval.
     pub(super) plan: Option<crate::run::plans::PlanSummary>,
+    /// When terraform's first command of the run started.
+    pub(super) first_command: Option<tokio::time::Instant>,
     /// A successful apply: the job whose record holds its variables (the plan job, for an
     /// approved plan), recorded for a later rollback as the run ends.
     pub(super) applied: Option<String>,

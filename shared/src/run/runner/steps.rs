@@ -393,6 +393,8 @@ pub(super) struct Steps<'a> {
     pub(super) approved: bool,
     /// The platform's key the sensitive outputs are sealed to.
     pub(super) seal_to: Option<&'a crate::run::sealed_outputs::OutputsRecipient>,
+    /// The run's start records, awaited before a step that changes infrastructure.
+    pub(super) started: &'a super::prepare::Started,
 }
 
 /// A finished step and its outcome.
@@ -445,10 +447,16 @@ impl Steps<'_> {
         report: &mut Report,
     ) -> Result<Ran, JobError> {
         let step = command.step();
+        if matches!(command, Command::Apply | Command::Import { .. }) {
+            self.started.wait().await?;
+        }
         if self.stop.is_cancelled() {
             return Err(JobError::internal(step, "stopped before the step started"));
         }
         self.logger.runner(step, &format!("terraform {step}")).await;
+        report
+            .first_command
+            .get_or_insert_with(tokio::time::Instant::now);
         let failures_before = self.server.activity().store_failures;
         let span = tracing::info_span!("step", step);
         let outcome = terraform::run(self.config, self.dir, command, self.logger, self.stop)
