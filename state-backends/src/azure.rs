@@ -420,14 +420,18 @@ impl Bucket for AzureBucket {
         }
     }
 
-    async fn put(
+    async fn put_tagged(
         &self,
         key: &str,
         data: Bytes,
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
-    ) -> Result<bool> {
-        self.upload(key, data, metadata, condition, None).await
+    ) -> Result<Option<Option<String>>> {
+        // Its leases are blob leases, not a lock object: the tag is not needed.
+        Ok(self
+            .upload(key, data, metadata, condition, None)
+            .await?
+            .then_some(None))
     }
 
     async fn copy(

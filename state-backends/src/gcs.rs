@@ -254,19 +254,6 @@ impl Bucket for GcsBucket {
             .map(|o| o.metadata.unwrap_or_default()))
     }
 
-    async fn put(
-        &self,
-        key: &str,
-        data: Bytes,
-        metadata: HashMap<String, String>,
-        condition: Condition<'_>,
-    ) -> Result<bool> {
-        Ok(self
-            .put_tagged(key, data, metadata, condition)
-            .await?
-            .is_some())
-    }
-
     async fn put_tagged(
         &self,
         key: &str,

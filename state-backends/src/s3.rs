@@ -173,19 +173,6 @@ impl Bucket for S3Bucket {
         }
     }
 
-    async fn put(
-        &self,
-        key: &str,
-        data: Bytes,
-        metadata: HashMap<String, String>,
-        condition: Condition<'_>,
-    ) -> Result<bool> {
-        Ok(self
-            .put_tagged(key, data, metadata, condition)
-            .await?
-            .is_some())
-    }
-
     async fn put_tagged(
         &self,
         key: &str,

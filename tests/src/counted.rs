@@ -39,16 +39,6 @@ impl<B: Bucket> Bucket for Counted<B> {
         self.tick();
         self.inner.head(key).await
     }
-    async fn put(
-        &self,
-        key: &str,
-        data: Bytes,
-        metadata: HashMap<String, String>,
-        condition: Condition<'_>,
-    ) -> Result<bool> {
-        self.tick();
-        self.inner.put(key, data, metadata, condition).await
-    }
     async fn put_tagged(
         &self,
         key: &str,

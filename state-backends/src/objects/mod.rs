@@ -89,28 +89,28 @@ pub trait Bucket: Send + Sync + Debug {
     async fn get(&self, key: &str) -> Result<Option<Object>>;
     /// The object's custom metadata, without its content.
     async fn head(&self, key: &str) -> Result<Option<HashMap<String, String>>>;
-    /// Writes `data`; `Ok(false)` when the condition failed (412, or 409 for a concurrent
-    /// conditional write).
-    async fn put(
-        &self,
-        key: &str,
-        data: Bytes,
-        metadata: HashMap<String, String>,
-        condition: Condition<'_>,
-    ) -> Result<bool>;
-    /// [`Bucket::put`], telling the written object's tag where the bucket answers with it
-    /// (`Ok(None)`: the condition failed; `Ok(Some(None))`: written, its tag unknown).
+    /// Writes `data`: the written object's tag where the bucket answers with it
+    /// (`Ok(Some(None))` where it does not), `Ok(None)` when the condition failed (412, or
+    /// 409 for a concurrent conditional write).
     async fn put_tagged(
         &self,
         key: &str,
         data: Bytes,
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
-    ) -> Result<Option<Option<String>>> {
+    ) -> Result<Option<Option<String>>>;
+    /// Writes `data`; `Ok(false)` when the condition failed.
+    async fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        condition: Condition<'_>,
+    ) -> Result<bool> {
         Ok(self
-            .put(key, data, metadata, condition)
+            .put_tagged(key, data, metadata, condition)
             .await?
-            .then_some(None))
+            .is_some())
     }
     /// A server-side copy; `metadata` replaces the source's when given.
     async fn copy(

@@ -23,14 +23,14 @@ impl Bucket for Counted {
     async fn head(&self, key: &str) -> state_backends::Result<Option<HashMap<String, String>>> {
         self.inner.head(key).await
     }
-    async fn put(
+    async fn put_tagged(
         &self,
         key: &str,
         data: Bytes,
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
-    ) -> state_backends::Result<bool> {
-        self.inner.put(key, data, metadata, condition).await
+    ) -> state_backends::Result<Option<Option<String>>> {
+        self.inner.put_tagged(key, data, metadata, condition).await
     }
     async fn copy(
         &self,
