@@ -72,6 +72,10 @@ pub enum PutMode {
     Update(VersionToken),
 }
 
+/// How recently a store must have answered for a vouched write to skip reading the lease
+/// (see [`StateStore::answering`]): about one round trip's worth of a cloud store under load.
+pub const ANSWERING: Duration = Duration::from_secs(1);
+
 /// Proof that a writer holds the workspace's lease: its owner and fencing token.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Fence {
@@ -275,6 +279,15 @@ pub trait StateStore: fmt::Debug + Send + Sync + 'static {
     /// # Errors
     /// Backend failures.
     async fn current(&self, ws: &WorkspaceId) -> Result<Option<CurrentState>>;
+
+    /// Whether the store has answered this client very recently (within [`ANSWERING`]). A
+    /// vouched fence ([`Fence::confirmed_until`]) spares a write the read of the lease only
+    /// then: a store that stops answering gets that read first, which hangs, so no write is
+    /// sent to it to land later, after the lease may have passed to another runner. `false`
+    /// (the default): every fenced write reads the lease.
+    fn answering(&self) -> bool {
+        false
+    }
 
     /// Waits for what the store still does after answering the writes of a vouched fence
     /// ([`Fence::confirmed_until`]) to `ws`: none of it is needed to read the state back, but
@@ -523,7 +536,7 @@ pub trait StateStoreExt: StateStore {
         fence: &Fence,
     ) -> Result<()> {
         let now = OffsetDateTime::now_utc();
-        if fence.is_confirmed_at(now) {
+        if fence.is_confirmed_at(now) && self.answering() {
             return self.put_artifact(ws, job_id, name, data).await;
         }
         let reason = match self.lease(ws).await? {

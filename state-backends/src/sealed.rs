@@ -319,6 +319,10 @@ impl StateStore for SealedStore {
         self.inner.settle(ws).await;
     }
 
+    fn answering(&self) -> bool {
+        self.inner.answering()
+    }
+
     async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>> {
         self.inner.versions(ws).await
     }

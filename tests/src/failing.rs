@@ -80,6 +80,9 @@ impl StateStore for FailingPuts {
     async fn settle(&self, ws: &WorkspaceId) {
         self.inner.settle(ws).await;
     }
+    fn answering(&self) -> bool {
+        self.inner.answering()
+    }
     async fn put(
         &self,
         ws: &WorkspaceId,

@@ -181,6 +181,8 @@ pub struct BucketStore<B> {
     heads: Arc<std::sync::Mutex<HashMap<WorkspaceId, (u64, bool)>>>,
     /// Per workspace, the follow-ups of its last vouched write still under way (see `put`).
     tails: Arc<std::sync::Mutex<HashMap<WorkspaceId, tokio::task::JoinHandle<()>>>>,
+    /// When the bucket (or the lease keeper) last answered a call of this store.
+    answered: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl<B: Bucket + Clone + 'static> BucketStore<B> {
@@ -195,6 +197,7 @@ impl<B: Bucket + Clone + 'static> BucketStore<B> {
             lock_object,
             heads: Arc::default(),
             tails: Arc::default(),
+            answered: Arc::default(),
         }
     }
 
@@ -217,6 +220,7 @@ impl<B: Bucket + Clone + 'static> BucketStore<B> {
             lock_object: self.lock_object,
             heads: self.heads,
             tails: self.tails,
+            answered: self.answered,
         }
     }
 }
@@ -268,6 +272,23 @@ impl<B: Bucket> BucketStore<B> {
                 "a version number at the end of its range",
             )
         })
+    }
+
+    /// Notes that the store answered (a call returned without a transport error).
+    fn heard<T>(&self, outcome: Result<T>) -> Result<T> {
+        if outcome.is_ok() {
+            *self.answered.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(std::time::Instant::now());
+        }
+        outcome
+    }
+
+    /// Whether the store answered within [`crate::ANSWERING`].
+    fn live(&self) -> bool {
+        self.answered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at.elapsed() <= crate::ANSWERING)
     }
 
     fn version_key(&self, ws: &WorkspaceId, number: u64) -> String {

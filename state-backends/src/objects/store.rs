@@ -14,7 +14,7 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
             deleted,
             copy,
             ..
-        } = self.newest(ws, true).await?;
+        } = self.heard(self.newest(ws, true).await)?;
         if deleted {
             return Ok(None);
         }
@@ -59,14 +59,14 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         // filled in by a retry-free two-step: commit with the facts, then copy with the number.
         let mut meta = info_metadata(&info);
         meta.remove(META_NUMBER);
-        let number = self.commit(ws, &mode, fence, state.data, meta).await?;
+        let number = self.heard(self.commit(ws, &mode, fence, state.data, meta).await)?;
         info.number = number;
         // The version is committed. Then its change mark and the convenience copy with the
         // number a reader starts from. Neither is needed to read the version back (a reader
         // checks the copy's successor, so the copy may lag), so a writer that vouches for
         // its lease, and settles before it lets it go, is answered now: they run on, after
         // the previous write's, in order.
-        if fence.is_some_and(|f| f.is_confirmed_at(OffsetDateTime::now_utc())) {
+        if fence.is_some_and(|f| f.is_confirmed_at(OffsetDateTime::now_utc())) && self.live() {
             let store = self.clone();
             let (key, info) = (ws.clone(), info.clone());
             let mut tails = self.tails.lock().unwrap_or_else(|e| e.into_inner());
@@ -152,15 +152,15 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     }
 
     async fn acquire_lease(&self, ws: &WorkspaceId, request: &LeaseRequest) -> Result<Lease> {
-        self.leases.acquire(ws, &self.base(ws), request).await
+        self.heard(self.leases.acquire(ws, &self.base(ws), request).await)
     }
 
     async fn renew_lease(&self, ws: &WorkspaceId, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        self.leases.renew(ws, &self.base(ws), lease, ttl).await
+        self.heard(self.leases.renew(ws, &self.base(ws), lease, ttl).await)
     }
 
     async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()> {
-        self.leases.release(ws, &self.base(ws), lease).await
+        self.heard(self.leases.release(ws, &self.base(ws), lease).await)
     }
 
     async fn break_lease(&self, ws: &WorkspaceId, only: Option<u64>) -> Result<Option<Lease>> {
@@ -298,16 +298,22 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     ) -> Result<()> {
         crate::check_artifact_name(job_id, name)?;
         let key = self.key(ws, &format!("runs/{job_id}/{name}"));
-        self.bucket
-            .put(&key, data, HashMap::new(), Condition::None)
-            .await?;
+        self.heard(
+            self.bucket
+                .put(&key, data, HashMap::new(), Condition::None)
+                .await,
+        )?;
         Ok(())
     }
 
     async fn artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<Option<Bytes>> {
         crate::check_artifact_name(job_id, name)?;
         let key = self.key(ws, &format!("runs/{job_id}/{name}"));
-        Ok(self.bucket.get(&key).await?.map(|o| o.data))
+        Ok(self.heard(self.bucket.get(&key).await)?.map(|o| o.data))
+    }
+
+    fn answering(&self) -> bool {
+        self.live()
     }
 
     async fn delete_artifact(&self, ws: &WorkspaceId, job_id: &str, name: &str) -> Result<()> {

@@ -125,7 +125,10 @@ impl<B: Bucket> BucketStore<B> {
         let mut metadata = metadata;
         let write_id = format!("{:032x}", rand::random::<u128>());
         metadata.insert(META_WRITE.to_owned(), write_id.clone());
-        let read_lease = fence.filter(|f| !f.is_confirmed_at(OffsetDateTime::now_utc()));
+        // A vouched fence spares the read of the lease only while the store answers: one that
+        // stopped gets the read, which hangs, rather than a write that lands later.
+        let read_lease =
+            fence.filter(|f| !(f.is_confirmed_at(OffsetDateTime::now_utc()) && self.live()));
         if read_lease.is_none()
             && let Some((number, deleted)) = self.known_head(ws)
         {

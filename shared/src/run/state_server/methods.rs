@@ -160,6 +160,7 @@ async fn check_lease(shared: &Shared) -> Result<(), Refusal> {
     if shared
         .fence()
         .is_confirmed_at(time::OffsetDateTime::now_utc())
+        && c.store.answering()
     {
         return Ok(());
     }
