@@ -709,3 +709,36 @@ async fn a_lock_object_is_changed_from_the_tag_last_written_and_a_stale_tag_cost
     assert!(held.fence > lease.fence);
     assert_eq!(ours.lease(&ws).await.unwrap().unwrap().owner, "job-2");
 }
+
+#[tokio::test]
+async fn a_vouched_write_to_a_store_that_has_not_answered_lately_reads_the_lease_first() {
+    let bucket = Troubled::default();
+    let store = BucketStore::over(bucket.clone(), "p", None);
+    let ws: WorkspaceId = "acme/quiet".parse().unwrap();
+    let fence = vouched(&store, &ws).await;
+    assert!(store.current(&ws).await.unwrap().is_none());
+    assert!(store.answering(), "it just answered");
+    tokio::time::sleep(crate::ANSWERING + Duration::from_millis(100)).await;
+    assert!(!store.answering(), "nothing answered for a while");
+    let before = bucket.reads();
+    store
+        .put(&ws, state(1), PutMode::Create, Some(&fence))
+        .await
+        .unwrap();
+    assert!(
+        bucket.reads() > before,
+        "the lease (and the newest version) were read before the write"
+    );
+    // It answered again: the next vouched write is the conditional create alone.
+    let before = bucket.reads();
+    store
+        .put(
+            &ws,
+            state(2),
+            PutMode::Update(VersionToken("1".into())),
+            Some(&fence),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bucket.reads(), before);
+}
