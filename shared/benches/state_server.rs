@@ -96,12 +96,13 @@ async fn main() {
     let server = StateServer::start(Config {
         store,
         ws,
-        fence: lease.fence(),
+        fence: shared::run::vouched::Vouched::unvouched(
+            lease.fence(),
+            tokio_util::sync::CancellationToken::new(),
+        ),
         password: shared::run::state_server::random_secret(),
         logger: None,
-        lease_lost: tokio_util::sync::CancellationToken::new(),
         max_body: shared::run::state_server::MAX_STATE_BYTES,
-        vouch: None,
         header_read_timeout: shared::run::state_server::HEADER_READ_TIMEOUT,
     })
     .await

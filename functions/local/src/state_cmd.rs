@@ -239,12 +239,13 @@ pub async fn run(g: &Global, cmd: StateCmd) -> anyhow::Result<u8> {
                 shared::run::state_server::StateServer::start(shared::run::state_server::Config {
                     store: store.clone(),
                     ws: workspace.clone(),
-                    fence: lease.fence(),
+                    fence: shared::run::vouched::Vouched::unvouched(
+                        lease.fence(),
+                        tokio_util::sync::CancellationToken::new(),
+                    ),
                     password: shared::run::state_server::random_secret(),
                     logger: None,
-                    lease_lost: tokio_util::sync::CancellationToken::new(),
                     max_body: shared::run::state_server::MAX_STATE_BYTES,
-                    vouch: None,
                     header_read_timeout: shared::run::state_server::HEADER_READ_TIMEOUT,
                 })
                 .await?;

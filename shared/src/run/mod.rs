@@ -25,3 +25,4 @@ pub mod sealed_outputs;
 pub mod state_server;
 pub mod terraform;
 pub mod ui;
+pub mod vouched;

@@ -22,6 +22,8 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::Deserialize;
 use state_backends::{CurrentState, Fence, StateStore, StoreError, WorkspaceId};
+
+use crate::run::vouched::Vouched;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -95,16 +97,13 @@ pub struct Activity {
 pub struct Config {
     pub store: Arc<dyn StateStore>,
     pub ws: WorkspaceId,
-    pub fence: Fence,
+    /// The job's fence: vouched for while the lease is not lost, so that the store writes
+    /// without reading the lease first and terraform's LOCK is granted without a read; once
+    /// the lease is lost, every write is refused (terraform gets 423), whatever the store
+    /// would say.
+    pub fence: Vouched,
     pub password: String,
     pub logger: Option<Logger>,
-    /// Fired when the job's lease is lost or cannot be confirmed: every write is refused from
-    /// then on (terraform gets 423), whatever the store would say.
-    pub lease_lost: CancellationToken,
-    /// While `lease_lost` has not fired, the runner vouches for its lease this far ahead
-    /// ([`Fence::confirmed_until`]): the store then writes without reading the lease first,
-    /// and terraform's LOCK is granted without a read. `None`: every write and lock reads it.
-    pub vouch: Option<std::time::Duration>,
     /// The largest request body accepted (413 beyond it).
     pub max_body: usize,
     /// A connection whose next request's head has not arrived within this is closed
@@ -155,23 +154,15 @@ impl Shared {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// After a write of its own, the state just written is the current one (within the lease
-    /// nobody else writes): terraform's next read or write needs no store read.
-    fn wrote_current(&self, state: CurrentState) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Some(state));
+    /// The workspace's current state as known without a store read: after a write of its own
+    /// (within the lease nobody else writes), or as read when the run started.
+    fn know_current(&self, state: Option<CurrentState>) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(state);
     }
 
-    /// The job's fence for a write now: vouched for while the lease is not lost (see
-    /// [`Config::vouch`]).
+    /// The job's fence for a write now (see [`Config::fence`]).
     fn fence(&self) -> Fence {
-        let c = &self.config;
-        match c.vouch {
-            Some(ahead) if !c.lease_lost.is_cancelled() => c
-                .fence
-                .clone()
-                .confirmed_until(time::OffsetDateTime::now_utc() + ahead),
-            _ => c.fence.clone(),
-        }
+        self.config.fence.fence()
     }
 }
 
@@ -228,11 +219,7 @@ impl StateServer {
     /// The workspace's current state as the caller read it under the job's lease, so that
     /// terraform's first read needs no store read of its own.
     pub fn seed(&self, current: Option<CurrentState>) {
-        *self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(current);
+        self.shared.know_current(current);
     }
 
     pub fn endpoint(&self) -> &Endpoint {
@@ -247,7 +234,7 @@ impl StateServer {
     /// Why the write was refused or failed, as a sentence, and whether trying again may help
     /// (the store failed, rather than refused).
     pub async fn push(&self, body: Bytes) -> Result<Option<u64>, (String, bool)> {
-        if self.shared.config.lease_lost.is_cancelled() {
+        if self.shared.config.fence.is_lost() {
             return Err((
                 "the job's lease is lost or could not be confirmed: no more writes".into(),
                 false,
@@ -361,7 +348,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: axum::extract::Reque
 
 async fn answer(shared: &Shared, method: &Method, lock_id: Option<&str>, body: Bytes) -> Response {
     let writes = matches!(method.as_str(), "POST" | "DELETE" | "LOCK");
-    let result = if writes && shared.config.lease_lost.is_cancelled() {
+    let result = if writes && shared.config.fence.is_lost() {
         Err(Refusal::new(
             StatusCode::LOCKED,
             "the job's lease is lost or could not be confirmed: no more writes",

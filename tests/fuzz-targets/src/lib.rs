@@ -144,11 +144,12 @@ async fn serve() -> (
     let server = shared::run::state_server::StateServer::start(shared::run::state_server::Config {
         store: store.clone(),
         ws: ws.clone(),
-        fence: lease.fence(),
+        fence: shared::run::vouched::Vouched::unvouched(
+            lease.fence(),
+            tokio_util::sync::CancellationToken::new(),
+        ),
         password: "fuzz-password".into(),
         logger: None,
-        lease_lost: tokio_util::sync::CancellationToken::new(),
-        vouch: None,
         max_body: 1 << 20,
         header_read_timeout: Duration::from_millis(500),
     })

@@ -13,6 +13,7 @@ use crate::job::validate::ValidatedJob;
 use crate::run::records::{JOB_FILE, JobRecord, RESULT_FILE};
 use crate::run::result::{Category, JobError, JobResult, Status};
 use crate::run::retry::Tries;
+use crate::run::vouched::Vouched;
 
 use super::lease::StopReason;
 use super::report::Report;
@@ -77,7 +78,7 @@ impl Runner {
         &self,
         ws: &WorkspaceId,
         lease: &Lease,
-        lost: &CancellationToken,
+        vouched: &Vouched,
         redacted: &JobResult,
     ) -> Result<(), RunError> {
         let job_id = &redacted.job_id;
@@ -91,8 +92,9 @@ impl Runner {
         // window between the store's check and the write: a request already sent may still
         // land. (One already lost still tries: the check says whether the store still holds it
         // as this run's.)
+        let lost = vouched.lost();
         let lost_before = lost.is_cancelled();
-        let fence = super::lease::Vouched::new(lease, lost, self.config.lease_ttl).fence();
+        let fence = vouched.fence();
         let write = || async {
             let write =
                 self.store
@@ -135,8 +137,9 @@ impl Runner {
         self.store
             .put_artifact_fenced(ws, &job.job.id, JOB_FILE, record, &lease.fence())
             .await?;
-        self.write_result(ws, lease, &CancellationToken::new(), &result)
-            .await?;
+        // No watchdog watches this lease: nothing is vouched for.
+        let unvouched = Vouched::unvouched(lease.fence(), CancellationToken::new());
+        self.write_result(ws, lease, &unvouched, &result).await?;
         Ok(result)
     }
 }

@@ -15,6 +15,7 @@ use crate::run::logs::Logger;
 use crate::run::records::{JOB_FILE, RESULT_FILE};
 use crate::run::result::{Category, JobError, JobResult, Status};
 use crate::run::retry::Tries;
+use crate::run::vouched::Vouched;
 
 use super::{RunError, Runner};
 
@@ -290,37 +291,12 @@ pub(super) struct Watch {
     pub(super) logger: Logger,
 }
 
-/// The job's fence, vouched for ([`state_backends::Fence::confirmed_until`]) while the
-/// watchdog has not found the lease lost: until it does, the lease is the runner's own for at
-/// least [`fence_margin`] more by this machine's clock (it fires `lost` that long before the
-/// lease could expire), so a write now needs no read of the lease first. Half the margin is
-/// vouched for, the other half is slack for a watchdog late to fire.
-#[derive(Clone, Debug)]
-pub(super) struct Vouched {
-    fence: state_backends::Fence,
-    lost: CancellationToken,
-    ahead: Duration,
-}
-
-impl Vouched {
-    pub(super) fn new(lease: &Lease, lost: &CancellationToken, ttl: Duration) -> Self {
-        Self {
-            fence: lease.fence(),
-            lost: lost.clone(),
-            ahead: fence_margin(ttl) / 2,
-        }
-    }
-
-    /// The fence for a write now: vouched for unless the lease is lost.
-    pub(super) fn fence(&self) -> state_backends::Fence {
-        if self.lost.is_cancelled() {
-            self.fence.clone()
-        } else {
-            self.fence
-                .clone()
-                .confirmed_until(OffsetDateTime::now_utc() + self.ahead)
-        }
-    }
+/// The job's fence, vouched for while the watchdog has not found the lease lost: until it
+/// does, the lease is the runner's own for at least [`fence_margin`] more by this machine's
+/// clock (it fires `lost` that long before the lease could expire). Half the margin is vouched
+/// for, the other half is slack for a watchdog late to fire.
+pub(super) fn vouched(lease: &Lease, lost: &CancellationToken, ttl: Duration) -> Vouched {
+    Vouched::new(lease.fence(), lost.clone(), fence_margin(ttl) / 2)
 }
 
 /// The least time a renewal attempt is given before it is abandoned and tried again (never past

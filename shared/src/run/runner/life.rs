@@ -14,6 +14,7 @@ use crate::run::lifecycle;
 use crate::run::lifecycle::{Phase, Transition, WorkspaceStatus};
 use crate::run::logs::Logger;
 use crate::run::result::JobResult;
+use crate::run::vouched::Vouched;
 
 use super::Runner;
 
@@ -31,7 +32,7 @@ pub(super) struct Found {
 /// The workspace's record as this run has left it so far.
 pub(super) struct Life {
     ws: WorkspaceId,
-    fence: super::lease::Vouched,
+    fence: Vouched,
     operation: Operation,
     job_id: String,
     status: Option<WorkspaceStatus>,
@@ -80,7 +81,7 @@ impl Life {
     pub(super) async fn new(
         job: &ValidatedJob,
         ws: &WorkspaceId,
-        fence: &super::lease::Vouched,
+        fence: &Vouched,
         Found {
             interrupted,
             status: read,

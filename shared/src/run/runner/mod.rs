@@ -31,10 +31,11 @@ use crate::run::client::Client;
 use crate::run::logs::{ConsoleSink, LogSink, Logger, StoreSink};
 use crate::run::result::{Category, JobError, JobResult};
 use crate::run::terraform::TerraformConfig;
+use crate::run::vouched::Vouched;
 use crate::run::{logs, state_server};
 
 use finish::{Clock, summary};
-use lease::{Acquired, StopReason, Vouched, Watch, watch};
+use lease::{Acquired, StopReason, Watch, watch};
 use life::Life;
 use prepare::Started;
 use report::{Earlier, Report};
@@ -399,7 +400,7 @@ impl Runner {
 
         // The watchdog vouches for the lease until it finds it lost: writes under it need no
         // read of the lease first.
-        let vouched = Vouched::new(lease, &lost, self.config.lease_ttl);
+        let vouched = lease::vouched(lease, &lost, self.config.lease_ttl);
         let interrupted = self.note_interrupted(ws, lease, &logger).await;
         let (mut life, exists) = Life::new(
             job,
@@ -456,7 +457,7 @@ impl Runner {
             lease,
             &password,
             &logger,
-            (&stop, &lost, &reason),
+            (&stop, &vouched, &reason),
             &mut report,
         );
         let ((), outcome) = tokio::join!(starting, executing);
@@ -499,8 +500,10 @@ impl Runner {
         }
         // The log's last lines and the result, side by side; both before the lease is let go
         // (which is what `terrace logs --follow` waits for).
-        let ((), written) =
-            tokio::join!(pump.finish(), self.write_result(ws, lease, &lost, &stored));
+        let ((), written) = tokio::join!(
+            pump.finish(),
+            self.write_result(ws, lease, &vouched, &stored)
+        );
         drop(watchdog);
         tracing::info!(
             status = redacted.status.as_str(),
@@ -566,11 +569,7 @@ impl Runner {
         lease: &Lease,
         password: &str,
         logger: &Logger,
-        (stop, lost, reason): (
-            &CancellationToken,
-            &CancellationToken,
-            &OnceLock<StopReason>,
-        ),
+        (stop, vouched, reason): (&CancellationToken, &Vouched, &OnceLock<StopReason>),
         report: &mut Report,
     ) -> Result<(), JobError> {
         let j = &job.job;
@@ -584,7 +583,7 @@ impl Runner {
             )
             .await;
         let (client, server, before) = self
-            .prepare(job, state, ws, lease, password, logger, lost)
+            .prepare(job, state, ws, password, logger, vouched)
             .await?;
         // Refused before terraform runs: a budget this runner cannot check.
         let costing = self.costing(job, logger).await?;
@@ -650,11 +649,11 @@ impl Runner {
         if result.is_err()
             && j.operation == Operation::Apply
             && (!stop.is_cancelled() || cancelled)
-            && !lost.is_cancelled()
+            && !vouched.is_lost()
             && !started.failed()
         {
             let (bounded, _guard) = cleanup_token(
-                lost,
+                vouched.lost(),
                 self.config.shutdown.as_ref(),
                 j.timeout.min(CANCELLED_CLEANUP),
             );

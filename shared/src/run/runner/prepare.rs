@@ -4,8 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use state_backends::{CurrentState, Lease, StoreError, WorkspaceId};
-use tokio_util::sync::CancellationToken;
+use state_backends::{CurrentState, StoreError, WorkspaceId};
 
 use crate::job::Operation;
 use crate::job::validate::ValidatedJob;
@@ -13,6 +12,7 @@ use crate::run::client::Client;
 use crate::run::logs::Logger;
 use crate::run::result::{Category, JobError};
 use crate::run::state_server::StateServer;
+use crate::run::vouched::Vouched;
 use crate::run::{cost, state_server};
 
 use super::Runner;
@@ -77,10 +77,9 @@ impl Runner {
         job: &ValidatedJob,
         state: Result<Option<CurrentState>, StoreError>,
         ws: &WorkspaceId,
-        lease: &Lease,
         password: &str,
         logger: &Logger,
-        lost: &CancellationToken,
+        vouched: &Vouched,
     ) -> Result<Prepared, JobError> {
         let j = &job.job;
         let prepare = async {
@@ -97,12 +96,10 @@ impl Runner {
             let server = StateServer::start(state_server::Config {
                 store: self.store.clone(),
                 ws: ws.clone(),
-                fence: lease.fence(),
+                fence: vouched.clone(),
                 password: password.to_owned(),
                 logger: Some(logger.clone()),
-                lease_lost: lost.clone(),
                 max_body: self.config.max_state_bytes,
-                vouch: Some(super::lease::fence_margin(self.config.lease_ttl) / 2),
                 header_read_timeout: crate::run::state_server::HEADER_READ_TIMEOUT,
             })
             .await

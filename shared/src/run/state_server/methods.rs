@@ -50,7 +50,7 @@ pub(super) async fn write_state(shared: &Shared, body: Bytes) -> Result<Option<u
     match written {
         Ok(Some(current)) => {
             let number = current.version.number;
-            shared.wrote_current(current);
+            shared.know_current(Some(current));
             Ok(Some(number))
         }
         Ok(None) => Ok(None),
@@ -157,11 +157,8 @@ pub(super) async fn delete(shared: &Shared) -> Handled {
 /// Whether the job's lease is still the live one; terraform must not lock without it.
 async fn check_lease(shared: &Shared) -> Result<(), Refusal> {
     let c = &shared.config;
-    if shared
-        .fence()
-        .is_confirmed_at(time::OffsetDateTime::now_utc())
-        && c.store.answering()
-    {
+    let fence = shared.fence();
+    if fence.is_confirmed_at(time::OffsetDateTime::now_utc()) && c.store.answering() {
         return Ok(());
     }
     let lease = c
@@ -171,8 +168,8 @@ async fn check_lease(shared: &Shared) -> Result<(), Refusal> {
         .map_err(|e| Refusal::from_store(&e))?;
     match lease {
         Some(l)
-            if l.owner == c.fence.owner
-                && l.fence == c.fence.token
+            if l.owner == fence.owner
+                && l.fence == fence.token
                 && !l.is_expired_at(time::OffsetDateTime::now_utc()) =>
         {
             Ok(())

@@ -36,12 +36,10 @@ async fn leased(ttl: Duration, max_body: usize) -> (Arc<dyn StateStore>, Workspa
     let config = Config {
         store: store.clone(),
         ws: ws.clone(),
-        fence: lease.fence(),
+        fence: Vouched::unvouched(lease.fence(), CancellationToken::new()),
         password: "pw".into(),
         logger: None,
-        lease_lost: CancellationToken::new(),
         max_body,
-        vouch: None,
         header_read_timeout: HEADER_READ_TIMEOUT,
     };
     (store, ws, config)
@@ -240,7 +238,7 @@ async fn once_the_lease_is_lost_every_write_is_refused_and_nothing_changes() {
         send(&f, "POST", "/state", empty_state("l", 1)).await.0,
         StatusCode::OK
     );
-    f.shared.config.lease_lost.cancel();
+    f.shared.config.fence.lost().cancel();
     let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
     assert_eq!(status, StatusCode::LOCKED);
     assert!(body.contains("lease is lost"), "{body}");
