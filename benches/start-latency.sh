@@ -1,23 +1,51 @@
 #!/usr/bin/env bash
-# Enqueue to terraform's first output on `terrace serve`'s folder queue: N jobs (default 100),
-# one at a time (each queued at a random moment after the one before has finished, so none
-# waits behind another),
-# each the demo apply on a workspace of its own, the `fs` store. For each job: from the moment
-# its file is linked into the queue folder to the first line terraform prints (serve's console,
-# read as it is written), and the runner's own share of that start (`to_terraform_ms` in the
-# job's metrics record: from asking for the lease to terraform's first command starting).
-# What is neither is the trigger's: the folder is scanned every POLL_MS (default 500, serve's
-# own default), and terraform's own start-up before it prints.
-# PROFILE=release (default debug) uses the release build of terrace.
+# Enqueue to terraform's first output, per trigger (TRIGGERS, default "serve lambda pubsub
+# azure"): N jobs each (default 100, after one warm-up), one at a time, each the demo apply on
+# a workspace of its own. For each job: from the moment it is queued to the first line terraform
+# prints, and the runner's own share of that start (`to_terraform_ms` in the job's metrics
+# record: from asking for the lease to terraform's first command starting). What is neither is
+# the trigger's.
+# - serve: `terrace serve`'s folder queue, the `fs` store. Each job is linked into the folder at
+#   a random moment after the one before has finished, so none waits behind another; the folder
+#   is scanned every POLL_MS (default 500, serve's own default). The first output is the line
+#   read from serve's console as it is written.
+# - lambda, pubsub, azure: the real function binaries through moto's SQS and the Lambda runtime
+#   API, the Pub/Sub emulator's push subscription, and Azurite's queue (the `start_latency`
+#   benchmark in tests/tests/{aws_lambda,gcp_service,azure_job}.rs, under
+#   scripts/with-emulators.sh). The first output is the `ts` of terraform's first line in the
+#   job's stored log.
+# PROFILE=release (default debug) uses release builds.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 N="${N:-100}"
 POLL_MS="${POLL_MS:-500}"
 PROFILE="${PROFILE:-debug}"
+TRIGGERS="${TRIGGERS:-serve lambda pubsub azure}"
+profile_flag=()
+[[ "$PROFILE" == release ]] && profile_flag=(--release)
+
+cloud_tests=()
+for trigger in $TRIGGERS; do
+  case "$trigger" in
+    serve) ;;
+    lambda) cloud_tests+=(--test aws_lambda) ;;
+    pubsub) cloud_tests+=(--test gcp_service) ;;
+    azure) cloud_tests+=(--test azure_job) ;;
+    *) echo "TRIGGERS: unknown trigger $trigger (serve, lambda, pubsub, azure)" >&2; exit 2 ;;
+  esac
+done
+if ((${#cloud_tests[@]})); then
+  scripts/install-tools.sh >/dev/null
+  cargo build --quiet "${profile_flag[@]}" -p local -p aws -p gcp -p azure
+  TERRACE_BENCH_N="$N" scripts/with-emulators.sh cargo test --quiet "${profile_flag[@]}" -p tests \
+    "${cloud_tests[@]}" -- --ignored --exact start_latency --nocapture --test-threads 1 |
+    grep -v -e '^running ' -e '^test result' -e '^$' -e '^[.i]*$'
+fi
+[[ " $TRIGGERS " == *" serve "* ]] || exit 0
 
 scripts/install-tools.sh --demo >/dev/null
-if [[ "$PROFILE" == release ]]; then cargo build --quiet --release -p local; else cargo build --quiet -p local; fi
+cargo build --quiet "${profile_flag[@]}" -p local
 bin="$(scripts/target-dir.sh)/$PROFILE/terrace"
 tf="$(scripts/install-terraform.sh)"
 work="$(mktemp -d)"

@@ -169,8 +169,13 @@ impl Service {
 
     /// Starts `terrace-gcp` for `sb` against the emulator, and waits until it answers.
     pub async fn start(sb: &Sandbox, jwks_url: &str, extra: &[(&str, &str)]) -> Self {
+        Self::spawn(Self::command(sb, jwks_url, extra)).await
+    }
+
+    /// Starts `cmd` (a [`Service::command`], changed as the caller needs) on a free port, and
+    /// waits until it answers.
+    pub async fn spawn(mut cmd: Command) -> Self {
         let port = free_port();
-        let mut cmd = Self::command(sb, jwks_url, extra);
         cmd.env("PORT", port.to_string()).stdout(Stdio::null());
         let child = cmd.spawn().expect("terrace-gcp starts");
         let service = Self {

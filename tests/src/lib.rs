@@ -17,6 +17,7 @@ pub mod image;
 pub mod lambda;
 pub mod pubsub;
 pub mod schema;
+pub mod start;
 pub mod stores;
 pub mod sweep;
 

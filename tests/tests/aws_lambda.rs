@@ -2262,3 +2262,46 @@ async fn a_tenant_with_senders_runs_only_signed_jobs_and_cancels_on_the_lambda()
     let right = store.artifact(&signed_ws, "sig-sqs-9", "cancel.json").await;
     assert!(right.unwrap().is_some());
 }
+
+/// A benchmark, not a test (`benches/start-latency.sh`): enqueue to terraform's first output
+/// through a real SQS queue and the Lambda runtime API, one job at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: benches/start-latency.sh runs it"]
+async fn start_latency() {
+    let w = World::new().await;
+    let api = RuntimeApi::start().await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let _function = Function(
+        w.lambda_command(&api)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log.reopen().unwrap()))
+            .spawn()
+            .expect("terrace-aws starts"),
+    );
+    let store = w.store().await;
+    let mut samples = tests::start::Samples::default();
+    for i in 0..=tests::start::jobs() {
+        let id = format!("start-{i}");
+        let queued = std::time::SystemTime::now();
+        // Sent and received as the event source mapping would, then invoked.
+        let (event, _) = w.batch(&[w.envelope(&id, &id, "3m")]).await;
+        let response = api
+            .invoke(event, Duration::from_secs(5 * 60))
+            .await
+            .expect("the batch is answered");
+        assert!(failures(&response).is_empty(), "{response}");
+        if i == 0 {
+            continue; // a warm-up: the function's first job opens its clients
+        }
+        let ws: WorkspaceId = format!("acme/{id}").parse().unwrap();
+        let first = tests::start::first_output_ms(&store, &ws, &id, queued).await;
+        let stderr = std::fs::read_to_string(log.path()).unwrap();
+        samples.add(first, tests::start::to_terraform_ms(&stderr, &id));
+    }
+    samples.report(
+        "SQS -> Lambda (moto's SQS, the runtime API on loopback, a warm function)",
+        "SendMessage and the ReceiveMessage the event source mapping makes (here the benchmark's, \
+         on moto: in AWS the mapping long-polls, so a message is seen as it lands), the invoke, \
+         reading the tenant's target, and terraform's start-up to its first line",
+    );
+}

@@ -1015,3 +1015,37 @@ async fn a_tenant_with_senders_runs_only_signed_jobs_and_cancels_in_an_execution
         "the unsigned job ran"
     );
 }
+
+/// A benchmark, not a test (`benches/start-latency.sh`): enqueue to terraform's first output on
+/// the Storage Queue, one job at a time, each in an execution started right after its message
+/// is queued (as the scaler would start one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: benches/start-latency.sh runs it"]
+async fn start_latency() {
+    let w = World::new().await;
+    let store = w.store();
+    let mut samples = tests::start::Samples::default();
+    for i in 0..=tests::start::jobs() {
+        let id = format!("start-{i}");
+        let queued = std::time::SystemTime::now();
+        w.jobs.send(&w.message(&id, &id).to_string()).await;
+        let out = w
+            .command(&[])
+            .stderr(Stdio::piped())
+            .output()
+            .expect("terrace-azure runs");
+        assert!(out.status.success(), "{out:?}");
+        if i == 0 {
+            continue; // a warm-up, as for the other triggers
+        }
+        let first = tests::start::first_output_ms(store.as_ref(), &ws(&id), &id, queued).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        samples.add(first, tests::start::to_terraform_ms(&stderr, &id));
+    }
+    samples.report(
+        "Storage Queue -> Container Apps job (Azurite, one execution per message started at once)",
+        "the execution's start (a process here; in Azure the scaler polls the queue, every 30 s \
+         by default, and starts a container), its receive, reading the tenant's target, and \
+         terraform's start-up to its first line",
+    );
+}

@@ -1,6 +1,7 @@
 //! The real `terrace-gcp` service: Pub/Sub push envelopes with OIDC tokens signed by a test
 //! key (served as a JWKS on loopback), real terraform, state in fake-gcs-server.
 
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -814,6 +815,11 @@ impl World {
 
     /// As [`World::wired`], with `extra` settings for the service.
     async fn wired_with(&self, extra: &[(&str, &str)]) -> Wired {
+        self.wired_to(extra, None).await
+    }
+
+    /// As [`World::wired_with`], the service's stderr to `stderr` when given.
+    async fn wired_to(&self, extra: &[(&str, &str)], stderr: Option<Stdio>) -> Wired {
         let jobs = pubsub::topic("jobs").await;
         let results_topic = pubsub::topic("results").await;
         let dead_topic = pubsub::topic("dead").await;
@@ -827,7 +833,14 @@ impl World {
             ("TERRACE_REQUEUE_WAIT", "1"),
         ];
         env.extend_from_slice(extra);
-        let service = self.start_with(&env).await;
+        let service = match stderr {
+            Some(stderr) => {
+                let mut cmd = self.command(&env);
+                cmd.stderr(stderr);
+                Service::spawn(cmd).await
+            }
+            None => self.start_with(&env).await,
+        };
         let relay = Relay::start(&service.url, self.key.bearer()).await;
         pubsub::push_subscription(&jobs, &relay.url, &dead_topic, 5).await;
         Wired {
@@ -1258,4 +1271,40 @@ async fn through_pubsub_a_tenant_with_senders_runs_only_signed_jobs_and_cancels(
         "the unsigned job ran"
     );
     assert_eq!(pubsub::pull(&p.dead).await, Vec::<Value>::new());
+}
+
+/// A benchmark, not a test (`benches/start-latency.sh`): enqueue to terraform's first output
+/// through the Pub/Sub emulator's push subscription, one job at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: benches/start-latency.sh runs it"]
+async fn start_latency() {
+    let w = World::new().await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let p = w
+        .wired_to(&[], Some(Stdio::from(log.reopen().unwrap())))
+        .await;
+    let store = w.store().await;
+    let mut samples = tests::start::Samples::default();
+    for i in 0..=tests::start::jobs() {
+        let id = format!("start-{i}");
+        let queued = std::time::SystemTime::now();
+        pubsub::publish(&p.jobs, &w.message(&id, &id)).await;
+        let results = results_until(&p.results, Duration::from_secs(300), |r| {
+            r["job_id"] == id.as_str()
+        })
+        .await;
+        let result = results.iter().find(|r| r["job_id"] == id.as_str()).unwrap();
+        assert_eq!(result["status"], "succeeded", "{result}");
+        if i == 0 {
+            continue; // a warm-up: the service's first job opens its clients
+        }
+        let first = tests::start::first_output_ms(store.as_ref(), &ws(&id), &id, queued).await;
+        let stderr = std::fs::read_to_string(log.path()).unwrap();
+        samples.add(first, tests::start::to_terraform_ms(&stderr, &id));
+    }
+    samples.report(
+        "Pub/Sub push -> Cloud Run (the emulator's push subscription, a relay adding the token, a warm instance)",
+        "the publish, the emulator's push (its own delivery loop), the relay, checking the token, \
+         and terraform's start-up to its first line",
+    );
 }
