@@ -3,7 +3,7 @@
 # protoc (to build the testcloud provider), age, a check that the machine's terraform is a supported
 # client (scripts/install-terraform.sh), the testcloud provider in a filesystem mirror, a
 # terraform CLI config using it, and the cloud emulators (moto, fake-gcs-server, Azurite, the
-# Pub/Sub emulator). `--demo`: only what the demo needs (no emulators).
+# Pub/Sub emulator) and RabbitMQ (Debian's rabbitmq-server). `--demo`: only what the demo needs (no emulators).
 set -euo pipefail
 demo_only=false
 [[ "${1:-}" == "--demo" ]] && demo_only=true
@@ -45,4 +45,5 @@ scripts/install-moto.sh >/dev/null
 scripts/install-fake-gcs.sh >/dev/null
 scripts/install-azurite.sh >/dev/null
 scripts/install-pubsub-emulator.sh >/dev/null
-echo "tools ready: terraform $tf, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs, azurite in .cache/azurite, the Pub/Sub emulator" >&2
+scripts/install-rabbitmq.sh >/dev/null
+echo "tools ready: terraform $tf, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs, azurite in .cache/azurite, the Pub/Sub emulator, rabbitmq-server" >&2

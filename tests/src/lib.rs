@@ -5,6 +5,7 @@
 //! Nothing is skipped: a missing terraform, provider or binary fails the test with the command
 //! that installs it.
 
+pub mod amqp;
 pub mod aws;
 pub mod azure;
 pub mod counted;

@@ -587,6 +587,7 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         drift_per_tenant: usize::MAX,
         signature_window: shared::job::signature::DEFAULT_WINDOW,
         signing_key: None,
+        log_tap: None,
         // Checked in `dispatch` before any command runs.
         outputs_recipient: g.outputs_recipient.as_deref().and_then(|r| r.parse().ok()),
     }

@@ -1,4 +1,4 @@
-//! `terrace serve --queue DIR`: a folder as a job queue. Job files dropped into `DIR` are claimed
+//! `terrace serve --queue DIR`: a folder as a job queue (or a RabbitMQ broker: [`amqp`]). Job files dropped into `DIR` are claimed
 //! by renaming them into `DIR/running/`, run several at once but one at a time per workspace, and
 //! moved to `DIR/done/` or `DIR/failed/` beside their result (`<file>.result.json`). An invalid
 //! job goes straight to `failed/` with its validation errors. A job whose workspace is leased by
@@ -18,6 +18,7 @@ use shared::host::settings::Runtime;
 use shared::host::trigger::JobRef;
 use shared::host::trigger::TriggerError;
 use shared::job::signature::SenderKey;
+use shared::job::template::source::Templates;
 use shared::job::validate::{ValidatedJob, ValidationError};
 use shared::run::terraform::TerraformConfig;
 use state_backends::{StateStore, WorkspaceId};
@@ -26,20 +27,30 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Global, exit, load_job, runtime};
 
+#[cfg(feature = "amqp")]
+mod amqp;
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// The queue folder.
+    /// The queue: a folder, or a RabbitMQ broker as
+    /// amqp://HOST[:PORT][/VHOST][?jobs=QUEUE&results=EXCHANGE&logs=EXCHANGE], its user and
+    /// password in TERRACE_AMQP_USER and TERRACE_AMQP_PASSWORD (or TERRACE_AMQP_PASSWORD_FILE)
+    /// (docs/self-hosted.md)
     #[arg(long)]
-    queue: PathBuf,
-    /// How many jobs run at once (never two for the same workspace).
+    queue: String,
+    /// How many jobs run at once (never two for the same workspace); on a broker, the prefetch.
     #[arg(long, default_value_t = 2)]
     concurrency: usize,
-    /// Exit once the queue is empty and no job runs.
+    /// Exit once the queue is empty and no job runs (a folder only).
     #[arg(long)]
     once: bool,
     /// How often the folder is scanned, in milliseconds.
     #[arg(long, default_value_t = 500)]
     poll_ms: u64,
+    /// On a broker: declare the jobs queue, its delay and dead-letter queues and the results
+    /// and log exchanges (durable) if they do not exist; without it they must.
+    #[arg(long)]
+    declare: bool,
     /// Run only signed jobs and cancels for the tenants this file names: YAML or JSON mapping
     /// each tenant to the Ed25519 public keys allowed to send its jobs (docs/signing.md).
     #[arg(long, value_name = "FILE")]
@@ -121,7 +132,10 @@ struct Finished {
 }
 
 pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
-    let q = &args.queue;
+    if args.queue.contains("://") {
+        return serve_broker(g, &args).await;
+    }
+    let q = &PathBuf::from(&args.queue);
     for sub in ["running", "done", "failed"] {
         std::fs::create_dir_all(q.join(sub))?;
     }
@@ -134,21 +148,92 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
         );
         return Ok(exit::BUSY);
     }
-    let senders = match args.senders.as_deref().map(read_senders).transpose() {
-        Ok(senders) => senders.unwrap_or_default(),
+    recover_orphans(q)?;
+    let (runtime, senders, templates) = match setup(g, &args).await? {
+        Ok(set) => set,
+        Err(code) => return Ok(code),
+    };
+    let folder = Arc::new(Folder {
+        runtime,
+        store: g.open_store().await?,
+        senders,
+    });
+    let cancel = CancellationToken::new();
+    tokio::spawn(crate::cancel_on_signal(cancel.clone()));
+    eprintln!(
+        "serving queue {} ({} at once)",
+        q.display(),
+        args.concurrency.max(1)
+    );
+    run_folder(g, &args, q, folder, &templates, cancel).await
+}
+
+/// `--queue amqp://…`: a worker on a RabbitMQ broker.
+#[cfg(feature = "amqp")]
+async fn serve_broker(g: &Global, args: &ServeArgs) -> anyhow::Result<u8> {
+    let broker = match amqp::Broker::parse(&args.queue) {
+        Ok(broker) => broker,
         Err(why) => {
             eprintln!("error: {why}");
             return Ok(exit::USAGE);
         }
     };
-    recover_orphans(q)?;
+    let credentials = match amqp::Credentials::from_env() {
+        Ok(c) => c,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(exit::USAGE);
+        }
+    };
+    if args.once {
+        eprintln!(
+            "error: --once is for a folder queue: a broker's queue is never known to be empty for good"
+        );
+        return Ok(exit::USAGE);
+    }
+    let (runtime, senders, _) = match setup(g, args).await? {
+        Ok(set) => set,
+        Err(code) => return Ok(code),
+    };
+    let worker = amqp::Worker {
+        runtime,
+        store: g.open_store().await?,
+        senders,
+        concurrency: args.concurrency,
+        declare: args.declare,
+    };
+    amqp::serve(broker, credentials, worker).await
+}
+
+#[cfg(not(feature = "amqp"))]
+async fn serve_broker(_: &Global, args: &ServeArgs) -> anyhow::Result<u8> {
+    eprintln!(
+        "error: --queue {}: this terrace was built without the amqp feature (a folder queue works)",
+        args.queue
+    );
+    Ok(exit::USAGE)
+}
+
+/// What every queue's worker needs: the runtime (templates, terraform, its users) and the
+/// tenants that take only signed jobs; `Err` with the exit code once the problem is printed.
+async fn setup(
+    g: &Global,
+    args: &ServeArgs,
+) -> anyhow::Result<Result<(Runtime, BTreeMap<String, Vec<SenderKey>>, Templates), u8>> {
+    let senders = match args.senders.as_deref().map(read_senders).transpose() {
+        Ok(senders) => senders.unwrap_or_default(),
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(Err(exit::USAGE));
+        }
+    };
     let templates = g.open_templates().await?;
     let mut runtime = runtime(g, templates.clone());
     runtime.signature_window = match shared::host::settings::signature_window() {
         Ok(window) => window,
         Err(e) => {
             eprintln!("error: {e}");
-            return Ok(exit::USAGE);
+            return Ok(Err(exit::USAGE));
         }
     };
     if !senders.is_empty() {
@@ -181,19 +266,18 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
             "terraform runs as one user for every job, so jobs run one at a time (what a job leaves running must never meet the next): {side_by_side} for jobs side by side, each as a user of its own"
         );
     }
-    let folder = Arc::new(Folder {
-        runtime,
-        store: g.open_store().await?,
-        senders,
-    });
-    let cancel = CancellationToken::new();
-    tokio::spawn(crate::cancel_on_signal(cancel.clone()));
-    eprintln!(
-        "serving queue {} ({} at once)",
-        q.display(),
-        args.concurrency.max(1)
-    );
+    Ok(Ok((runtime, senders, templates)))
+}
 
+/// The folder queue's loop: scans, claims and runs job files until a signal (or `--once`).
+async fn run_folder(
+    g: &Global,
+    args: &ServeArgs,
+    q: &Path,
+    folder: Arc<Folder>,
+    templates: &Templates,
+    cancel: CancellationToken,
+) -> anyhow::Result<u8> {
     let mut tasks: JoinSet<Finished> = JoinSet::new();
     let mut claimed: HashMap<tokio::task::Id, (String, String)> = HashMap::new();
     let mut active: HashSet<String> = HashSet::new();
@@ -216,7 +300,7 @@ pub async fn serve(g: &Global, args: ServeArgs) -> anyhow::Result<u8> {
                 let ws = if is_cancel(&path) {
                     format!("cancel:{name}")
                 } else {
-                    let validated = match load_job(&path, g, &templates).await {
+                    let validated = match load_job(&path, g, templates).await {
                         Ok(Ok(v)) => v,
                         Ok(Err(errors)) => {
                             let report = Message::Rejection(Rejection::new(&name, errors.clone()))

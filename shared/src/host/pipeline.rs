@@ -270,6 +270,9 @@ fn target_of<T: Trigger + ?Sized>(
             .map(Some),
         // The job's validation says what is wrong with its tenant.
         (Some(_), None) => Ok(None),
+        // This host is the customer's side itself (a local queue, a self-hosted worker): no
+        // message chooses another.
+        (None, _) if let Some(own) = trigger.own_target() => Ok(Some(own)),
         (None, _) => match &envelope.target {
             Some(target) => Ok(Some(target.clone())),
             None => Err(vec![problem(

@@ -233,6 +233,9 @@ pub struct Runtime {
     /// sender key, which signs the
     /// drift checks its sweep queues for tenants that take only signed jobs.
     pub signing_key: Option<std::sync::Arc<crate::job::signature::SenderSecret>>,
+    /// A live copy of each job's log besides the stored one (none from the environment: a
+    /// self-hosted worker's log exchange sets it).
+    pub log_tap: Option<std::sync::Arc<dyn crate::run::logs::LogTap>>,
 }
 
 impl Runtime {
@@ -290,6 +293,7 @@ impl Runtime {
                 })?),
             },
             signature_window: signature_window()?,
+            log_tap: None,
             signing_key: match var("TERRACE_SIGNING_KEY") {
                 None => None,
                 // The PEM itself (from a secret store), or the path of a file holding it.
@@ -474,6 +478,7 @@ impl Runtime {
             max_state_bytes: self.max_state_bytes,
             metrics: self.metrics,
             outputs_recipient: self.outputs_recipient.clone(),
+            log_tap: self.log_tap.clone(),
             ..RunnerConfig::default()
         }
     }
@@ -539,6 +544,7 @@ mod tests {
             outputs_recipient: None,
             signature_window: Duration::from_secs(60),
             signing_key: None,
+            log_tap: None,
             terraform: TerraformConfig {
                 pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
                 ..TerraformConfig::default()

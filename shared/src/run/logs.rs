@@ -54,6 +54,12 @@ pub trait LogSink: Send {
     async fn flush(&mut self);
 }
 
+/// Opens one more sink for each job's log: a trigger's live stream of it (the stored log stays
+/// the record). Such a sink must not hold the pump up: one that cannot keep up drops lines.
+pub trait LogTap: Send + Sync + std::fmt::Debug {
+    fn open(&self, ws: &state_backends::WorkspaceId, job_id: &str) -> Box<dyn LogSink>;
+}
+
 /// What flows to the pump: a line, or a mark to answer once every line before it is handled.
 #[derive(Debug)]
 enum Msg {

@@ -94,6 +94,8 @@ pub struct RunnerConfig {
     /// The platform's key the sensitive outputs are sealed to (see
     /// [`crate::run::sealed_outputs`]); without one they are masked only.
     pub outputs_recipient: Option<crate::run::sealed_outputs::OutputsRecipient>,
+    /// A live copy of each job's log besides the stored one (a worker's log exchange).
+    pub log_tap: Option<Arc<dyn crate::run::logs::LogTap>>,
 }
 
 impl Default for RunnerConfig {
@@ -112,6 +114,7 @@ impl Default for RunnerConfig {
             max_state_bytes: crate::run::state_server::MAX_STATE_BYTES,
             plan_ttl: crate::run::plans::DEFAULT_PLAN_TTL,
             outputs_recipient: None,
+            log_tap: None,
         }
     }
 }
@@ -555,6 +558,9 @@ impl Runner {
         ))];
         if self.config.console {
             sinks.push(Box::new(ConsoleSink::new(job_id)));
+        }
+        if let Some(tap) = &self.config.log_tap {
+            sinks.push(tap.open(ws, job_id));
         }
         logs::start(redactor.clone(), sinks)
     }

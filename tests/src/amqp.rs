@@ -1,0 +1,287 @@
+//! The RabbitMQ node `scripts/with-emulators.sh` starts on loopback, and a platform's side of
+//! it: publishing job messages, reading the results exchange, the delay and dead-letter queues.
+//! Each test gets queues and exchanges of its own (`amqp://…?jobs=…&results=…&logs=…`).
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use serde_json::Value;
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests through scripts/with-emulators.sh")
+    })
+}
+
+/// The broker's `amqp://127.0.0.1:PORT`.
+pub fn broker() -> String {
+    var("TERRACE_TEST_AMQP")
+}
+
+/// The test user's name and password, as a worker's environment gives them.
+pub fn credentials() -> [(String, String); 2] {
+    [
+        ("TERRACE_AMQP_USER".into(), var("TERRACE_TEST_AMQP_USER")),
+        (
+            "TERRACE_AMQP_PASSWORD".into(),
+            var("TERRACE_TEST_AMQP_PASSWORD"),
+        ),
+    ]
+}
+
+/// Runs `rabbitmqctl ARGS` against the test node.
+pub fn ctl(args: &[&str]) {
+    let out = std::process::Command::new("rabbitmqctl")
+        .env("HOME", var("TERRACE_TEST_RABBITMQ_HOME"))
+        .args(["-q", "-n", &var("TERRACE_TEST_RABBITMQ_NODE")])
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
+}
+
+/// A test's own names on the broker, and a platform's connection to it.
+pub struct Names {
+    pub jobs: String,
+    pub results: String,
+    pub logs: String,
+    /// A queue bound to the results exchange (`#`): every record published.
+    pub collected: String,
+    pub channel: Channel,
+    _connection: Connection,
+}
+
+impl Names {
+    /// Connects as the platform and makes names of its own (the worker declares them with
+    /// `--declare`; the results queue is bound once the exchange exists: [`Names::collect`]).
+    pub async fn new(prefix: &str) -> Self {
+        let base = crate::aws::unique(prefix);
+        let connection = connect().await;
+        let channel = connection.create_channel().await.expect("a channel");
+        Self {
+            jobs: format!("{base}.jobs"),
+            results: format!("{base}.results"),
+            logs: format!("{base}.logs"),
+            collected: format!("{base}.collected"),
+            channel,
+            _connection: connection,
+        }
+    }
+
+    /// The same names on a new connection (after the broker restarted).
+    pub async fn reconnect(self) -> Self {
+        let connection = connect().await;
+        let channel = connection.create_channel().await.expect("a channel");
+        Self {
+            channel,
+            _connection: connection,
+            ..self
+        }
+    }
+
+    /// `--queue` for a worker on these names.
+    pub fn url(&self) -> String {
+        format!(
+            "{}/?jobs={}&results={}&logs={}",
+            broker(),
+            self.jobs,
+            self.results,
+            self.logs
+        )
+    }
+
+    /// Declares the results exchange (as `--declare` does) and binds the collecting queue.
+    pub async fn collect(&self) {
+        self.channel
+            .exchange_declare(
+                self.results.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("the results exchange");
+        // Durable, with its binding: it outlives a restart of the broker.
+        self.channel
+            .queue_declare(
+                self.collected.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("the collecting queue");
+        self.channel
+            .queue_bind(
+                self.collected.as_str().into(),
+                self.results.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bound");
+    }
+
+    /// A queue of this test's bound to `exchange` with `key` (the exchange must exist).
+    pub async fn bind(&self, exchange: &str, key: &str) -> String {
+        let queue = crate::aws::unique("bound");
+        self.channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("a queue");
+        self.channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bound");
+        queue
+    }
+
+    /// Publishes `message` (JSON) to the jobs queue, persistent.
+    pub async fn publish(&self, message: &Value) {
+        self.publish_raw(message.to_string().as_bytes()).await;
+    }
+
+    pub async fn publish_raw(&self, body: &[u8]) {
+        self.channel
+            .basic_publish(
+                "".into(),
+                self.jobs.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("published")
+            .await
+            .expect("confirmed");
+    }
+
+    /// Every message waiting on `queue` now, taken off it.
+    pub async fn drain(&self, queue: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Some(m) = self
+            .channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get")
+        {
+            out.push(
+                serde_json::from_slice(&m.delivery.data).unwrap_or_else(|_| {
+                    Value::String(String::from_utf8_lossy(&m.delivery.data).into_owned())
+                }),
+            );
+        }
+        out
+    }
+
+    /// How many messages wait on `queue` (0 when it does not exist yet).
+    pub async fn depth(&self, queue: &str) -> u32 {
+        self.declared(queue).await.unwrap_or(0)
+    }
+
+    /// How many messages wait on `queue`, `None` when it does not exist.
+    async fn declared(&self, queue: &str) -> Option<u32> {
+        // A passive declare of a missing queue closes its channel: one of its own.
+        let channel = self._connection.create_channel().await.expect("a channel");
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .ok()
+            .map(|q| q.message_count())
+    }
+
+    /// Waits until a worker started with `--declare` has declared the jobs queue (a message
+    /// published before would be dropped by the broker), then binds the collecting queue.
+    pub async fn ready(&self) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while self.declared(&self.jobs).await.is_none() {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "no worker declared {} within 60 s",
+                self.jobs
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.collect().await;
+    }
+
+    /// Records from the results exchange until `done` holds for those collected so far, or
+    /// `within` passes (then panics with what came).
+    pub async fn results_until(
+        &self,
+        within: Duration,
+        done: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        let mut consumer = self
+            .channel
+            .basic_consume(
+                self.collected.as_str().into(),
+                crate::aws::unique("collector").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + within;
+        while !done(&got) {
+            let next = tokio::time::timeout_at(deadline, consumer.next())
+                .await
+                .unwrap_or_else(|_| panic!("within {within:?}, only: {got:#?}"));
+            let delivery = next.expect("the consumer").expect("a delivery");
+            delivery
+                .ack(BasicAckOptions::default())
+                .await
+                .expect("acked");
+            got.push(serde_json::from_slice(&delivery.data).expect("a JSON record"));
+        }
+        let _ = self
+            .channel
+            .basic_cancel(
+                consumer.tag(),
+                lapin::options::BasicCancelOptions::default(),
+            )
+            .await;
+        got
+    }
+}
+
+/// A connection as the test user.
+pub async fn connect() -> Connection {
+    let [(_, user), (_, password)] = credentials();
+    let mut uri: lapin::uri::AMQPUri = broker().parse().expect("an AMQP URI");
+    uri.authority.userinfo.username = user;
+    uri.authority.userinfo.password = password;
+    Connection::connect_uri(uri, ConnectionProperties::default())
+        .await
+        .expect("the test broker answers")
+}

@@ -1,0 +1,371 @@
+//! `terrace serve --queue amqp://…`: workers on the real RabbitMQ node that
+//! `scripts/with-emulators.sh` starts, real terraform, the sandbox's folder store shared by
+//! every worker (its leases decide who runs a workspace).
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use state_backends::{LeaseRequest, StateStore as _, WorkspaceId};
+use tests::Sandbox;
+use tests::amqp::{self, Names};
+
+/// A worker process, killed when the test ends however it ends.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn worker(sb: &Sandbox, names: &Names, extra: &[&str]) -> Worker {
+    let mut cmd = sb.terrace();
+    cmd.envs(amqp::credentials())
+        .args(["serve", "--queue", &names.url(), "--declare"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(if std::env::var_os("TERRACE_TEST_VERBOSE").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        });
+    Worker(cmd.spawn().expect("terrace serve starts"))
+}
+
+fn message(id: &str, workspace: &str, cluster: &str) -> Value {
+    json!({
+        "job": {
+            "id": id, "tenant": "acme", "workspace": workspace, "operation": "apply",
+            "template": { "name": "demo", "version": "1.0.0" },
+            "variables": {
+                "cluster_name": cluster, "region": "eu-west-1",
+                "admin_password": "correct-horse-battery-staple",
+            },
+            "timeout": "5m",
+        }
+    })
+}
+
+fn results_by_job(records: &[Value]) -> HashMap<String, Vec<&Value>> {
+    let mut by_job: HashMap<String, Vec<&Value>> = HashMap::new();
+    for r in records.iter().filter(|r| r["kind"] == "result") {
+        by_job
+            .entry(r["job_id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(r);
+    }
+    by_job
+}
+
+fn time(v: &Value) -> time::OffsetDateTime {
+    time::OffsetDateTime::parse(
+        v.as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap()
+}
+
+/// Three workers share 60 jobs over 12 workspaces: every job runs once and succeeds, no two
+/// runs of a workspace overlap, and every result reaches the results exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_share_sixty_jobs_each_runs_once_one_at_a_time_per_workspace() {
+    let sb = Sandbox::new();
+    let names = Names::new("share").await;
+    let workers: Vec<Worker> = (0..3)
+        .map(|_| worker(&sb, &names, &["--concurrency", "2"]))
+        .collect();
+    // The first worker to connect declares the queues and exchanges.
+    names.ready().await;
+    let jobs: Vec<(String, String)> = (0..60)
+        .map(|i| (format!("j{i:02}"), format!("ws-{:02}", i % 12)))
+        .collect();
+    for (i, (id, ws)) in jobs.iter().enumerate() {
+        names
+            .publish(&message(id, ws, &format!("cluster-{i}")))
+            .await;
+    }
+    let records = names
+        .results_until(Duration::from_secs(600), |got| {
+            let rejected: Vec<&Value> = got.iter().filter(|r| r["kind"] != "result").collect();
+            assert!(rejected.is_empty(), "{rejected:#?}");
+            results_by_job(got).len() == jobs.len()
+        })
+        .await;
+    drop(workers);
+
+    let by_job = results_by_job(&records);
+    for (id, _) in &jobs {
+        let results = &by_job[id];
+        assert_eq!(results[0]["status"], "succeeded", "{id}: {results:?}");
+        tests::schema::check("message", results[0]);
+    }
+    // One at a time per workspace: the runs' intervals never overlap.
+    let mut runs: BTreeMap<&str, Vec<(time::OffsetDateTime, time::OffsetDateTime)>> =
+        BTreeMap::new();
+    for results in by_job.values() {
+        let r = results[0];
+        runs.entry(r["workspace"].as_str().unwrap())
+            .or_default()
+            .push((time(&r["started_at"]), time(&r["finished_at"])));
+    }
+    assert_eq!(runs.len(), 12);
+    for (ws, mut intervals) in runs {
+        intervals.sort();
+        for pair in intervals.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "{ws}: runs overlap: {pair:?}");
+        }
+        // Each run made its own state version: none was lost or written twice.
+        let versions = sb.versions(&format!("acme/{ws}")).await;
+        assert_eq!(versions.len(), 5, "{ws}: {versions:?}");
+    }
+    // Every job's message was settled: nothing waits or was dead-lettered.
+    assert_eq!(names.depth(&names.jobs).await, 0);
+    assert_eq!(names.depth(&format!("{}.delay", names.jobs)).await, 0);
+    assert_eq!(names.depth(&format!("{}.dead", names.jobs)).await, 0);
+}
+
+/// A job whose workspace another process holds waits on the delay queue (never redelivered
+/// at once), and runs once the workspace is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_workspaces_job_waits_on_the_delay_queue_and_runs_once_free() {
+    let sb = Sandbox::new();
+    let names = Names::new("busy").await;
+    let store = sb.fs_store();
+    let ws: WorkspaceId = "acme/held".parse().unwrap();
+    let held = store
+        .acquire_lease(
+            &ws,
+            &LeaseRequest {
+                owner: "another-runner".into(),
+                ttl: Duration::from_secs(600),
+                info: Value::Null,
+            },
+        )
+        .await
+        .unwrap();
+    let _w = worker(&sb, &names, &[]);
+    names.ready().await;
+    names.publish(&message("b1", "held", "held")).await;
+
+    // Seen on the delay queue, not run, not redelivered in a loop.
+    let delay = format!("{}.delay", names.jobs);
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while names.depth(&delay).await == 0 {
+        assert!(std::time::Instant::now() < give_up, "never delayed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(sb.versions("acme/held").await.is_empty());
+    assert!(
+        names.drain(&names.collected).await.is_empty(),
+        "nothing reported yet"
+    );
+
+    store.release_lease(&ws, &held).await.unwrap();
+    let records = names
+        .results_until(Duration::from_secs(120), |got| {
+            got.iter().any(|r| r["job_id"] == "b1")
+        })
+        .await;
+    assert_eq!(
+        records.last().unwrap()["status"],
+        "succeeded",
+        "{records:?}"
+    );
+    assert_eq!(sb.versions("acme/held").await.len(), 1);
+}
+
+/// A message that can never be a job is rejected on the results exchange and moved to the
+/// dead-letter queue with its values masked; the worker goes on with the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_is_not_a_job_is_dead_lettered_masked_and_the_next_runs() {
+    let sb = Sandbox::new();
+    let names = Names::new("poison").await;
+    let _w = worker(&sb, &names, &[]);
+    names.ready().await;
+    let mut bad = message("p1", "poison", "poison");
+    bad["job"]["operation"] = json!("explode");
+    bad["job"]["variables"]["admin_password"] = json!("canary-8d2f-secret");
+    names.publish(&bad).await;
+    names.publish_raw(b"not json at all").await;
+    names.publish(&message("p2", "poison", "poison")).await;
+
+    let records = names
+        .results_until(Duration::from_secs(120), |got| {
+            got.iter().any(|r| r["job_id"] == "p2")
+        })
+        .await;
+    let rejections: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["kind"] == "rejection")
+        .collect();
+    assert_eq!(rejections.len(), 2, "{records:?}");
+    for r in &rejections {
+        tests::schema::check("message", r);
+    }
+    assert!(
+        rejections
+            .iter()
+            .any(|r| r.to_string().contains("operation")),
+        "{rejections:?}"
+    );
+    assert_eq!(records.last().unwrap()["status"], "succeeded");
+
+    let dead = names.drain(&format!("{}.dead", names.jobs)).await;
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for d in &dead {
+        tests::schema::check("dead-letter", d);
+        assert!(!d.to_string().contains("canary-8d2f-secret"), "{d}");
+    }
+    assert!(
+        dead.iter()
+            .any(|d| d["message"].as_str().unwrap().contains("explode")),
+        "the message is kept, masked: {dead:?}"
+    );
+}
+
+/// Bad settings get a clear error naming the fix, and the password is never printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_password_a_missing_queue_and_credentials_in_the_url_are_clear_errors() {
+    let sb = Sandbox::new();
+    let names = Names::new("bad").await;
+    let run = |url: &str, env: &[(&str, &str)], declare: bool| {
+        let mut cmd = sb.terrace();
+        cmd.envs(amqp::credentials())
+            .envs(env.iter().copied())
+            .args(["serve", "--queue", url]);
+        if declare {
+            cmd.arg("--declare");
+        }
+        let out = cmd.output().expect("terrace runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, said) = run(
+        &names.url(),
+        &[("TERRACE_AMQP_PASSWORD", "wrong-password-4b1e")],
+        true,
+    );
+    assert_eq!(code, Some(64), "{said}");
+    assert!(said.contains("refused the user"), "{said}");
+    assert!(!said.contains("wrong-password-4b1e"), "{said}");
+
+    let (code, said) = run(&names.url(), &[], false);
+    assert_eq!(code, Some(64), "{said}");
+    assert!(
+        said.contains(&format!("has no queue {}", names.jobs)) && said.contains("--declare"),
+        "{said}"
+    );
+
+    let with_password = names.url().replace("amqp://", "amqp://u:inline-secret-77@");
+    let (code, said) = run(&with_password, &[], true);
+    assert_eq!(code, Some(64), "{said}");
+    assert!(said.contains("TERRACE_AMQP_PASSWORD"), "{said}");
+    assert!(!said.contains("inline-secret-77"), "{said}");
+}
+
+/// A platform bound to the log exchange sees the job's lines while it runs (before its
+/// result exists), routed by tenant, workspace and job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_of_the_log_exchange_sees_the_lines_while_the_job_runs() {
+    let mut sb = Sandbox::new();
+    // The create takes 3 s: the job is still running when its first lines are out.
+    sb.env
+        .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "3000".into()));
+    let names = Names::new("logs").await;
+    let _w = worker(&sb, &names, &[]);
+    names.ready().await;
+    let lines = names.bind(&names.logs, "acme.live.l1").await;
+    let others = names.bind(&names.logs, "acme.other.#").await;
+    names.publish(&message("l1", "live", "live")).await;
+
+    let ws: WorkspaceId = "acme/live".parse().unwrap();
+    let store = sb.fs_store();
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    let mut seen = Vec::new();
+    let terraform_line = loop {
+        assert!(std::time::Instant::now() < give_up, "no line: {seen:?}");
+        let got = names.drain(&lines).await;
+        if let Some(line) = got.iter().find(|l| l["stream"] == "stdout") {
+            break line.clone();
+        }
+        seen.extend(got);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        store
+            .artifact(&ws, "l1", "result.json")
+            .await
+            .unwrap()
+            .is_none(),
+        "the line came while the job ran: {terraform_line}"
+    );
+    tests::schema::check("cli-log-line", &terraform_line);
+    assert!(!terraform_line.to_string().contains("correct-horse"));
+    let records = names
+        .results_until(Duration::from_secs(120), |got| {
+            got.iter().any(|r| r["job_id"] == "l1")
+        })
+        .await;
+    assert_eq!(records.last().unwrap()["status"], "succeeded");
+    assert!(names.drain(&others).await.is_empty(), "routed by workspace");
+}
+
+/// A worker killed mid-apply: its message goes back to the queue, another worker takes it
+/// once the dead worker's lease expires, and the job ends with no state version lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_apply_leaves_its_job_to_another_with_nothing_lost() {
+    let mut sb = Sandbox::new();
+    sb.env
+        .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "3000".into()));
+    sb.env.push(("TERRACE_LEASE_TTL".into(), "6".into()));
+    let names = Names::new("kill").await;
+    let mut first = worker(&sb, &names, &[]);
+    names.ready().await;
+    names.publish(&message("k1", "killed", "killed")).await;
+
+    let ws: WorkspaceId = "acme/killed".parse().unwrap();
+    let store = sb.fs_store();
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while store.lease(&ws).await.unwrap().is_none() {
+        assert!(std::time::Instant::now() < give_up, "the job never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Mid-apply: terraform is creating (3 s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _second = worker(&sb, &names, &[]);
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+
+    let records = names
+        .results_until(Duration::from_secs(180), |got| {
+            got.iter().any(|r| r["job_id"] == "k1")
+        })
+        .await;
+    let result = records.iter().find(|r| r["job_id"] == "k1").unwrap();
+    assert_eq!(result["status"], "succeeded", "{result:#}");
+    // The run that finished found the killed worker's run interrupted: the job was taken over.
+    assert!(
+        result["attention"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x["kind"] == "interrupted")),
+        "{result:#}"
+    );
+    let numbers: Vec<u64> = sb
+        .versions("acme/killed")
+        .await
+        .iter()
+        .map(|v| v.number)
+        .collect();
+    assert!(!numbers.is_empty());
+    assert_eq!(
+        numbers,
+        (1..=numbers.len() as u64).collect::<Vec<_>>(),
+        "no version lost or skipped"
+    );
+    assert_eq!(names.depth(&format!("{}.dead", names.jobs)).await, 0);
+}
