@@ -23,7 +23,7 @@ images: ## the three function images, with podman, from this checkout (scripts/b
 	scripts/build-images.sh
 
 test-images: tools images ## run a real job in each built image, against the emulators
-	scripts/with-emulators.sh cargo test -p tests --test aws_lambda --test gcp_service --test azure_job -- --ignored
+	scripts/with-emulators.sh cargo test -p tests --test aws_lambda --test gcp_service --test azure_job -- --ignored the_image
 
 check-deploy: ## terraform fmt, checkov and cfn-lint over deploy/ (terraform validate needs the real providers)
 	scripts/check-deploy.sh

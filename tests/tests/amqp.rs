@@ -369,3 +369,75 @@ async fn a_worker_killed_mid_apply_leaves_its_job_to_another_with_nothing_lost()
     );
     assert_eq!(names.depth(&format!("{}.dead", names.jobs)).await, 0);
 }
+
+/// A cancel travels the jobs queue as on the other triggers: a queued job it names ends
+/// `cancelled` with nothing applied, and the cancel's answer is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_on_the_jobs_queue_stops_the_job_it_names() {
+    let sb = Sandbox::new();
+    let names = Names::new("cancel").await;
+    let _w = worker(&sb, &names, &["--concurrency", "1"]);
+    names.ready().await;
+    names
+        .publish(&json!({ "cancel": { "job": "c1", "tenant": "acme", "workspace": "cancelled" } }))
+        .await;
+    names
+        .publish(&message("c1", "cancelled", "cancelled"))
+        .await;
+    let records = names
+        .results_until(Duration::from_secs(120), |got| {
+            got.iter()
+                .any(|r| r["kind"] == "result" && r["job_id"] == "c1")
+        })
+        .await;
+    for r in &records {
+        tests::schema::check("message", r);
+    }
+    assert!(
+        records.iter().any(|r| r["kind"] == "cancel"),
+        "the cancel is answered: {records:#?}"
+    );
+    let result = records.iter().find(|r| r["kind"] == "result").unwrap();
+    assert_eq!(result["status"], "cancelled", "{result:#}");
+    assert!(sb.versions("acme/cancelled").await.is_empty());
+}
+
+/// `terrace submit --to amqp://… --follow` queues a job for the workers as a platform would,
+/// and follows its log in the store to its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_submitted_to_the_broker_runs_on_a_worker_and_is_followed_to_its_result() {
+    let sb = Sandbox::new();
+    let names = Names::new("submit").await;
+    let _w = worker(&sb, &names, &[]);
+    names.ready().await;
+    let path = sb.job(
+        "submit.yaml",
+        &tests::demo_job("s1", "submitted", "apply", "submitted", 1),
+    );
+    let mut submit = sb.terrace();
+    submit
+        .envs(amqp::credentials())
+        .args(["submit", path.to_str().unwrap(), "--follow", "--to"])
+        .arg(names.url());
+    let out = tokio::task::spawn_blocking(move || submit.output().unwrap())
+        .await
+        .unwrap();
+    tests::assert_followed_to_success(&out);
+    let records = names
+        .results_until(Duration::from_secs(60), |got| {
+            got.iter().any(|r| r["job_id"] == "s1")
+        })
+        .await;
+    assert_eq!(records.last().unwrap()["status"], "succeeded");
+
+    // To a queue no worker declared: said, with the fix, and nothing is sent.
+    let mut missing = sb.terrace();
+    missing
+        .envs(amqp::credentials())
+        .args(["submit", path.to_str().unwrap(), "--to"])
+        .arg(format!("{}/?jobs=no-such-queue", amqp::broker()));
+    let out = missing.output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("has no queue no-such-queue"), "{said}");
+}

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{Global, exit, load_job, runtime};
 
 #[cfg(feature = "amqp")]
-mod amqp;
+pub(crate) mod amqp;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -174,7 +174,7 @@ async fn serve_broker(g: &Global, args: &ServeArgs) -> anyhow::Result<u8> {
     let broker = match amqp::Broker::parse(&args.queue) {
         Ok(broker) => broker,
         Err(why) => {
-            eprintln!("error: {why}");
+            eprintln!("error: --queue: {why}");
             return Ok(exit::USAGE);
         }
     };

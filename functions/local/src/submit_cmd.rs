@@ -101,9 +101,12 @@ pub(crate) enum Queue {
     PubSub(String),
     /// An Azure Storage queue: its account and name.
     Azure { account: String, queue: String },
+    /// A RabbitMQ broker's jobs queue (`terrace serve --queue amqp://…` workers).
+    #[cfg(feature = "amqp")]
+    Amqp(crate::serve::amqp::Broker),
 }
 
-const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://), pubsub://projects/PROJECT/topics/TOPIC, azqueue://ACCOUNT/QUEUE, or the path of a `terrace serve` queue folder";
+const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://), pubsub://projects/PROJECT/topics/TOPIC, azqueue://ACCOUNT/QUEUE, amqp://HOST[:PORT][/VHOST][?jobs=QUEUE] (its user and password in TERRACE_AMQP_USER and TERRACE_AMQP_PASSWORD), or the path of a `terrace serve` queue folder";
 
 impl Queue {
     /// Reads `--to`.
@@ -148,6 +151,8 @@ impl Queue {
                 }
                 _ => Err(format!("{to:?} is not an Azure Storage queue: {SCHEMES}")),
             },
+            #[cfg(feature = "amqp")]
+            Some(("amqp" | "amqps", _)) => crate::serve::amqp::Broker::parse(to).map(Self::Amqp),
             Some((scheme, _)) => Err(format!(
                 "{scheme}:// is not a queue terrace can send to: {SCHEMES}"
             )),
@@ -160,6 +165,8 @@ impl Queue {
             Self::Sqs(url) => format!("SQS queue {url}"),
             Self::PubSub(topic) => format!("Pub/Sub topic {topic}"),
             Self::Azure { account, queue } => format!("Azure queue {queue} of {account}"),
+            #[cfg(feature = "amqp")]
+            Self::Amqp(broker) => format!("queue {} on {}", broker.jobs, broker.shown()),
         }
     }
 }
@@ -309,6 +316,8 @@ pub(crate) async fn send(
         }
         Queue::PubSub(topic) => to_pubsub(topic, &body).await,
         Queue::Azure { account, queue } => to_azqueue(account, queue, &body).await,
+        #[cfg(feature = "amqp")]
+        Queue::Amqp(broker) => crate::serve::amqp::send(broker, body.as_bytes()).await,
     }
 }
 

@@ -75,31 +75,30 @@ impl Broker {
     /// What is wrong with the URL and how to write it, as a sentence.
     pub fn parse(text: &str) -> Result<Self, String> {
         const FORM: &str = "write the broker as amqp://HOST[:PORT][/VHOST][?jobs=QUEUE&results=EXCHANGE&logs=EXCHANGE]";
-        let url = url::Url::parse(text).map_err(|e| format!("--queue: not a URL ({e}): {FORM}"))?;
+        let url = url::Url::parse(text).map_err(|e| format!("not a URL ({e}): {FORM}"))?;
         match url.scheme() {
             "amqp" => {}
             "amqps" => {
                 return Err(
-                    "--queue: amqps:// (TLS) is not supported yet: reach the broker on a private network or through a TLS tunnel, with amqp://"
+                    "amqps:// (TLS) is not supported yet: reach the broker on a private network or through a TLS tunnel, with amqp://"
                         .into(),
                 );
             }
-            other => return Err(format!("--queue: {other}:// is not AMQP: {FORM}")),
+            other => return Err(format!("{other}:// is not AMQP: {FORM}")),
         }
         if !url.username().is_empty() || url.password().is_some() {
-            return Err("--queue: the URL carries a user or password: put them in TERRACE_AMQP_USER and TERRACE_AMQP_PASSWORD (or TERRACE_AMQP_PASSWORD_FILE) instead, since a command line is seen by every user of the machine".into());
+            return Err("the URL carries a user or password: put them in TERRACE_AMQP_USER and TERRACE_AMQP_PASSWORD (or TERRACE_AMQP_PASSWORD_FILE) instead, since a command line is seen by every user of the machine".into());
         }
         let host = url
             .host_str()
             .filter(|h| !h.is_empty())
-            .ok_or_else(|| format!("--queue: no broker host: {FORM}"))?
+            .ok_or_else(|| format!("no broker host: {FORM}"))?
             .to_owned();
         let path = url.path().trim_start_matches('/');
         let vhost = if path.is_empty() {
             "/".to_owned()
         } else {
-            percent_decode(path)
-                .ok_or_else(|| format!("--queue: the vhost {path:?} is not UTF-8"))?
+            percent_decode(path).ok_or_else(|| format!("the vhost {path:?} is not UTF-8"))?
         };
         let mut broker = Self {
             host,
@@ -116,13 +115,13 @@ impl Broker {
                 "logs" => &mut broker.logs,
                 other => {
                     return Err(format!(
-                        "--queue: unknown setting {other:?}: the URL takes jobs, results and logs"
+                        "unknown setting {other:?}: the URL takes jobs, results and logs"
                     ));
                 }
             };
             if value.is_empty() || value.len() > 200 || value.starts_with("amq.") {
                 return Err(format!(
-                    "--queue: {key}={value:?} is not a name Terrace can use: 1 to 200 characters, not starting with amq. (the broker's own)"
+                    "{key}={value:?} is not a name Terrace can use: 1 to 200 characters, not starting with amq. (the broker's own)"
                 ));
             }
             *slot = value.into_owned();
@@ -174,6 +173,66 @@ fn percent_decode(text: &str) -> Option<String> {
     let query = format!("v={escaped}");
     let (_, value) = url::form_urlencoded::parse(query.as_bytes()).next()?;
     Some(value.into_owned()).filter(|v| !v.contains('\u{fffd}'))
+}
+
+/// Sends one message to the broker's jobs queue (`terrace submit --to amqp://…`), persistent,
+/// and waits for the broker's confirm.
+///
+/// # Errors
+/// Why it was not sent, as a sentence with the fix.
+pub async fn send(broker: &Broker, body: &[u8]) -> Result<(), String> {
+    let credentials = Credentials::from_env()?;
+    let connection =
+        Connection::connect_uri(broker.uri(&credentials), ConnectionProperties::default())
+            .await
+            .map_err(|e| {
+                if e.to_string().contains("ACCESS_REFUSED") {
+                    format!(
+                        "broker {} refused the user {}: check TERRACE_AMQP_USER and its password",
+                        broker.shown(),
+                        credentials.user
+                    )
+                } else {
+                    format!("cannot reach the broker {}: {e}", broker.shown())
+                }
+            })?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let confirm = channel
+        .basic_publish(
+            "".into(),
+            broker.jobs.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body,
+            BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into()),
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = connection.close(200, "sent".into()).await;
+    if confirm.is_nack() {
+        return Err(format!("the broker {} refused the message", broker.shown()));
+    }
+    if confirm.take_message().is_some() {
+        return Err(format!(
+            "the broker {} has no queue {}: start a worker with --declare, or create it (docs/self-hosted.md)",
+            broker.shown(),
+            broker.jobs
+        ));
+    }
+    Ok(())
 }
 
 /// The broker user's name and password; never printed.
