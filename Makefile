@@ -5,7 +5,7 @@
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
 
-demo-tools: ## what the demo needs: protoc, the machine's terraform (checked), the testcloud provider and its CLI config
+demo-tools: ## what the demo needs: protoc, the machine's terraform (checked), the testcloud provider and its CLI config, rabbitmq-server
 	scripts/install-tools.sh --demo
 
 demo: demo-tools ## apply the demo template through the local runner

@@ -116,6 +116,12 @@ print(f"demo-unsigned-1: {refused['status']}: {error['field']} {error['problem']
 print(f"demo-signed-1:   {ran['status']}")
 PY
 echo
+echo "== self-hosted workers on RabbitMQ: two share three jobs (docs/self-hosted.md)"
+scripts/with-rabbitmq.sh scripts/demo-workers.sh "$demo" 2> "$demo/rabbitmq.log" || {
+    cat "$demo/rabbitmq.log" >&2
+    exit 1
+}
+echo
 echo "== terrace cancel demo-apply-1 (a finished job: nothing changes)"
 "$terrace" cancel demo-apply-1
 echo
@@ -140,7 +146,7 @@ and see what happened to the workspace:
 and plan for approval: edit examples/demo-plan.yaml (its id too), run it, then apply the
 plan it kept with a job naming it (see .terrace-demo/approved-apply.yaml, docs/approval.md);
 send a job to a runner as a platform would (README: "Driving a deployed runner"):
-  terrace submit JOB_FILE --to QUEUE --follow   # sqs://, pubsub://, azqueue:// or a serve folder
+  terrace submit JOB_FILE --to QUEUE --follow   # sqs://, pubsub://, azqueue://, amqp:// or a serve folder
   terrace submit JOB_FILE --to QUEUE --sign .terrace-demo/sender.pem   # signed (docs/signing.md)
   terrace schema                                # the records a platform reads (docs/schema/)
 (make demo starts again from nothing.)

@@ -2,8 +2,9 @@
 # Installs everything the demo and the tests need, idempotently, into .cache/ (git-ignored):
 # protoc (to build the testcloud provider), age, a check that the machine's terraform is a supported
 # client (scripts/install-terraform.sh), the testcloud provider in a filesystem mirror, a
-# terraform CLI config using it, and the cloud emulators (moto, fake-gcs-server, Azurite, the
-# Pub/Sub emulator) and RabbitMQ (Debian's rabbitmq-server). `--demo`: only what the demo needs (no emulators).
+# terraform CLI config using it, RabbitMQ (Debian's rabbitmq-server) and the cloud emulators
+# (moto, fake-gcs-server, Azurite, the Pub/Sub emulator). `--demo`: only what the demo needs
+# (no cloud emulators).
 set -euo pipefail
 demo_only=false
 [[ "${1:-}" == "--demo" ]] && demo_only=true
@@ -37,13 +38,14 @@ provider_installation {
   }
 }
 HCL
+# The demo's self-hosted workers share a RabbitMQ node (Debian's rabbitmq-server).
+scripts/install-rabbitmq.sh >/dev/null
 if $demo_only; then
-    echo "demo tools ready: terraform $tf, provider mirror $mirror" >&2
+    echo "demo tools ready: terraform $tf, provider mirror $mirror, rabbitmq-server" >&2
     exit 0
 fi
 scripts/install-moto.sh >/dev/null
 scripts/install-fake-gcs.sh >/dev/null
 scripts/install-azurite.sh >/dev/null
 scripts/install-pubsub-emulator.sh >/dev/null
-scripts/install-rabbitmq.sh >/dev/null
 echo "tools ready: terraform $tf, provider mirror $mirror, moto in .cache/moto, fake-gcs-server in .cache/fake-gcs, azurite in .cache/azurite, the Pub/Sub emulator, rabbitmq-server" >&2

@@ -441,3 +441,49 @@ async fn a_job_submitted_to_the_broker_runs_on_a_worker_and_is_followed_to_its_r
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("has no queue no-such-queue"), "{said}");
 }
+
+/// Records with no queue bound to the results exchange are dropped by the broker, as AMQP
+/// does: the job is still acknowledged once (never redelivered in a loop), and its stored
+/// result is there for `terrace result` and for its next delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_nobody_bound_to_the_results_the_job_is_acknowledged_once() {
+    let sb = Sandbox::new();
+    let names = Names::new("unbound").await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut cmd = sb.terrace();
+    cmd.envs(amqp::credentials())
+        .args(["serve", "--queue", &names.url(), "--declare"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log.reopen().unwrap()));
+    let _w = Worker(cmd.spawn().unwrap());
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(log.path())
+        .unwrap()
+        .contains("serving queue")
+    {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the worker never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    names.publish(&message("u1", "unbound", "unbound")).await;
+    let ws: WorkspaceId = "acme/unbound".parse().unwrap();
+    let store = sb.fs_store();
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    while store
+        .artifact(&ws, "u1", "result.json")
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(std::time::Instant::now() < give_up, "no result");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let said = std::fs::read_to_string(log.path()).unwrap();
+    assert!(!said.contains("returned to the queue"), "{said}");
+    assert_eq!(names.depth(&names.jobs).await, 0, "{said}");
+    let out = sb.run(&["result", "u1", "-w", "acme/unbound"]);
+    out.expect_code(0);
+}

@@ -359,7 +359,11 @@ pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TERRACE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // lapin logs each returned message whole (a record, bytes by bytes): Terrace
+                // says what it means itself.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,lapin::returned_messages=error")
+                }),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -657,7 +657,10 @@ tokio::task_local! {
 }
 
 impl Amqp {
-    /// Publishes `body` (persistent, JSON) and waits for the broker's confirm.
+    /// Publishes `body` (persistent, JSON) and waits for the broker's confirm. To the default
+    /// exchange (a queue by name) it is mandatory: a missing queue is an error. A record on the
+    /// results exchange that no queue is bound for is dropped by the broker, as AMQP does:
+    /// the stored result stays, for `terrace result` and the job's next delivery.
     async fn publish(
         &self,
         exchange: &str,
@@ -678,7 +681,7 @@ impl Amqp {
                 exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions {
-                    mandatory: true,
+                    mandatory: exchange.is_empty(),
                     ..BasicPublishOptions::default()
                 },
                 body,
@@ -744,6 +747,8 @@ impl Amqp {
             Ok(()) => delivery.ack(BasicAckOptions::default()).await,
             Err(why) => {
                 eprintln!("{message_id}: returned to the queue: {why}");
+                // Not straight back: a trouble that lasts would make a hot loop of it.
+                tokio::time::sleep(Duration::from_secs(1)).await;
                 delivery
                     .nack(BasicNackOptions {
                         requeue: true,

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Runs a command with a RabbitMQ node of its own on loopback (Debian's rabbitmq-server, installed
+# by scripts/install-rabbitmq.sh), and stops it afterwards whatever happens. Its data lives in a
+# temporary folder, deleted afterwards; the node has its own name, ports and epmd. Exports:
+#   TERRACE_TEST_AMQP           amqp://127.0.0.1:PORT
+#   TERRACE_TEST_AMQP_USER, TERRACE_TEST_AMQP_PASSWORD  a user made at start (no guest)
+#   TERRACE_TEST_RABBITMQ_NODE, TERRACE_TEST_RABBITMQ_HOME, ERL_EPMD_PORT  for
+#                               HOME=$TERRACE_TEST_RABBITMQ_HOME rabbitmqctl -n $TERRACE_TEST_RABBITMQ_NODE
+# Usage: scripts/with-rabbitmq.sh COMMAND [ARGS...]
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+logs="$repo_root/.cache/emulators"
+mkdir -p "$logs"
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+rabbit_base=""
+stop() {
+    if [[ -n "$rabbit_base" ]]; then
+        # Stopping the start script does not stop the broker: the node and its epmd are stopped
+        # by name.
+        rabbitmq_ctl stop >/dev/null 2>&1 || true
+        wait "$rabbit_pid" 2>/dev/null || true
+        epmd -port "$ERL_EPMD_PORT" -kill >/dev/null 2>&1 || true
+        rm -rf "$rabbit_base"
+    fi
+}
+trap stop EXIT
+
+rabbitmq_ctl() {
+    HOME="$rabbit_base" rabbitmqctl -q -n "$TERRACE_TEST_RABBITMQ_NODE" "$@"
+}
+
+"$repo_root/scripts/install-rabbitmq.sh" >/dev/null
+rabbit_base="$(mktemp -d /tmp/terrace-rabbitmq.XXXXXX)"
+chmod 755 "$rabbit_base"
+mkdir -p "$rabbit_base/mnesia" "$rabbit_base/log"
+echo "[]." >"$rabbit_base/enabled_plugins"
+rabbit_user=()
+if [[ "$(id -u)" == 0 ]]; then
+    # As root, rabbitmq-server switches to the rabbitmq user: its folders must be that user's.
+    chown -R rabbitmq:rabbitmq "$rabbit_base"
+elif [[ "$(id -un)" != rabbitmq ]]; then
+    rabbit_user=(sudo -u rabbitmq)
+    sudo chown -R rabbitmq:rabbitmq "$rabbit_base"
+fi
+amqp_port="$(free_port)"
+export ERL_EPMD_PORT="$(free_port)"
+export TERRACE_TEST_RABBITMQ_NODE="terrace-$$@localhost"
+export TERRACE_TEST_RABBITMQ_HOME="$rabbit_base"
+"${rabbit_user[@]}" env RABBITMQ_NODENAME="$TERRACE_TEST_RABBITMQ_NODE" \
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$amqp_port" \
+    RABBITMQ_DIST_PORT="$(free_port)" ERL_EPMD_PORT="$ERL_EPMD_PORT" ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_MNESIA_BASE="$rabbit_base/mnesia" \
+    RABBITMQ_FEATURE_FLAGS_FILE="$rabbit_base/mnesia/feature_flags" \
+    RABBITMQ_LOG_BASE="$rabbit_base/log" RABBITMQ_ENABLED_PLUGINS_FILE="$rabbit_base/enabled_plugins" \
+    HOME="$rabbit_base" rabbitmq-server >"$logs/rabbitmq-$amqp_port.log" 2>&1 &
+rabbit_pid="$!"
+
+# Ready when it answers the AMQP 0-9-1 header with Connection.Start (a method frame).
+python3 - "$amqp_port" "$rabbit_pid" <<'PY'
+import os, socket, sys, time
+port, pid = int(sys.argv[1]), int(sys.argv[2])
+deadline = time.time() + 90
+while time.time() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit("rabbitmq-server exited during start-up; see its log in .cache/emulators/")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(b"AMQP\x00\x00\x09\x01")
+            if s.recv(1) == b"\x01":
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.3)
+sys.exit(f"rabbitmq-server did not answer AMQP on port {port} within 90 s")
+PY
+export TERRACE_TEST_AMQP="amqp://127.0.0.1:$amqp_port"
+export TERRACE_TEST_AMQP_USER="terrace"
+TERRACE_TEST_AMQP_PASSWORD="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
+export TERRACE_TEST_AMQP_PASSWORD
+rabbitmq_ctl add_user "$TERRACE_TEST_AMQP_USER" "$TERRACE_TEST_AMQP_PASSWORD" >/dev/null
+rabbitmq_ctl set_permissions "$TERRACE_TEST_AMQP_USER" '.*' '.*' '.*' >/dev/null
+rabbitmq_ctl delete_user guest >/dev/null
+
+echo "RabbitMQ on $TERRACE_TEST_AMQP" >&2
+
+"$@"
