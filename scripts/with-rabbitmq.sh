@@ -81,7 +81,7 @@ sys.exit(f"rabbitmq-server did not answer AMQP on port {port} within 90 s")
 PY
 export TERRACE_TEST_AMQP="amqp://127.0.0.1:$amqp_port"
 export TERRACE_TEST_AMQP_USER="terrace"
-TERRACE_TEST_AMQP_PASSWORD="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
+TERRACE_TEST_AMQP_PASSWORD="$(python3 -c 'import secrets; print(secrets.token_hex(24))')"
 export TERRACE_TEST_AMQP_PASSWORD
 rabbitmq_ctl add_user "$TERRACE_TEST_AMQP_USER" "$TERRACE_TEST_AMQP_PASSWORD" >/dev/null
 rabbitmq_ctl set_permissions "$TERRACE_TEST_AMQP_USER" '.*' '.*' '.*' >/dev/null

@@ -487,3 +487,59 @@ async fn with_nobody_bound_to_the_results_the_job_is_acknowledged_once() {
     let out = sb.run(&["result", "u1", "-w", "acme/unbound"]);
     out.expect_code(0);
 }
+
+/// `terrace drift --queue amqp://…` queues a check per applied workspace on the jobs queue; a
+/// worker runs it and publishes what it found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drift_sweep_queues_checks_on_the_broker_that_a_worker_runs() {
+    let sb = Sandbox::new();
+    let names = Names::new("drift").await;
+    let _w = worker(&sb, &names, &[]);
+    names.ready().await;
+    names
+        .publish(&json!({ "job": {
+            "id": "d1", "tenant": "acme", "workspace": "nets", "operation": "apply",
+            "template": { "name": "fleet", "version": "1.0.0" },
+            "variables": { "networks": ["a"] },
+        }}))
+        .await;
+    names
+        .results_until(Duration::from_secs(120), |got| {
+            got.iter().any(|r| r["job_id"] == "d1")
+        })
+        .await;
+
+    let sweep = sb
+        .terrace()
+        .envs(amqp::credentials())
+        .args(["drift", "--queue", &names.url()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&sweep.stdout);
+    assert_eq!(sweep.status.code(), Some(0), "{said} {sweep:?}");
+    assert!(
+        said.contains("acme/nets: drift check") && said.contains("1 queued"),
+        "{said}"
+    );
+    // Without the broker's user: said before anything is planned or sent.
+    let refused = sb.run(&["drift", "--queue", &names.url()]);
+    refused.expect_code(64);
+    assert!(
+        refused.stderr().contains("TERRACE_AMQP_USER"),
+        "{}",
+        refused.stderr()
+    );
+    let records = names
+        .results_until(Duration::from_secs(120), |got| {
+            got.iter().any(|r| r["operation"] == "drift-check")
+        })
+        .await;
+    let check = records
+        .iter()
+        .find(|r| r["operation"] == "drift-check")
+        .unwrap();
+    tests::schema::check("message", check);
+    assert_eq!(check["workspace"], "nets", "{check:#}");
+    assert_eq!(check["status"], "succeeded", "{check:#}");
+    assert_eq!(check["drift"], false, "{check:#}");
+}

@@ -228,10 +228,11 @@ enum Cmd {
         daily: usize,
     },
     /// Queue a drift check for every workspace with a successful apply, as job files in a
-    /// `terrace serve` queue folder (run it on a schedule). Workspaces whose last apply had
-    /// sensitive variables are listed instead: send their checks with the secrets.
+    /// `terrace serve` queue folder or messages on a broker's jobs queue (run it on a
+    /// schedule). Workspaces whose last apply had sensitive variables are listed instead: send
+    /// their checks with the secrets.
     Drift {
-        /// The queue folder `terrace serve --queue` reads.
+        /// The queue `terrace serve --queue` reads: a folder, or amqp://… (docs/self-hosted.md)
         #[arg(long)]
         queue: PathBuf,
         /// Sign each check with this Ed25519 private key, for a `serve --senders` that lists

@@ -317,7 +317,10 @@ pub(crate) async fn send(
         Queue::PubSub(topic) => to_pubsub(topic, &body).await,
         Queue::Azure { account, queue } => to_azqueue(account, queue, &body).await,
         #[cfg(feature = "amqp")]
-        Queue::Amqp(broker) => crate::serve::amqp::send(broker, body.as_bytes()).await,
+        Queue::Amqp(broker) => {
+            let credentials = crate::serve::amqp::Credentials::from_env()?;
+            crate::serve::amqp::send(broker, &credentials, body.as_bytes()).await
+        }
     }
 }
 

@@ -53,11 +53,29 @@ pub(crate) async fn drift(g: &Global, queue: &Path, sign: Option<&Path>) -> anyh
             return Ok(exit::USAGE);
         }
     };
+    #[cfg(feature = "amqp")]
+    let broker = match queue.to_str().filter(|q| q.contains("://")) {
+        Some(url) => match crate::serve::amqp::Broker::parse(url)
+            .and_then(|b| Ok((b, crate::serve::amqp::Credentials::from_env()?)))
+        {
+            Ok(broker) => Some(broker),
+            Err(why) => {
+                eprintln!("error: --queue: {why}");
+                return Ok(exit::USAGE);
+            }
+        },
+        None => None,
+    };
+    #[cfg(not(feature = "amqp"))]
+    let broker: Option<std::convert::Infallible> = None;
     let store = g.open_store().await?;
     let plan =
         shared::sweeps::drift::plan(&*store, time::OffsetDateTime::now_utc(), usize::MAX).await?;
-    std::fs::create_dir_all(queue)
-        .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
+    if broker.is_none() {
+        std::fs::create_dir_all(queue)
+            .with_context(|| format!("cannot create the queue folder {}", queue.display()))?;
+    }
+    let mut not_sent = 0;
     for (ws, job) in &plan.jobs {
         let id = job.0["id"].as_str().unwrap_or("drift").to_owned();
         let name = format!("{id}--{}--{}.json", ws.tenant(), ws.workspace());
@@ -72,6 +90,18 @@ pub(crate) async fn drift(g: &Global, queue: &Path, sign: Option<&Path>) -> anyh
             )
         {
             eprintln!("{ws}: not queued: --sign: {why}");
+            continue;
+        }
+        #[cfg(feature = "amqp")]
+        if let Some((broker, credentials)) = &broker {
+            let message = serde_json::json!({ "job": job }).to_string();
+            match crate::serve::amqp::send(broker, credentials, message.as_bytes()).await {
+                Ok(()) => outln!("{ws}: drift check {id} queued on {}", broker.jobs),
+                Err(why) => {
+                    eprintln!("{ws}: not queued: {why}");
+                    not_sent += 1;
+                }
+            }
             continue;
         }
         std::fs::write(&partial, serde_json::to_vec_pretty(&job)?)
@@ -90,12 +120,12 @@ pub(crate) async fn drift(g: &Global, queue: &Path, sign: Option<&Path>) -> anyh
     }
     outln!(
         "{} queued, {} need secrets, {} never applied, {} failed",
-        plan.jobs.len(),
+        plan.jobs.len() - not_sent,
         plan.needs_secrets.len(),
         plan.never_applied,
         plan.failed.len()
     );
-    Ok(if plan.failed.is_empty() {
+    Ok(if plan.failed.is_empty() && not_sent == 0 {
         exit::OK
     } else {
         exit::FAILED

@@ -180,10 +180,9 @@ fn percent_decode(text: &str) -> Option<String> {
 ///
 /// # Errors
 /// Why it was not sent, as a sentence with the fix.
-pub async fn send(broker: &Broker, body: &[u8]) -> Result<(), String> {
-    let credentials = Credentials::from_env()?;
+pub async fn send(broker: &Broker, credentials: &Credentials, body: &[u8]) -> Result<(), String> {
     let connection =
-        Connection::connect_uri(broker.uri(&credentials), ConnectionProperties::default())
+        Connection::connect_uri(broker.uri(credentials), ConnectionProperties::default())
             .await
             .map_err(|e| {
                 if e.to_string().contains("ACCESS_REFUSED") {
