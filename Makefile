@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make demo-tools`, `make tools`).
-.PHONY: tools demo-tools demo test schema images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing bench-store-latency bench-start-latency fuzz clean
+.PHONY: tools demo-tools demo test schema images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing bench-store-latency bench-start-latency bench-amqp-workers fuzz clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -46,7 +46,7 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 
 ci: test test-images check-deploy lint deny
 
-bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-store-latency bench-start-latency bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency ## the benchmarks
+bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-store-latency bench-start-latency bench-amqp-workers bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
@@ -68,6 +68,9 @@ bench-store-latency: tools ## a job's store round trips at 0, 20 and 100 ms per 
 
 bench-start-latency: tools ## enqueue to terraform's first output per trigger (serve's folder queue, SQS -> Lambda, Pub/Sub push, Storage Queue), 100 jobs each: p50/p99, and the runner's own share (PROFILE=release, N, POLL_MS, TRIGGERS)
 	benches/start-latency.sh
+
+bench-amqp-workers: tools ## self-hosted workers on RabbitMQ: throughput and enqueue to terraform's first output with 1, 2 and 3 workers (N, PROFILE)
+	benches/amqp-workers.sh
 
 bench-templates: tools ## what reading a job's template from a bucket costs, against moto
 	benches/template-fetch.sh

@@ -543,3 +543,73 @@ async fn the_drift_sweep_queues_checks_on_the_broker_that_a_worker_runs() {
     assert_eq!(check["status"], "succeeded", "{check:#}");
     assert_eq!(check["drift"], false, "{check:#}");
 }
+
+/// A benchmark, not a test (`benches/amqp-workers.sh`): throughput and enqueue to terraform's
+/// first output with 1, 2 and 3 workers (`--concurrency 1` each) sharing `TERRACE_BENCH_N`
+/// jobs (default 30), each on a workspace of its own, all queued at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: benches/amqp-workers.sh runs it"]
+async fn workers_throughput() {
+    let n = std::env::var("TERRACE_BENCH_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(30usize);
+    for count in [1, 2, 3] {
+        let sb = Sandbox::new();
+        let names = Names::new("bench").await;
+        let workers: Vec<Worker> = (0..count)
+            .map(|_| worker(&sb, &names, &["--concurrency", "1"]))
+            .collect();
+        names.ready().await;
+        // One warm-up job per worker: terraform's provider cache and the workers' clients.
+        for i in 0..count {
+            names
+                .publish(&message(
+                    &format!("warm-{i}"),
+                    &format!("warm-{i}"),
+                    "warm-up",
+                ))
+                .await;
+        }
+        names
+            .results_until(Duration::from_secs(300), |got| {
+                results_by_job(got).len() == count
+            })
+            .await;
+        let mut queued = Vec::new();
+        let start = std::time::Instant::now();
+        for i in 0..n {
+            let id = format!("b{i:03}");
+            queued.push((id.clone(), std::time::SystemTime::now()));
+            names
+                .publish(&message(&id, &id, &format!("bench-{i}")))
+                .await;
+        }
+        let records = names
+            .results_until(Duration::from_secs(1800), |got| {
+                results_by_job(got).len() == n
+            })
+            .await;
+        let wall = start.elapsed();
+        drop(workers);
+        assert!(
+            records
+                .iter()
+                .all(|r| r["kind"] != "result" || r["status"] == "succeeded"),
+            "{records:#?}"
+        );
+        let store = sb.fs_store();
+        let mut first = Vec::new();
+        for (id, at) in &queued {
+            let ws: WorkspaceId = format!("acme/{id}").parse().unwrap();
+            first.push(tests::start::first_output_ms(&store, &ws, id, *at).await);
+        }
+        println!(
+            "{count} worker(s), {n} jobs queued at once: {:.1} s, {:.1} jobs/min; enqueue -> terraform's first output p50 {:.0} ms, p99 {:.0} ms",
+            wall.as_secs_f64(),
+            n as f64 / wall.as_secs_f64() * 60.0,
+            tests::start::percentile(&first, 50.0),
+            tests::start::percentile(&first, 99.0)
+        );
+    }
+}
