@@ -69,6 +69,7 @@ impl Fake {
                 drift_per_tenant: crate::sweeps::drift::PER_TENANT,
                 signature_window: crate::job::signature::DEFAULT_WINDOW,
                 signing_key: None,
+                log_tap: None,
                 keys: None,
                 cloud: None,
                 outputs_recipient: None,
