@@ -203,33 +203,55 @@ pub async fn send(broker: &Broker, credentials: &Credentials, body: &[u8]) -> Re
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .map_err(|e| e.to_string())?;
+    let published = publish_confirmed(&channel, "", &broker.jobs, body, None).await;
+    let _ = connection.close(200, "sent".into()).await;
+    published.map_err(|why| {
+        format!(
+            "broker {}: {why}: start a worker with --declare, or create it (docs/self-hosted.md)",
+            broker.shown()
+        )
+    })
+}
+
+/// Publishes `body` (persistent, JSON, expiring after `expiration` if given) on `channel`, which
+/// has confirms on, and waits for the broker's confirm. To the default exchange (a queue by
+/// name) it is mandatory: a missing queue is an error. A record on a named exchange that no
+/// queue is bound for is dropped by the broker, as AMQP does.
+async fn publish_confirmed(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    expiration: Option<Duration>,
+) -> Result<(), String> {
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into());
+    if let Some(after) = expiration {
+        properties = properties.with_expiration(after.as_millis().max(1).to_string().into());
+    }
     let confirm = channel
         .basic_publish(
-            "".into(),
-            broker.jobs.as_str().into(),
+            exchange.into(),
+            routing_key.into(),
             BasicPublishOptions {
-                mandatory: true,
+                mandatory: exchange.is_empty(),
                 ..BasicPublishOptions::default()
             },
             body,
-            BasicProperties::default()
-                .with_delivery_mode(2)
-                .with_content_type("application/json".into()),
+            properties,
         )
         .await
         .map_err(|e| e.to_string())?
         .await
         .map_err(|e| e.to_string())?;
-    let _ = connection.close(200, "sent".into()).await;
     if confirm.is_nack() {
-        return Err(format!("the broker {} refused the message", broker.shown()));
+        return Err(format!(
+            "the broker refused the message for {exchange} {routing_key}"
+        ));
     }
     if confirm.take_message().is_some() {
-        return Err(format!(
-            "the broker {} has no queue {}: start a worker with --declare, or create it (docs/self-hosted.md)",
-            broker.shown(),
-            broker.jobs
-        ));
+        return Err(format!("the broker has no queue {routing_key}"));
     }
     Ok(())
 }
@@ -656,10 +678,7 @@ tokio::task_local! {
 }
 
 impl Amqp {
-    /// Publishes `body` (persistent, JSON) and waits for the broker's confirm. To the default
-    /// exchange (a queue by name) it is mandatory: a missing queue is an error. A record on the
-    /// results exchange that no queue is bound for is dropped by the broker, as AMQP does:
-    /// the stored result stays, for `terrace result` and the job's next delivery.
+    /// Publishes `body` on the connection's channel ([`publish_confirmed`]).
     async fn publish(
         &self,
         exchange: &str,
@@ -669,39 +688,7 @@ impl Amqp {
     ) -> Result<(), String> {
         let guard = self.publisher.read().await;
         let channel = guard.as_ref().ok_or("not connected to the broker")?;
-        let mut properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into());
-        if let Some(after) = expiration {
-            properties = properties.with_expiration(after.as_millis().max(1).to_string().into());
-        }
-        let confirm = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: exchange.is_empty(),
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                properties,
-            )
-            .await
-            .map_err(|e| e.to_string())?
-            .await
-            .map_err(|e| e.to_string())?;
-        if confirm.is_nack() {
-            return Err(format!(
-                "the broker refused the message for {exchange} {routing_key}"
-            ));
-        }
-        if let Some(returned) = confirm.take_message() {
-            return Err(format!(
-                "nothing is bound to receive it on {exchange} {routing_key} (returned: {})",
-                returned.reply_text
-            ));
-        }
-        Ok(())
+        publish_confirmed(channel, exchange, routing_key, body, expiration).await
     }
 
     /// Sees one delivery through the pipeline and settles its message: acknowledged when its
