@@ -203,11 +203,12 @@ enum Cmd {
         #[command(flatten)]
         out: ops::Output,
     },
-    /// Put a job on a deployed runner's queue (sqs://, pubsub://, azqueue://, or a `serve` queue
-    /// folder) after checking it against the templates, signed with --sign; with --follow,
+    /// Put a job on a deployed runner's queue (sqs://, pubsub://, azqueue://, amqp://, or a
+    /// `serve` queue folder) after checking it against the templates, signed with --sign; with --follow,
     /// stream its log from the store and end with its result and exit code, as `run` does.
     Submit(crate::submit_cmd::SubmitArgs),
-    /// Process job files dropped into a folder, moving each to done/ or failed/ with its result.
+    /// Process job files dropped into a folder (each moved to done/ or failed/ with its result),
+    /// or jobs from a RabbitMQ queue as one of several workers (docs/self-hosted.md).
     Serve(serve::ServeArgs),
     /// Inspect and repair a workspace's state.
     #[command(subcommand)]

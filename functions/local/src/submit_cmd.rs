@@ -30,7 +30,8 @@ pub struct SubmitArgs {
     /// The job file (YAML or JSON).
     job: PathBuf,
     /// The runner's jobs queue: sqs://HOST/ACCOUNT/QUEUE, pubsub://projects/P/topics/T,
-    /// azqueue://ACCOUNT/QUEUE, or a `terrace serve` queue folder.
+    /// azqueue://ACCOUNT/QUEUE, amqp://HOST[:PORT][/VHOST][?jobs=QUEUE] (self-hosted workers), or
+    /// a `terrace serve` queue folder.
     #[arg(long, value_name = "QUEUE")]
     to: String,
     /// Stream the job's log from the store (--store) until it ends, then print its result; the
