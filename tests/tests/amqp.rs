@@ -21,6 +21,18 @@ impl Drop for Worker {
     }
 }
 
+impl Worker {
+    /// Stops the worker as an operator does (SIGTERM): it takes no more messages and settles
+    /// those in hand before it exits. A SIGKILL right after a result was published would leave
+    /// that job's message unacknowledged, to be delivered again.
+    fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "the worker ended {status}");
+    }
+}
+
 fn worker(sb: &Sandbox, names: &Names, extra: &[&str]) -> Worker {
     let mut cmd = sb.terrace();
     cmd.envs(amqp::credentials())
@@ -94,7 +106,9 @@ async fn three_workers_share_sixty_jobs_each_runs_once_one_at_a_time_per_workspa
             results_by_job(got).len() == jobs.len()
         })
         .await;
-    drop(workers);
+    for w in workers {
+        w.stop();
+    }
 
     let by_job = results_by_job(&records);
     for (id, _) in &jobs {
