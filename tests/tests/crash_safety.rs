@@ -61,8 +61,10 @@ struct KillPoint {
     victim_wrote: Option<bool>,
     /// What the victim made but never saved, which the next job imports.
     imports: &'static [&'static str],
-    /// The victim recorded its job (`job.json`) before the kill.
-    recorded: bool,
+    /// The victim recorded its job (`job.json`) before the kill (None: either may be; the
+    /// start records are written while terraform initialises and plans, which change nothing,
+    /// so a kill then may come before them).
+    recorded: Option<bool>,
     /// The store takes each of the victim's log chunks slowly ([`SLOW_LOG`]), so a create's
     /// evidence is still on its way when terraform writes the state after it.
     slow_log: bool,
@@ -80,7 +82,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         may_have_finished: false,
         victim_wrote: None,
         imports: &[],
-        recorded: true,
+        recorded: None,
         slow_log: false,
     },
     KillPoint {
@@ -91,7 +93,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         may_have_finished: false,
         victim_wrote: None,
         imports: &[],
-        recorded: true,
+        recorded: None,
         slow_log: false,
     },
     // Apply, mid-resource: the old cluster is being destroyed.
@@ -103,7 +105,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         may_have_finished: false,
         victim_wrote: None,
         imports: &[],
-        recorded: true,
+        recorded: Some(true),
         slow_log: false,
     },
     // Apply, mid-resource: the new network exists in the cloud, but no state records it yet.
@@ -115,7 +117,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         may_have_finished: false,
         victim_wrote: None,
         imports: &["testcloud_network.main"],
-        recorded: true,
+        recorded: Some(true),
         slow_log: false,
     },
     // Right after a state version was accepted, before the result (the last write of the
@@ -128,7 +130,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         may_have_finished: true,
         victim_wrote: None,
         imports: &[],
-        recorded: true,
+        recorded: Some(true),
         slow_log: false,
     },
     // Right after the heartbeat renewed the lease, while the new cluster is being created.
@@ -140,7 +142,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         may_have_finished: false,
         victim_wrote: None,
         imports: &[],
-        recorded: true,
+        recorded: Some(true),
         slow_log: false,
     },
     // The job's last line is logged just before its result is written.
@@ -152,7 +154,7 @@ const KILL_POINTS: [KillPoint; 7] = [
         may_have_finished: true,
         victim_wrote: None,
         imports: &[],
-        recorded: true,
+        recorded: Some(true),
         slow_log: false,
     },
 ];
@@ -172,7 +174,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         may_have_finished: false,
         victim_wrote: Some(false),
         imports: &[],
-        recorded: false,
+        recorded: Some(false),
         slow_log: false,
     },
     // The apply's state write, before the store saw it: the cloud changed, no state says so.
@@ -189,7 +191,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         may_have_finished: false,
         victim_wrote: Some(false),
         imports: &["testcloud_network.main", "testcloud_cluster.main"],
-        recorded: true,
+        recorded: Some(true),
         slow_log: true,
     },
     // The apply's state write, stored, its answer not yet back.
@@ -205,7 +207,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         may_have_finished: false,
         victim_wrote: Some(true),
         imports: &[],
-        recorded: true,
+        recorded: Some(true),
         slow_log: false,
     },
     // A renewal stored, its answer not yet back, while the new cluster is being created.
@@ -221,7 +223,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         may_have_finished: false,
         victim_wrote: Some(false),
         imports: &[],
-        recorded: true,
+        recorded: Some(true),
         slow_log: false,
     },
     // The result stored, its answer not yet back: the job is done, its lease never let go.
@@ -237,7 +239,7 @@ const IN_A_STORE_CALL: [KillPoint; 5] = [
         may_have_finished: true,
         victim_wrote: Some(true),
         imports: &[],
-        recorded: true,
+        recorded: Some(true),
         slow_log: false,
     },
 ];
@@ -585,9 +587,17 @@ async fn kill_matrix(kind: Kind, points: &[KillPoint], through: Option<(Cloud, S
 
             // The dead job is `interrupted` (or, killed racing its result write, `succeeded`),
             // and an interrupted one is not final: delivered again, it runs. Killed as it took
-            // the lease, it had recorded nothing, and nothing is recorded for it: it never
-            // started.
-            if point.recorded {
+            // the lease (or in init or plan, before its start records), it had recorded nothing, and
+            // nothing is recorded for it: it changed nothing.
+            let recorded = match point.recorded {
+                Some(recorded) => recorded,
+                None => store
+                    .artifact(&ws, &victim_id, "job.json")
+                    .await
+                    .unwrap()
+                    .is_some(),
+            };
+            if recorded {
                 let dead = artifact(store, &ws, &victim_id, "result.json").await;
                 match dead["status"].as_str() {
                     Some("interrupted") => interrupted += 1,
