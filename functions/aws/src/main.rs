@@ -9,6 +9,9 @@ use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if let Some(code) = shared::run::policy::child::answer_if_asked() {
+        return code;
+    }
     if std::env::args().nth(1).as_deref() == Some("credentials") {
         return broker::print().await;
     }

@@ -9,6 +9,9 @@ use azure::{access, config};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if let Some(code) = shared::run::policy::child::answer_if_asked() {
+        return code;
+    }
     shared::host::process::init_json_logs();
     shared::host::process::harden();
     let mut config = match config::Config::from_env() {

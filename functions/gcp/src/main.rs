@@ -12,6 +12,9 @@ use gcp::{config, oidc, transport};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if let Some(code) = shared::run::policy::child::answer_if_asked() {
+        return code;
+    }
     shared::host::process::init_json_logs();
     shared::host::process::harden();
     let serving = std::env::args().nth(1).as_deref() != Some("task");

@@ -31,6 +31,8 @@ pub mod exit {
     pub const NOT_FOUND: u8 = 66;
     /// The workspace is busy, or the job has not finished; try again later (EX_TEMPFAIL).
     pub const BUSY: u8 = 75;
+    /// A policy (`--policies`) does not parse, or cannot be read (EX_CONFIG).
+    pub const CONFIG: u8 = 78;
 }
 
 const EXIT_CODES: &str = "Exit codes:
@@ -42,7 +44,8 @@ const EXIT_CODES: &str = "Exit codes:
   65  the job file is invalid; nothing was run
   66  no such job (result, logs) or workspace (status)
   70  the runner itself failed (a store it cannot reach, a bug)
-  75  the workspace is busy, or the job has not finished: try again later";
+  75  the workspace is busy, or the job has not finished: try again later
+  78  a policy (--policies) does not parse or cannot be read; nothing was run";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -99,6 +102,22 @@ pub(crate) struct Global {
         global = true
     )]
     pub(crate) price_books: PathBuf,
+    /// A folder of Rego policies (`deny` and `warn` rules, conftest's convention) every plan
+    /// is held to before anything is applied (docs/policy.md). Read when a command starts: a
+    /// policy that does not parse stops it (exit 78).
+    #[arg(long, env = "TERRACE_POLICIES", global = true, value_name = "DIR")]
+    pub(crate) policies: Option<PathBuf>,
+    /// Seconds one evaluation of the policies may take before it is stopped.
+    #[arg(long, env = "TERRACE_POLICY_TIMEOUT", default_value_t = 10, global = true,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub(crate) policy_timeout: u64,
+    /// MiB of address space one evaluation of the policies may use.
+    #[arg(long, env = "TERRACE_POLICY_MEMORY_MB", default_value_t = 1024, global = true,
+          value_parser = clap::value_parser!(u64).range(64..))]
+    pub(crate) policy_memory_mb: u64,
+    /// The policies, once read (`--policies`).
+    #[arg(skip)]
+    pub(crate) loaded_policies: Option<Arc<shared::run::policy::Policies>>,
     /// The terraform or tofu binary.
     #[arg(
         long,
@@ -346,6 +365,9 @@ pub(crate) struct Limit(Option<u64>);
 
 /// Runs the command line: `terrace …`.
 pub fn main() -> ExitCode {
+    if let Some(code) = shared::run::policy::child::answer_if_asked() {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -440,7 +462,25 @@ impl Global {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
-    let g = cli.global;
+    let mut g = cli.global;
+    if let Some(dir) = &g.policies {
+        match shared::run::policy::PolicySet::load(dir) {
+            Ok(set) => {
+                g.loaded_policies = Some(Arc::new(shared::run::policy::Policies {
+                    set,
+                    bounds: shared::run::policy::Bounds {
+                        time: Duration::from_secs(g.policy_timeout),
+                        memory_bytes: g.policy_memory_mb << 20,
+                    },
+                    evaluator: Some(std::env::current_exe()?),
+                }));
+            }
+            Err(e) => {
+                eprintln!("error: --policies (or TERRACE_POLICIES): {e}");
+                return Ok(exit::CONFIG);
+            }
+        }
+    }
     if let Err(e) = g.store.parse::<StoreUrl>() {
         eprintln!("error: --store (or TERRACE_STORE): {e}");
         return Ok(exit::USAGE);
@@ -594,6 +634,7 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         signature_window: shared::job::signature::DEFAULT_WINDOW,
         signing_key: None,
         log_tap: None,
+        policies: g.loaded_policies.clone(),
         // Checked in `dispatch` before any command runs.
         outputs_recipient: g.outputs_recipient.as_deref().and_then(|r| r.parse().ok()),
     }

@@ -12,7 +12,7 @@ use shared::run::runner::{RunOutcome, Runner};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Global, runtime};
-use crate::summary::{exit_code, print_cost, print_summary};
+use crate::summary::{exit_code, print_cost, print_policy, print_summary};
 use crate::{exit, ops};
 
 /// `terrace validate`: every problem of the job, or what it would run.
@@ -27,6 +27,15 @@ pub(crate) async fn validate(g: &Global, job: &Path) -> anyhow::Result<u8> {
                 v.job.tenant,
                 v.job.workspace
             );
+            // Read and parsed as the command started; judging needs a plan: `estimate`.
+            if let Some(p) = &g.loaded_policies {
+                outln!(
+                    "policies: {} ({} files, {}) parse; `terrace estimate` holds this job's plan to them",
+                    p.set.origin,
+                    p.set.files.len(),
+                    p.set.digest
+                );
+            }
             exit::OK
         }
         Err(errors) => report_invalid(job, &errors),
@@ -53,7 +62,7 @@ pub(crate) async fn run(g: &Global, job: &Path, wait: u64, out: ops::Output) -> 
 }
 
 /// `terrace estimate`: the job planned under an id of its own (so the job itself can still
-/// run), its plan priced, nothing applied.
+/// run), its plan priced and held to the policies, nothing applied.
 pub(crate) async fn estimate(
     g: &Global,
     path: &Path,
@@ -74,9 +83,10 @@ pub(crate) async fn estimate(
         );
         return Ok(exit::USAGE);
     }
-    if !g.price_books.is_dir() {
+    // Without price books, an estimate still holds the plan to the policies.
+    if !g.price_books.is_dir() && g.loaded_policies.is_none() {
         eprintln!(
-            "error: there are no price books at {}: point --price-books (or TERRACE_PRICE_BOOKS) at a folder of them (docs/templates.md)",
+            "error: there are no price books at {}: point --price-books (or TERRACE_PRICE_BOOKS) at a folder of them (docs/templates.md), or --policies at policies to hold the plan to",
             g.price_books.display()
         );
         return Ok(exit::USAGE);
@@ -110,6 +120,7 @@ pub(crate) async fn estimate(
             status: result.status,
             changes: result.changes.clone(),
             cost: result.cost.clone(),
+            policy: result.policy.clone(),
             error: result.error.clone(),
         });
     } else if result.status == Status::Succeeded {
@@ -123,6 +134,7 @@ pub(crate) async fn estimate(
             );
         }
         print_cost(&result);
+        print_policy(&result);
         outln!("planned as job {}; nothing was applied", result.job_id);
     } else {
         print_summary(&result);

@@ -111,6 +111,9 @@ pub struct Estimated {
     pub status: Status,
     pub changes: Option<Changes>,
     pub cost: Option<shared::run::cost::Estimate>,
+    /// The policies' verdicts on the plan (`--policies`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<shared::run::policy::Verdicts>,
     pub error: Option<JobError>,
 }
 

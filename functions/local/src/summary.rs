@@ -49,6 +49,7 @@ pub(crate) fn print_summary(r: &JobResult) {
         outln!("terraform:  {} {}", t.flavour.name(), t.version);
     }
     print_cost(r);
+    print_policy(r);
     if let Some(drift) = r.drift {
         let what = match (drift, r.drifted.is_empty()) {
             (false, _) => "none",
@@ -178,6 +179,24 @@ pub(crate) fn print_summary(r: &JobResult) {
         );
         outln!("hint:       {}", e.hint);
         outln!("retryable:  {}", e.retryable);
+    }
+}
+
+/// The policies' verdicts on the plan: how many denied and warned, then each message.
+pub(crate) fn print_policy(r: &JobResult) {
+    let Some(v) = &r.policy else {
+        return;
+    };
+    outln!(
+        "policy:     {} denied, {} warned ({})",
+        v.deny.len(),
+        v.warn.len(),
+        v.policies
+    );
+    for (kind, list) in [("deny", &v.deny), ("warn", &v.warn)] {
+        for verdict in list {
+            outln!("            {kind}: {}", verdict.describe());
+        }
     }
 }
 

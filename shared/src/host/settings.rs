@@ -161,6 +161,45 @@ pub fn signature_window() -> Result<Duration, ConfigError> {
     Ok(window)
 }
 
+/// `TERRACE_POLICIES`: a folder of Rego policies every plan is held to, read and parsed now,
+/// evaluated by this process's own binary as a child with `TERRACE_POLICY_TIMEOUT` (10 s) and
+/// `TERRACE_POLICY_MEMORY_MB` (1024) (see [`crate::run::policy`]). None when unset.
+///
+/// # Errors
+/// A malformed bound, a folder that cannot be read or holds no policy, or a policy that does
+/// not parse (named with its line): the function stops at start.
+pub fn policies() -> Result<Option<std::sync::Arc<crate::run::policy::Policies>>, ConfigError> {
+    use crate::run::policy::{Bounds, Policies, PolicySet};
+    let Some(dir) = var("TERRACE_POLICIES") else {
+        return Ok(None);
+    };
+    let time = seconds("TERRACE_POLICY_TIMEOUT", Bounds::default().time.as_secs())?;
+    let memory_mb = match var("TERRACE_POLICY_MEMORY_MB") {
+        None => Bounds::default().memory_bytes >> 20,
+        Some(v) => v
+            .parse::<u64>()
+            .ok()
+            .filter(|mb| *mb >= 64)
+            .ok_or(ConfigError::Malformed {
+                name: "TERRACE_POLICY_MEMORY_MB".into(),
+                value: v,
+                expected: "a number of MiB, at least 64",
+            })?,
+    };
+    let set = PolicySet::load(std::path::Path::new(&dir))
+        .map_err(|e| ConfigError::Invalid(format!("TERRACE_POLICIES: {e}")))?;
+    let evaluator = std::env::current_exe()
+        .map_err(|e| ConfigError::Invalid(format!("TERRACE_POLICIES: this binary's path: {e}")))?;
+    Ok(Some(std::sync::Arc::new(Policies {
+        set,
+        bounds: Bounds {
+            time: time.max(Duration::from_secs(1)),
+            memory_bytes: memory_mb << 20,
+        },
+        evaluator: Some(evaluator),
+    })))
+}
+
 /// A number of seconds, `default` when unset.
 ///
 /// # Errors
@@ -236,6 +275,8 @@ pub struct Runtime {
     /// A live copy of each job's log besides the stored one (none from the environment: a
     /// self-hosted worker's log exchange sets it).
     pub log_tap: Option<std::sync::Arc<dyn crate::run::logs::LogTap>>,
+    /// [`policies`]: the policies every plan is held to (`docs/policy.md`).
+    pub policies: Option<std::sync::Arc<crate::run::policy::Policies>>,
 }
 
 impl Runtime {
@@ -294,6 +335,7 @@ impl Runtime {
             },
             signature_window: signature_window()?,
             log_tap: None,
+            policies: policies()?,
             signing_key: match var("TERRACE_SIGNING_KEY") {
                 None => None,
                 // The PEM itself (from a secret store), or the path of a file holding it.
@@ -479,6 +521,7 @@ impl Runtime {
             metrics: self.metrics,
             outputs_recipient: self.outputs_recipient.clone(),
             log_tap: self.log_tap.clone(),
+            policies: self.policies.clone(),
             ..RunnerConfig::default()
         }
     }
@@ -545,6 +588,7 @@ mod tests {
             signature_window: Duration::from_secs(60),
             signing_key: None,
             log_tap: None,
+            policies: None,
             terraform: TerraformConfig {
                 pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
                 ..TerraformConfig::default()

@@ -15,6 +15,7 @@ pub mod lifecycle;
 pub mod logs;
 pub mod metrics;
 pub mod plans;
+pub mod policy;
 pub mod records;
 pub mod recover;
 pub mod result;

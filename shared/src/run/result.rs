@@ -61,6 +61,9 @@ pub enum Category {
     /// A later request on the workspace started first: the job never ran. For an approved
     /// plan: a later run changed the state it was made from.
     Superseded,
+    /// The plan breaks a policy (a `deny` rule), or its policies could not be evaluated:
+    /// nothing was applied.
+    Policy,
     /// The approved plan a job names may not be applied (expired, applied already, made by
     /// another version, of another kind, failed, or not there): nothing ran.
     PlanRefused,
@@ -83,6 +86,7 @@ impl Category {
             Self::Budget => "budget",
             Self::ResourceLimit => "resource-limit",
             Self::Superseded => "superseded",
+            Self::Policy => "policy",
             Self::PlanRefused => "plan-refused",
             Self::Internal => "internal",
         }
@@ -485,6 +489,10 @@ pub struct JobResult {
     /// The plan's monthly cost estimate, when the runner has price books (plan, apply, destroy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<crate::run::cost::Estimate>,
+    /// The policies' verdicts on the plan, when the runner holds plans to policies
+    /// (`docs/policy.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::run::policy::Verdicts>,
     /// For drift checks: whether the infrastructure changed outside terraform or differs from
     /// the configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -576,6 +584,7 @@ impl JobResult {
             steps: Vec::new(),
             changes: None,
             cost: None,
+            policy: None,
             drift: None,
             drifted: Vec::new(),
             outputs: BTreeMap::new(),
@@ -778,6 +787,7 @@ mod tests {
         let at = time::macros::datetime!(2026-11-24 10:20:26 UTC);
         let result = JobResult {
             cost: None,
+            policy: None,
             schema: RESULT_SCHEMA,
             job_id: "j-2026".into(),
             tenant: "t".into(),

@@ -423,7 +423,7 @@ fn signal(pgid: Option<Pid>, sig: Signal) {
 /// spawned terraform: tokio's worker threads live as long as the runtime, and the runner never
 /// spawns terraform from a blocking thread.
 #[allow(unsafe_code)]
-fn confine(cmd: &mut tokio::process::Command, limits: Limits) {
+pub(crate) fn confine(cmd: &mut tokio::process::Command, limits: Limits) {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let runner = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec. It only makes system calls

@@ -70,6 +70,7 @@ impl Fake {
                 signature_window: crate::job::signature::DEFAULT_WINDOW,
                 signing_key: None,
                 log_tap: None,
+                policies: None,
                 keys: None,
                 cloud: None,
                 outputs_recipient: None,
@@ -230,6 +231,7 @@ fn result_of(id: &str) -> crate::run::result::JobResult {
     let now = time::OffsetDateTime::now_utc();
     crate::run::result::JobResult {
         cost: None,
+        policy: None,
         schema: crate::run::result::RESULT_SCHEMA,
         job_id: id.into(),
         tenant: "acme".into(),

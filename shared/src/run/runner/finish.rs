@@ -171,6 +171,7 @@ impl Report {
             steps: self.steps,
             changes: self.changes,
             cost: self.cost,
+            policy: self.policy,
             drift: self.drift,
             drifted: self.drifted,
             outputs: self.outputs,

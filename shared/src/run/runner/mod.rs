@@ -96,6 +96,8 @@ pub struct RunnerConfig {
     pub outputs_recipient: Option<crate::run::sealed_outputs::OutputsRecipient>,
     /// A live copy of each job's log besides the stored one (a worker's log exchange).
     pub log_tap: Option<Arc<dyn crate::run::logs::LogTap>>,
+    /// The policies every plan is held to before it is applied (see [`crate::run::policy`]).
+    pub policies: Option<Arc<crate::run::policy::Policies>>,
 }
 
 impl Default for RunnerConfig {
@@ -115,6 +117,7 @@ impl Default for RunnerConfig {
             plan_ttl: crate::run::plans::DEFAULT_PLAN_TTL,
             outputs_recipient: None,
             log_tap: None,
+            policies: None,
         }
     }
 }
@@ -626,6 +629,8 @@ impl Runner {
             approved: j.plan.is_some(),
             seal_to: self.config.outputs_recipient.as_ref(),
             started,
+            policies: self.config.policies.as_deref(),
+            template: &j.template,
         };
         let mut result = self.steps(j.operation, j.retry, &steps, report).await;
         // A job that changed nothing (a plan, a drift check) still ends only once its start

@@ -14,6 +14,7 @@ pub(super) struct Report {
     pub(super) steps: Vec<StepTiming>,
     pub(super) changes: Option<Changes>,
     pub(super) cost: Option<cost::Estimate>,
+    pub(super) policy: Option<crate::run::policy::Verdicts>,
     pub(super) drift: Option<bool>,
     pub(super) outputs: std::collections::BTreeMap<String, crate::run::result::Output>,
     pub(super) sealed_outputs: Option<crate::run::sealed_outputs::SealedOutputs>,

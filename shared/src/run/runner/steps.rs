@@ -11,6 +11,7 @@ use tracing::Instrument;
 use crate::job::{Operation, RetryPolicy};
 use crate::run::classify::classify_after;
 use crate::run::logs::Logger;
+use crate::run::policy::{Policies, input};
 use crate::run::result::{
     Attempt, Category, Changes, DriftedResource, JobError, StepTiming, outputs_from_json,
 };
@@ -166,13 +167,15 @@ impl Runner {
         &self,
         op: Operation,
         costing: &Costing,
+        shown: &Result<Vec<u8>, JobError>,
         s: &Steps<'_>,
         report: &mut Report,
     ) -> Result<(), JobError> {
-        let estimated = match s.run(&Command::ShowPlan, report).await.and_then(Ran::ok) {
-            Ok(shown) => cost::estimate(&shown.stdout, &costing.books)
-                .map_err(|e| JobError::internal("estimate", e)),
-            Err(e) => Err(e),
+        let estimated = match shown {
+            Ok(shown) => {
+                cost::estimate(shown, &costing.books).map_err(|e| JobError::internal("estimate", e))
+            }
+            Err(e) => Err(e.clone()),
         };
         let mut estimate = match estimated {
             Ok(estimate) => estimate,
@@ -273,8 +276,19 @@ impl Runner {
             )
             .await;
         report.changes = Some(changes);
-        if let Some(costing) = s.costing {
-            self.estimate(op, costing, s, report).await?;
+        let judged = s.policies.filter(|_| op != Operation::DriftCheck);
+        if s.costing.is_some() || judged.is_some() {
+            let shown = s
+                .run(&Command::ShowPlan, report)
+                .await
+                .and_then(Ran::ok)
+                .map(|o| o.stdout);
+            if let Some(costing) = s.costing {
+                self.estimate(op, costing, &shown, s, report).await?;
+            }
+            if let Some(policies) = judged {
+                judge(op, policies, &shown?, s, report).await?;
+            }
         }
         if !op.mutates() {
             return Ok(());
@@ -395,6 +409,83 @@ pub(super) struct Steps<'a> {
     pub(super) seal_to: Option<&'a crate::run::sealed_outputs::OutputsRecipient>,
     /// The run's start records, awaited before a step that changes infrastructure.
     pub(super) started: &'a super::prepare::Started,
+    /// The policies each plan is held to.
+    pub(super) policies: Option<&'a Policies>,
+    pub(super) template: &'a crate::job::TemplateRef,
+}
+
+/// Holds the plan to the policies: every verdict logged and reported; a deny (or a plan the
+/// policies could not judge) stops the job before anything is applied.
+async fn judge(
+    op: Operation,
+    policies: &Policies,
+    shown: &[u8],
+    s: &Steps<'_>,
+    report: &mut Report,
+) -> Result<(), JobError> {
+    const STEP: &str = "policy";
+    let facts = input::Facts {
+        job_id: s.job_id,
+        tenant: s.ws.tenant(),
+        workspace: s.ws.workspace(),
+        operation: op,
+        template: s.template.to_string(),
+        cost: report.cost.as_ref(),
+    };
+    let input = input::of_plan(&String::from_utf8_lossy(shown), &facts, s.logger.redactor())
+        .map_err(|e| JobError::internal(STEP, e))?;
+    let started = std::time::Instant::now();
+    let verdicts = policies.evaluate(&input).await.map_err(|e| {
+        JobError::new(
+            Category::Policy,
+            STEP,
+            e.to_string(),
+            if e.is_limit() {
+                "nothing was applied: a policy ran past the runner's bounds (TERRACE_POLICY_TIMEOUT, TERRACE_POLICY_MEMORY_MB); fix the rule, then send the job again under a new job id"
+            } else {
+                "nothing was applied: fix the rule the error names, then send the job again under a new job id"
+            },
+            false,
+        )
+    })?;
+    let redactor = s.logger.redactor();
+    for (kind, list) in [("deny", &verdicts.deny), ("warn", &verdicts.warn)] {
+        for v in list {
+            s.logger
+                .runner(STEP, &redactor.redact(&format!("{kind}: {}", v.describe())))
+                .await;
+        }
+    }
+    s.logger
+        .runner(
+            STEP,
+            &format!(
+                "{} denied, {} warned by {} ({} files, {}) in {} ms",
+                verdicts.deny.len(),
+                verdicts.warn.len(),
+                policies.set.origin,
+                policies.set.files.len(),
+                &policies.set.digest[..19.min(policies.set.digest.len())],
+                started.elapsed().as_millis()
+            ),
+        )
+        .await;
+    let denied = (!verdicts.deny.is_empty()).then(|| verdicts.denied());
+    report.policy = Some(verdicts);
+    match denied {
+        Some(denied) => Err(JobError::new(
+            Category::Policy,
+            STEP,
+            redactor.redact(&format!("the plan breaks policy: {denied}")),
+            if op == Operation::Plan {
+                "the plan may not be applied: change the job (its variables, or the template) so that its plan passes the policies, or ask their owner, and send it again under a new job id"
+            } else {
+                "nothing was applied: change the job (its variables, or the template) so that its plan passes the policies, or ask their owner, and send it again under a new job id"
+            },
+            false,
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A finished step and its outcome.
