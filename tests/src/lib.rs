@@ -16,6 +16,7 @@ pub mod gcs;
 pub mod http;
 pub mod image;
 pub mod lambda;
+pub mod policy;
 pub mod pubsub;
 pub mod schema;
 pub mod start;

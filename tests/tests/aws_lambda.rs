@@ -409,6 +409,42 @@ async fn templates_published_to_the_runners_bucket_run_without_a_new_image() {
     );
 }
 
+/// The function holds every plan to the policies `TERRACE_POLICIES` names: a deny stops the
+/// job before apply (the message is done, not retried), a warning goes through, and a policy
+/// that does not parse stops the function at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_lambda_a_plan_that_breaks_a_policy_stops_before_apply_and_a_warning_goes_through() {
+    let w = World::new().await;
+    let policies = tests::policy::demo();
+    let api = RuntimeApi::start().await;
+    let _function = w.start_with(&api, &[("TERRACE_POLICIES", policies.to_str().unwrap())]);
+    let mut big: Value = serde_json::from_str(&w.envelope("pol-big", "policy", "3m")).unwrap();
+    big["job"]["variables"]["node_count"] = json!(12);
+    let (event, _) = w.batch(&[big.to_string()]).await;
+    let response = api.invoke(event, Duration::from_secs(300)).await.unwrap();
+    assert!(
+        failures(&response).is_empty(),
+        "done, not retried: {response}"
+    );
+    let results = w.results().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    tests::policy::assert_denied(&results[0]);
+    assert!(w.sb.cloud_files().is_empty(), "nothing was made");
+
+    let small = w.apply_one(&api, "pol-small", "policy").await;
+    tests::policy::assert_warned(&small);
+
+    let broken = tests::policy::broken(w.sb.dir.path());
+    let out = w
+        .command()
+        .env("TERRACE_POLICIES", &broken)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("broken.rego:6:9"), "{said}");
+}
+
 /// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan
 /// (the `leaky` template). The secret is in none of the function's log, the result sent to
 /// the results queue, the objects in the customer's bucket other than the states themselves,

@@ -246,6 +246,42 @@ async fn a_queued_job_runs_once_and_its_message_is_deleted() {
     assert_eq!(check["drift"], false, "{check}");
 }
 
+/// The job holds every plan to the policies `TERRACE_POLICIES` names: a deny stops the job
+/// before apply (its message deleted: it is done), a warning goes through, and a policy that
+/// does not parse stops the execution at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_plan_that_breaks_a_policy_stops_before_apply_and_a_warning_goes_through() {
+    let w = World::new().await;
+    let policies = tests::policy::demo();
+    let with = [("TERRACE_POLICIES", policies.to_str().unwrap())];
+    let big = tests::policy::demo_message("pol-big", Some(12));
+    w.jobs.send(&big.to_string()).await;
+    let out = w.run(&with);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(w.jobs.count().await, 0, "done, not retried");
+    let reported = checked(w.results.peek().await);
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    tests::policy::assert_denied(&reported[0]);
+    assert!(w.sb.cloud_files().is_empty(), "nothing was made");
+
+    let small = tests::policy::demo_message("pol-small", None);
+    w.jobs.send(&small.to_string()).await;
+    let out = w.run(&with);
+    assert!(out.status.success(), "{out:?}");
+    let reported = checked(w.results.peek().await);
+    tests::policy::assert_warned(reported.last().unwrap());
+
+    let broken = tests::policy::broken(w.sb.dir.path());
+    let out = w
+        .command(&[("TERRACE_POLICIES", broken.to_str().unwrap())])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("broken.rego:6:9"), "{said}");
+}
+
 /// The job reads templates from the runner's own container at run time: a version published
 /// there (with `terrace template publish`) runs; one not published is refused, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -132,6 +132,40 @@ async fn a_provisioner_gets_nothing_of_the_services_own_credentials() {
     );
 }
 
+/// The service holds every plan to the policies `TERRACE_POLICIES` names: a deny stops the
+/// job before apply (acknowledged: it is done), a warning goes through, and a policy that does
+/// not parse stops the service at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_plan_that_breaks_a_policy_stops_before_apply_and_a_warning_goes_through() {
+    let w = World::new().await;
+    let policies = tests::policy::demo();
+    let service = w
+        .start_with(&[("TERRACE_POLICIES", policies.to_str().unwrap())])
+        .await;
+    let mut big = w.message("pol-big", "policy");
+    big["job"]["variables"]["node_count"] = json!(12);
+    let answer = w.push(&service, &push_envelope("m-big", &big)).await;
+    assert_eq!(answer.status, 200, "done, not retried: {}", answer.body);
+    let result: Value = serde_json::from_str(&answer.body).unwrap();
+    tests::policy::assert_denied(&result);
+    assert!(w.sb.cloud_files().is_empty(), "nothing was made");
+
+    let small = w.message("pol-small", "policy");
+    let answer = w.push(&service, &push_envelope("m-small", &small)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    tests::policy::assert_warned(&serde_json::from_str(&answer.body).unwrap());
+
+    let broken = tests::policy::broken(w.sb.dir.path());
+    let out = w
+        .command(&[("TERRACE_POLICIES", broken.to_str().unwrap())])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("broken.rego:6:9"), "{said}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pushed_job_runs_once_and_its_state_and_log_land_in_the_bucket() {
     let w = World::new().await;

@@ -1,0 +1,227 @@
+//! Policies on plans (docs/policy.md) through real runs of `terrace` with the machine's
+//! terraform: the demo's policy set (`policies/demo`), and policies written here to loop, to
+//! allocate without end, to look for secrets, and not to parse.
+
+use serde_json::Value;
+use tests::policy::{DENIED, WARNED, messages};
+use tests::{Sandbox, demo_job};
+
+const MASK: &str = "(sensitive value)";
+const PASSWORD: &str = "correct-horse-battery-staple";
+
+/// A sandbox whose `terrace` holds plans to `folder`.
+fn judged_by(folder: &std::path::Path) -> Sandbox {
+    let mut sb = Sandbox::new();
+    sb.env
+        .push(("TERRACE_POLICIES".into(), folder.display().to_string()));
+    sb
+}
+
+/// A sandbox holding plans to the demo's policies: a cluster of more than 8 nodes is denied,
+/// small nodes warned about.
+fn demo_policies() -> Sandbox {
+    judged_by(&tests::policy::demo())
+}
+
+/// A sandbox holding plans to these policy files, written in a folder of its own.
+fn written(files: &[(&str, &str)]) -> Sandbox {
+    let sb = Sandbox::new();
+    let folder = sb.dir.path().join("policies");
+    for (name, text) in files {
+        let path = folder.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let mut sb = sb;
+    sb.env
+        .push(("TERRACE_POLICIES".into(), folder.display().to_string()));
+    sb
+}
+
+#[tokio::test]
+async fn a_plan_that_breaks_a_deny_policy_stops_before_apply_and_changes_nothing() {
+    let sb = demo_policies();
+    let r = sb.run_demo("big", "policy", "apply", "big", 12, 1).await;
+    let e = &r["error"];
+    assert_eq!(
+        (e["category"].as_str(), e["step"].as_str()),
+        (Some("policy"), Some("policy")),
+        "{r}"
+    );
+    let deny = DENIED;
+    assert!(e["message"].as_str().unwrap().contains(deny), "{e}");
+    assert!(e["hint"].as_str().unwrap().contains("nothing was applied"));
+    assert_eq!(e["retryable"], false);
+    // Every verdict, with the rule and the file that gave it, and the set's digest.
+    let p = &r["policy"];
+    assert_eq!(messages(&r, "deny"), [deny]);
+    assert_eq!(p["deny"][0]["rule"], "data.testcloud.deny");
+    assert_eq!(p["deny"][0]["policy"], "testcloud.rego");
+    assert_eq!(messages(&r, "warn"), [WARNED]);
+    assert!(p["policies"].as_str().unwrap().starts_with("sha256:"));
+    assert!(!tests::step_names(&r).contains(&"apply".to_owned()), "{r}");
+    assert!(sb.cloud_files().is_empty(), "nothing was made");
+    assert!(sb.versions("acme/policy").await.is_empty(), "no state");
+
+    // A plan job is judged as well: a denied plan is never kept for approval.
+    let plan = sb.job("p.yaml", &demo_job("p1", "policy", "plan", "big", 12));
+    let out = sb.run(&["run", plan.to_str().unwrap()]);
+    out.expect_code(1);
+    let r = sb.artifact_json("acme/policy", "p1", "result.json").await;
+    assert_eq!(r["error"]["category"], "policy", "{r}");
+    assert!(r["plan"].is_null(), "a denied plan is not kept: {r}");
+    assert!(
+        out.stdout().contains("policy:     1 denied, 1 warned")
+            && out.stdout().contains(&format!("deny: {deny}")),
+        "{}",
+        out.stdout()
+    );
+
+    // `terrace estimate` says the same, before anything runs.
+    let est = sb.job("e.yaml", &demo_job("e1", "policy", "apply", "big", 12));
+    let out = sb.run(&["estimate", "--json", est.to_str().unwrap()]);
+    out.expect_code(1);
+    let said: Value = serde_json::from_str(&out.stdout()).unwrap();
+    assert_eq!(messages(&said, "deny"), [deny], "{said}");
+    assert!(sb.cloud_files().is_empty());
+}
+
+#[tokio::test]
+async fn a_warning_is_reported_and_the_job_goes_on() {
+    let sb = demo_policies();
+    let r = sb.run_demo("small", "policy", "apply", "small", 2, 0).await;
+    assert_eq!(r["status"], "succeeded", "{r}");
+    tests::policy::assert_warned(&r);
+    assert_eq!(sb.cloud_names(), ["small", "small-net"]);
+    let log = sb.run(&["logs", "acme/policy", "small"]).stdout();
+    assert!(
+        log.contains("warn: testcloud_cluster.main runs on small nodes")
+            && log.contains("0 denied, 1 warned by"),
+        "{log}"
+    );
+
+    // Without policies, the same job carries no verdicts.
+    let plain = Sandbox::new();
+    let r = plain
+        .run_demo("small", "policy", "apply", "small", 2, 0)
+        .await;
+    assert!(r.get("policy").is_none(), "{r}");
+}
+
+#[tokio::test]
+async fn a_policy_that_never_ends_is_cut_off_and_nothing_is_applied() {
+    let mut sb = written(&[(
+        "slow.rego",
+        "package slow\n\nimport rego.v1\n\ndeny contains \"never\" if {\n    some i in numbers.range(1, 100000)\n    some j in numbers.range(1, 100000)\n    i * j == -1\n}\n",
+    )]);
+    sb.env.push(("TERRACE_POLICY_TIMEOUT".into(), "1".into()));
+    let started = std::time::Instant::now();
+    let r = sb.run_demo("slow", "policy", "apply", "slow", 1, 1).await;
+    let e = &r["error"];
+    assert_eq!(e["category"], "policy", "{r}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("ran past their limit of 1s"),
+        "{e}"
+    );
+    assert!(
+        e["hint"]
+            .as_str()
+            .unwrap()
+            .contains("TERRACE_POLICY_TIMEOUT")
+    );
+    assert!(sb.cloud_files().is_empty(), "nothing was made");
+    // Ten billion steps would take hours: the job ended at its bound.
+    println!("cut off; the job took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_policy_that_allocates_without_end_is_stopped_by_its_memory_bound() {
+    let mut sb = written(&[(
+        "hog.rego",
+        "package hog\n\nimport rego.v1\n\ndeny contains \"never\" if {\n    count(numbers.range(1, 1000000000)) < 0\n}\n",
+    )]);
+    sb.env
+        .push(("TERRACE_POLICY_MEMORY_MB".into(), "256".into()));
+    let r = sb.run_demo("hog", "policy", "apply", "hog", 1, 1).await;
+    let e = &r["error"];
+    assert_eq!(e["category"], "policy", "{r}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("ran out of memory (limit 256 MiB)"),
+        "{e}"
+    );
+    assert!(sb.cloud_files().is_empty(), "nothing was made");
+}
+
+#[tokio::test]
+async fn a_policy_sees_no_secret_of_the_job() {
+    // The password is a sensitive variable of the template; the policy tries every way to it.
+    let sb = written(&[(
+        "snoop.rego",
+        r#"package snoop
+
+import rego.v1
+
+deny contains msg if {
+    msg := sprintf("the password is %s", [input.variables.admin_password.value])
+}
+
+warn contains json.marshal(input)
+"#,
+    )]);
+    let r = sb.run_demo("snoop", "policy", "apply", "snoop", 1, 1).await;
+    assert_eq!(
+        messages(&r, "deny"),
+        [format!("the password is {MASK}").as_str()],
+        "{r}"
+    );
+    let everything = messages(&r, "warn")[0];
+    assert!(everything.contains("resource_changes") && everything.contains("\"terrace\""));
+    for (what, text) in [
+        ("the result", r.to_string()),
+        (
+            "the log",
+            sb.run(&["logs", "acme/policy", "snoop"]).stdout(),
+        ),
+    ] {
+        assert!(
+            !text.contains(PASSWORD),
+            "{what} shows the password: {text}"
+        );
+    }
+    assert!(sb.cloud_files().is_empty());
+}
+
+#[tokio::test]
+async fn a_policy_that_does_not_parse_stops_terrace_before_anything_runs() {
+    let sb = written(&[
+        (
+            "good.rego",
+            "package good\n\nimport rego.v1\n\nwarn contains \"x\" if { true }\n",
+        ),
+        (
+            "team/broken.rego",
+            "package broken\n\nimport rego.v1\n\ndeny contains msg if {\n    msg := \n}\n",
+        ),
+    ]);
+    let job = sb.job("j.yaml", &demo_job("j1", "policy", "apply", "never", 1));
+    let out = sb.run(&["run", job.to_str().unwrap()]);
+    out.expect_code(78);
+    let said = out.stderr();
+    assert!(
+        said.contains("TERRACE_POLICIES")
+            && said.contains("policy team/broken.rego does not parse")
+            && said.contains("team/broken.rego:6:9"),
+        "{said}"
+    );
+    assert!(
+        !sb.store.exists() || sb.store_files().is_empty(),
+        "nothing was recorded"
+    );
+    assert!(sb.cloud_files().is_empty());
+}
