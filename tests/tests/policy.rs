@@ -225,3 +225,49 @@ async fn a_policy_that_does_not_parse_stops_terrace_before_anything_runs() {
     );
     assert!(sb.cloud_files().is_empty());
 }
+
+#[tokio::test]
+async fn an_approved_plan_carries_its_warnings_and_is_judged_again_when_applied() {
+    // Planned while the runner held plans to no policy: kept for approval.
+    let mut sb = Sandbox::new();
+    // Its key is in the result as it is delivered (here, run's output), stored nowhere.
+    let plan = sb.job(
+        "p12.yaml",
+        &demo_job("p12", "approved", "plan", "approved", 12),
+    );
+    let out = sb.run(&["run", "--json", "-q", plan.to_str().unwrap()]);
+    out.expect_code(0);
+    let r: Value = serde_json::from_str(&out.stdout()).unwrap();
+    let key = r["plan"]["key"]
+        .as_str()
+        .expect("the plan's key")
+        .to_owned();
+
+    // The policies of the time of its apply decide: the rule stops it.
+    sb.env.push((
+        "TERRACE_POLICIES".into(),
+        tests::policy::demo().display().to_string(),
+    ));
+    let apply = sb.job(
+        "a12.yaml",
+        &format!(
+            "id: a12\ntenant: acme\nworkspace: approved\noperation: apply\n\
+             template: {{ name: demo, version: 1.0.0 }}\nplan: p12\nplan_key: {key}\n"
+        ),
+    );
+    sb.run(&["run", "-q", apply.to_str().unwrap()])
+        .expect_code(1);
+    let r = sb
+        .artifact_json("acme/approved", "a12", "result.json")
+        .await;
+    tests::policy::assert_denied(&r);
+    assert!(sb.cloud_files().is_empty(), "nothing was applied");
+    assert!(sb.versions("acme/approved").await.is_empty());
+
+    // A plan within the policies keeps its warning in its record, for the approval screen.
+    sb.run_demo("p2", "approved", "plan", "approved", 2, 0)
+        .await;
+    let record = sb.artifact_json("acme/approved", "p2", "plan.json").await;
+    assert_eq!(record["policy"]["warn"][0]["message"], WARNED, "{record}");
+    assert!(record["policy"]["deny"].as_array().unwrap().is_empty());
+}

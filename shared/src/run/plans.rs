@@ -104,6 +104,10 @@ pub struct PlanRecord {
     pub plan_sha256: String,
     pub sealing: Sealing,
     pub changes: Changes,
+    /// The policies' verdicts on the plan (warnings only: a denied plan is never kept), for
+    /// the platform's approval screen; its apply is judged again, by the policies of then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::run::policy::Verdicts>,
     #[serde(with = "time::serde::rfc3339")]
     pub made_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]

@@ -59,6 +59,7 @@ fn record() -> PlanRecord {
         plan_sha256: "11".into(),
         sealing: Sealing::PlanKey,
         changes: Changes::default(),
+        policy: None,
         made_at: now,
         expires_at: now + time::Duration::hours(1),
     }

@@ -234,6 +234,7 @@ impl Runner {
             plan_sha256: sha256_hex(&file),
             sealing,
             changes: report.changes.clone().unwrap_or_default(),
+            policy: report.policy.clone(),
             made_at,
             expires_at,
         };

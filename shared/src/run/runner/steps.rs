@@ -37,8 +37,20 @@ impl Runner {
     ) -> Result<(), JobError> {
         s.run(&Command::Init, report).await?.ok()?;
         if s.approved {
+            // The approved plan is held to the policies as they are now: a rule added since
+            // it was made stops it before anything is applied.
+            let judged = match s.policies {
+                Some(policies) => match s.run(&Command::ShowPlan, report).await.and_then(Ran::ok) {
+                    Ok(shown) => judge(op, policies, &shown.stdout, s, report).await,
+                    Err(e) => Err(e),
+                },
+                None => Ok(()),
+            };
             // Once: a saved plan cannot be applied again after an apply that changed anything.
-            let applied = self.apply_planned(s, report).await;
+            let applied = match judged {
+                Ok(()) => self.apply_planned(s, report).await,
+                Err(e) => Err(e),
+            };
             report.attempts.push(Attempt {
                 attempt: 1,
                 error: applied.as_ref().err().cloned(),
