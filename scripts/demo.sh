@@ -79,6 +79,23 @@ if [[ "$code" != 1 ]]; then
     exit 1
 fi
 echo
+echo "== policies on plans: every plan held to policies/demo before anything is applied (docs/policy.md)"
+for nodes in 12 3; do
+    sed -e "s/^id: demo-apply-1/id: demo-policy-$nodes/" -e 's/^workspace: demo/workspace: policy/' \
+        -e 's/cluster_name: demo/cluster_name: policy/' -e "s/node_count: 3/node_count: $nodes/" \
+        -e '/sequence/d' examples/demo-job.yaml > "$demo/policy-$nodes.yaml"
+done
+echo "\$ terrace run --policies policies/demo policy-12.yaml    # a cluster of 12 nodes"
+code=0
+"$terrace" run -q --policies policies/demo "$demo/policy-12.yaml" || code=$?
+if [[ "$code" != 1 ]]; then
+    echo "the plan that breaks the policy should have been stopped (exit 1); it exited $code" >&2
+    exit 1
+fi
+echo
+echo "\$ terrace run --policies policies/demo policy-3.yaml     # 3 small nodes: warned, applied"
+"$terrace" run -q --policies policies/demo "$demo/policy-3.yaml"
+echo
 echo "== signed jobs: tenant acme takes only jobs its platform's key signed (docs/signing.md)"
 echo "\$ terrace keygen --out .terrace-demo/sender.pem"
 "$terrace" keygen --out "$demo/sender.pem" > "$demo/sender.pub" 2>/dev/null
@@ -145,6 +162,8 @@ and see what happened to the workspace:
   terrace cancel JOB -w acme/demo # a queued job never runs, a running one stops
 and plan for approval: edit examples/demo-plan.yaml (its id too), run it, then apply the
 plan it kept with a job naming it (see .terrace-demo/approved-apply.yaml, docs/approval.md);
+hold a plan to policies before it is applied (docs/policy.md, policies/examples/):
+  terrace run --policies policies/demo examples/demo-job.yaml
 send a job to a runner as a platform would (README: "Driving a deployed runner"):
   terrace submit JOB_FILE --to QUEUE --follow   # sqs://, pubsub://, azqueue://, amqp:// or a serve folder
   terrace submit JOB_FILE --to QUEUE --sign .terrace-demo/sender.pem   # signed (docs/signing.md)

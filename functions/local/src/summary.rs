@@ -188,10 +188,10 @@ pub(crate) fn print_policy(r: &JobResult) {
         return;
     };
     outln!(
-        "policy:     {} denied, {} warned ({})",
+        "policy:     {} denied, {} warned (policies {})",
         v.deny.len(),
         v.warn.len(),
-        v.policies
+        v.policies.get(..19).unwrap_or(&v.policies)
     );
     for (kind, list) in [("deny", &v.deny), ("warn", &v.warn)] {
         for verdict in list {
