@@ -409,15 +409,33 @@ async fn templates_published_to_the_runners_bucket_run_without_a_new_image() {
     );
 }
 
-/// The function holds every plan to the policies `TERRACE_POLICIES` names: a deny stops the
-/// job before apply (the message is done, not retried), a warning goes through, and a policy
-/// that does not parse stops the function at start.
+/// The function holds every plan to the policies `TERRACE_POLICIES` names (a set published to
+/// a bucket): a deny stops the job before apply (the message is done, not retried), a warning
+/// goes through, and a policy that does not parse stops the function at start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_lambda_a_plan_that_breaks_a_policy_stops_before_apply_and_a_warning_goes_through() {
     let w = World::new().await;
-    let policies = tests::policy::demo();
+    // Published to the runner's bucket, read by the function with its own identity.
+    let url = format!("s3://{}/policies", aws::bucket().await);
+    let demo = tests::policy::demo();
+    let published =
+        w.sb.terrace()
+            .envs(aws::cli_env())
+            .args(["policy", "publish", demo.to_str().unwrap(), "demo", "1"])
+            .args(["--to", &url])
+            .output()
+            .unwrap();
+    assert!(published.status.success(), "{published:?}");
+    let set = format!("{url}/demo/1");
+    let cache = w.sb.dir.path().join("policy-cache");
     let api = RuntimeApi::start().await;
-    let _function = w.start_with(&api, &[("TERRACE_POLICIES", policies.to_str().unwrap())]);
+    let _function = w.start_with(
+        &api,
+        &[
+            ("TERRACE_POLICIES", &set),
+            ("TERRACE_POLICY_CACHE", cache.to_str().unwrap()),
+        ],
+    );
     let mut big: Value = serde_json::from_str(&w.envelope("pol-big", "policy", "3m")).unwrap();
     big["job"]["variables"]["node_count"] = json!(12);
     let (event, _) = w.batch(&[big.to_string()]).await;

@@ -166,6 +166,81 @@ async fn a_pushed_plan_that_breaks_a_policy_stops_before_apply_and_a_warning_goe
     assert!(said.contains("broken.rego:6:9"), "{said}");
 }
 
+/// A tenant's own policy set (its registry entry's `policies`) holds that tenant's plans, on
+/// top of the runner's set; another tenant's plans meet the runner's set alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_own_policy_set_applies_to_that_tenant_only() {
+    let w = World::new().await;
+    let runner_set = w.sb.dir.path().join("runner-policies");
+    std::fs::create_dir_all(&runner_set).unwrap();
+    std::fs::write(
+        runner_set.join("everyone.rego"),
+        "package everyone\n\nimport rego.v1\n\nwarn contains sprintf(\"%s plans %d changes\", [input.terrace.tenant, count(input.resource_changes)]) if { true }\n",
+    )
+    .unwrap();
+    let mut acme = w.target();
+    acme["policies"] = json!(tests::policy::demo());
+    let mut globex = w.target();
+    globex["prefix"] = json!("globex-states");
+    let registry = json!({ "acme": acme, "globex": globex }).to_string();
+    let service = w
+        .start_with(&[
+            ("TERRACE_TENANTS", registry.as_str()),
+            ("TERRACE_POLICIES", runner_set.to_str().unwrap()),
+        ])
+        .await;
+    let big = |id: &str, tenant: &str| {
+        let mut m = w.message(id, "tenant-policy");
+        m["job"]["tenant"] = json!(tenant);
+        m["job"]["variables"]["node_count"] = json!(12);
+        m["job"]["variables"]["cluster_name"] = json!(format!("{tenant}-big"));
+        m
+    };
+    let answer = w
+        .push(&service, &push_envelope("m-acme", &big("t-acme", "acme")))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let acme: Value = serde_json::from_str(&answer.body).unwrap();
+    tests::policy::assert_denied(&acme);
+    let mut warned = tests::policy::messages(&acme, "warn");
+    warned.sort_unstable();
+    assert_eq!(warned, ["acme plans 2 changes", tests::policy::WARNED]);
+    assert_eq!(acme["policy"]["deny"][0]["policy"], "demo/testcloud.rego");
+
+    let answer = w
+        .push(
+            &service,
+            &push_envelope("m-globex", &big("t-globex", "globex")),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let globex: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(globex["status"], "succeeded", "{globex}");
+    assert!(tests::policy::messages(&globex, "deny").is_empty());
+    assert_eq!(
+        tests::policy::messages(&globex, "warn"),
+        ["globex plans 2 changes"]
+    );
+    assert_ne!(acme["policy"]["policies"], globex["policy"]["policies"]);
+    assert_eq!(w.sb.cloud_names(), ["globex-big", "globex-big-net"]);
+
+    // A tenant's set that does not parse stops the service at start, naming the tenant.
+    let broken = tests::policy::broken(w.sb.dir.path());
+    let mut acme = w.target();
+    acme["policies"] = json!(broken);
+    let registry = json!({ "acme": acme }).to_string();
+    let out = Service::command(&w.sb, &w.jwks, &[("TERRACE_TENANTS", &registry)])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("tenant \\\"acme\\\" policies") && said.contains("broken.rego:6:9"),
+        "{said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pushed_job_runs_once_and_its_state_and_log_land_in_the_bucket() {
     let w = World::new().await;

@@ -271,3 +271,148 @@ async fn an_approved_plan_carries_its_warnings_and_is_judged_again_when_applied(
     assert_eq!(record["policy"]["warn"][0]["message"], WARNED, "{record}");
     assert!(record["policy"]["deny"].as_array().unwrap().is_empty());
 }
+
+/// Puts `body` at `key` in `bucket`, as anyone who can write the bucket could.
+async fn put_object(bucket: &str, key: &str, body: &str) {
+    tests::aws::s3()
+        .await
+        .put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(body.as_bytes().to_vec().into())
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_set_published_to_a_bucket_is_read_from_it_and_refused_once_changed_behind_its_listing() {
+    let bucket = tests::aws::bucket().await;
+    let url = format!("s3://{bucket}/policies");
+    let mut sb = Sandbox::new();
+    sb.env.extend(tests::aws::cli_env());
+    let demo = tests::policy::demo();
+    let published = sb.run(&[
+        "policy",
+        "publish",
+        demo.to_str().unwrap(),
+        "demo",
+        "1",
+        "--to",
+        &url,
+    ]);
+    published.expect_code(0);
+    let set = format!("{url}/demo/1");
+    assert!(
+        published
+            .stdout()
+            .contains("demo 1: published (1 files, sha256:")
+            && published
+                .stdout()
+                .contains(&format!("TERRACE_POLICIES={set}")),
+        "{}",
+        published.stdout()
+    );
+    // Again, the same files: nothing changes. Other files under the same version: refused.
+    let again = sb.run(&[
+        "policy",
+        "publish",
+        demo.to_str().unwrap(),
+        "demo",
+        "1",
+        "--to",
+        &url,
+    ]);
+    again.expect_code(0);
+    assert!(
+        again.stdout().contains("already published"),
+        "{}",
+        again.stdout()
+    );
+    let other = sb.dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(
+        other.join("x.rego"),
+        "package x\n\nimport rego.v1\n\nwarn contains \"x\" if { true }\n",
+    )
+    .unwrap();
+    let refused = sb.run(&[
+        "policy",
+        "publish",
+        other.to_str().unwrap(),
+        "demo",
+        "1",
+        "--to",
+        &url,
+    ]);
+    refused.expect_code(78);
+    assert!(
+        refused.stderr().contains("never changes"),
+        "{}",
+        refused.stderr()
+    );
+    // A set that does not parse is never published.
+    let broken = tests::policy::broken(sb.dir.path());
+    let refused = sb.run(&[
+        "policy",
+        "publish",
+        broken.to_str().unwrap(),
+        "broken",
+        "1",
+        "--to",
+        &url,
+    ]);
+    refused.expect_code(78);
+    assert!(
+        refused.stderr().contains("broken.rego:6:9"),
+        "{}",
+        refused.stderr()
+    );
+
+    // A runner reads the published set.
+    sb.env.push(("TERRACE_POLICIES".into(), set.clone()));
+    let r = sb
+        .run_demo("pub-big", "published", "apply", "pub", 12, 1)
+        .await;
+    tests::policy::assert_denied(&r);
+    assert_eq!(r["policy"]["deny"][0]["policy"], "testcloud.rego");
+
+    // Someone with write access to the bucket loosens the rule behind the listing.
+    let loosened = std::fs::read_to_string(demo.join("testcloud.rego"))
+        .unwrap()
+        .replace("> 8", "> 80");
+    put_object(&bucket, "policies/demo/1/testcloud.rego", &loosened).await;
+    // A runner with a fresh cache fetches it and finds it differs from its listing.
+    let mut fresh = Sandbox::new();
+    fresh.env.extend(sb.env.iter().cloned());
+    let job = fresh.job("j.yaml", &demo_job("j1", "published", "apply", "fresh", 12));
+    let out = fresh.run(&["run", job.to_str().unwrap()]);
+    out.expect_code(78);
+    assert!(
+        out.stderr()
+            .contains("testcloud.rego differs from its line in the listing"),
+        "{}",
+        out.stderr()
+    );
+    // The first runner keeps its checked copy: the rule still holds.
+    let r = sb
+        .run_demo("pub-big2", "published", "apply", "pub", 12, 1)
+        .await;
+    tests::policy::assert_denied(&r);
+    // A listing rewritten to match: refused by the runner that fetched the first one.
+    let sums = format!(
+        "{}  testcloud.rego\n",
+        state_backends::sha256_hex(loosened.as_bytes())
+    );
+    put_object(&bucket, "policies/demo/1.SHA256SUMS", &sums).await;
+    let job = sb.job("j2.yaml", &demo_job("j2", "published", "apply", "pub", 12));
+    let out = sb.run(&["run", job.to_str().unwrap()]);
+    out.expect_code(78);
+    assert!(
+        out.stderr()
+            .contains("its listing changed after it was published"),
+        "{}",
+        out.stderr()
+    );
+    assert!(sb.cloud_files().is_empty() && fresh.cloud_files().is_empty());
+}

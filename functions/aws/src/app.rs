@@ -59,7 +59,7 @@ impl App {
         let open = |location| async move {
             let Location::S3 { bucket, .. } = location else {
                 return Err(format!(
-                    "{location} is not an S3 bucket: the AWS runner reads templates from s3://BUCKET/PREFIX, or a folder"
+                    "{location} is not an S3 bucket: the AWS runner reads templates and policies from s3://BUCKET/PREFIX, or a folder"
                 ));
             };
             let store = S3Store::from_sdk(
@@ -75,7 +75,8 @@ impl App {
             .map_err(|e| e.to_string())?;
             Ok(Arc::new(store.into_bucket()) as Arc<dyn Bucket>)
         };
-        config.runtime.templates_from(open).await?;
+        let tenant_sets = config.tenants.policy_sets().clone();
+        config.runtime.open_buckets(&tenant_sets, open).await?;
         Ok(Self {
             sqs: aws_sdk_sqs::Client::new(&aws),
             ecs: aws_sdk_ecs::Client::new(&aws),

@@ -33,10 +33,12 @@ async fn main() -> ExitCode {
         }
     };
     let (settings, credential) = (config.clone(), own.clone());
+    let tenant_sets = config.tenants.policy_sets().clone();
     let opened = config
         .runtime
-        .templates_from(|location| async move {
-            azure::app::templates_bucket(&location, &settings, credential)
+        .open_buckets(&tenant_sets, |location| {
+            let (settings, credential) = (settings.clone(), credential.clone());
+            async move { azure::app::templates_bucket(&location, &settings, credential) }
         })
         .await;
     if let Err(e) = opened {

@@ -27,10 +27,11 @@ async fn main() -> ExitCode {
     };
     let (anonymous, endpoint) = (config.anonymous, config.gcs_endpoint.clone());
     let call_timeout = config.runtime.call_timeout;
+    let tenant_sets = config.tenants.policy_sets().clone();
     let opened = config
         .runtime
-        .templates_from(|location| {
-            gcp::app::templates_bucket(location, anonymous, endpoint, call_timeout)
+        .open_buckets(&tenant_sets, |location| {
+            gcp::app::templates_bucket(location, anonymous, endpoint.clone(), call_timeout)
         })
         .await;
     if let Err(e) = opened {

@@ -102,11 +102,13 @@ pub(crate) struct Global {
         global = true
     )]
     pub(crate) price_books: PathBuf,
-    /// A folder of Rego policies (`deny` and `warn` rules, conftest's convention) every plan
-    /// is held to before anything is applied (docs/policy.md). Read when a command starts: a
-    /// policy that does not parse stops it (exit 78).
-    #[arg(long, env = "TERRACE_POLICIES", global = true, value_name = "DIR")]
-    pub(crate) policies: Option<PathBuf>,
+    /// Rego policies (`deny` and `warn` rules, conftest's convention) every plan is held to
+    /// before anything is applied (docs/policy.md): a folder, or a set published with
+    /// `terrace policy publish` (BUCKET_URL/NAME/VERSION). Read when a command starts: a policy
+    /// that does not parse, or a published file that differs from its listing, stops it
+    /// (exit 78).
+    #[arg(long, env = "TERRACE_POLICIES", global = true, value_name = "DIR|URL")]
+    pub(crate) policies: Option<String>,
     /// Seconds one evaluation of the policies may take before it is stopped.
     #[arg(long, env = "TERRACE_POLICY_TIMEOUT", default_value_t = 10, global = true,
           value_parser = clap::value_parser!(u64).range(1..=600))]
@@ -238,6 +240,9 @@ enum Cmd {
     /// The module library's tools.
     #[command(subcommand)]
     Module(template_cmd::ModuleCmd),
+    /// Policy sets: check one, or publish one to a bucket (docs/policy.md).
+    #[command(subcommand)]
+    Policy(crate::policy_cmd::PolicyCmd),
     /// Back up every workspace whose state changed since the last backup (run it hourly).
     Backup {
         /// How many of the newest backups a workspace keeps.
@@ -463,18 +468,9 @@ impl Global {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let mut g = cli.global;
-    if let Some(dir) = &g.policies {
-        match shared::run::policy::PolicySet::load(dir) {
-            Ok(set) => {
-                g.loaded_policies = Some(Arc::new(shared::run::policy::Policies {
-                    set,
-                    bounds: shared::run::policy::Bounds {
-                        time: Duration::from_secs(g.policy_timeout),
-                        memory_bytes: g.policy_memory_mb << 20,
-                    },
-                    evaluator: Some(std::env::current_exe()?),
-                }));
-            }
+    if let Some(text) = g.policies.clone() {
+        match crate::policy_cmd::load(&g, &text).await {
+            Ok(policies) => g.loaded_policies = Some(policies),
             Err(e) => {
                 eprintln!("error: --policies (or TERRACE_POLICIES): {e}");
                 return Ok(exit::CONFIG);
@@ -573,6 +569,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Cmd::State(cmd) => state_cmd::run(&g, cmd).await,
         Cmd::Template(cmd) => template_cmd::run(&g, cmd).await,
         Cmd::Module(cmd) => Ok(template_cmd::module(cmd)),
+        Cmd::Policy(cmd) => crate::policy_cmd::run(cmd).await,
         Cmd::Drift { queue, sign } => sweep_cmd::drift(&g, &queue, sign.as_deref()).await,
         Cmd::Backup { hourly, daily } => sweep_cmd::backup(&g, hourly, daily).await,
     }
@@ -634,14 +631,17 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
         signature_window: shared::job::signature::DEFAULT_WINDOW,
         signing_key: None,
         log_tap: None,
-        policies: g.loaded_policies.clone(),
+        policy: shared::host::settings::PolicySettings {
+            runner: g.loaded_policies.clone(),
+            ..Default::default()
+        },
         // Checked in `dispatch` before any command runs.
         outputs_recipient: g.outputs_recipient.as_deref().and_then(|r| r.parse().ok()),
     }
 }
 
 /// `$XDG_CACHE_HOME/terrace`, else `$HOME/.cache/terrace`; none without either.
-fn default_cache_dir() -> Option<PathBuf> {
+pub(crate) fn default_cache_dir() -> Option<PathBuf> {
     let nonempty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
     nonempty("XDG_CACHE_HOME")
         .map(PathBuf::from)

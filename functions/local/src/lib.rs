@@ -47,6 +47,7 @@ pub mod cli;
 mod job_cmd;
 mod ops;
 pub mod output;
+mod policy_cmd;
 mod serve;
 mod state_cmd;
 pub mod store;

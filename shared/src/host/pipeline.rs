@@ -558,6 +558,10 @@ async fn run<T: Trigger + ?Sized>(
     {
         config.outputs_recipient = Some(recipient.clone());
     }
+    // The tenant's own policy set, with the runner's beside it.
+    if let Some(policies) = trigger.runtime().policy.tenants.get(&job.job.tenant) {
+        config.policies = Some(policies.clone());
+    }
     config.shutdown = trigger.shutdown().cloned();
     // Terraform's user for this job: one of the job's own, or this runner's turn for the user
     // jobs share. Given back (and whatever still runs as it killed) when the last copy of the

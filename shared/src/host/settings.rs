@@ -161,43 +161,168 @@ pub fn signature_window() -> Result<Duration, ConfigError> {
     Ok(window)
 }
 
-/// `TERRACE_POLICIES`: a folder of Rego policies every plan is held to, read and parsed now,
-/// evaluated by this process's own binary as a child with `TERRACE_POLICY_TIMEOUT` (10 s) and
-/// `TERRACE_POLICY_MEMORY_MB` (1024) (see [`crate::run::policy`]). None when unset.
-///
-/// # Errors
-/// A malformed bound, a folder that cannot be read or holds no policy, or a policy that does
-/// not parse (named with its line): the function stops at start.
-pub fn policies() -> Result<Option<std::sync::Arc<crate::run::policy::Policies>>, ConfigError> {
-    use crate::run::policy::{Bounds, Policies, PolicySet};
-    let Some(dir) = var("TERRACE_POLICIES") else {
-        return Ok(None);
-    };
-    let time = seconds("TERRACE_POLICY_TIMEOUT", Bounds::default().time.as_secs())?;
-    let memory_mb = match var("TERRACE_POLICY_MEMORY_MB") {
-        None => Bounds::default().memory_bytes >> 20,
-        Some(v) => v
-            .parse::<u64>()
-            .ok()
-            .filter(|mb| *mb >= 64)
-            .ok_or(ConfigError::Malformed {
-                name: "TERRACE_POLICY_MEMORY_MB".into(),
-                value: v,
-                expected: "a number of MiB, at least 64",
-            })?,
-    };
-    let set = PolicySet::load(std::path::Path::new(&dir))
-        .map_err(|e| ConfigError::Invalid(format!("TERRACE_POLICIES: {e}")))?;
-    let evaluator = std::env::current_exe()
-        .map_err(|e| ConfigError::Invalid(format!("TERRACE_POLICIES: this binary's path: {e}")))?;
-    Ok(Some(std::sync::Arc::new(Policies {
-        set,
-        bounds: Bounds {
-            time: time.max(Duration::from_secs(1)),
-            memory_bytes: memory_mb << 20,
-        },
-        evaluator: Some(evaluator),
-    })))
+/// The policies plans are held to (`docs/policy.md`): the runner's set and each tenant's, as
+/// the settings name them, then as [`Runtime::open_buckets`] loaded them.
+#[derive(Clone, Debug, Default)]
+pub struct PolicySettings {
+    /// `TERRACE_POLICIES`: a folder, or a published set (`BUCKET_URL/NAME/VERSION`).
+    pub source: Option<crate::run::policy::source::SetRef>,
+    /// `TERRACE_POLICY_TIMEOUT` (10 s) and `TERRACE_POLICY_MEMORY_MB` (1024).
+    pub bounds: crate::run::policy::Bounds,
+    /// `TERRACE_POLICY_CACHE` (`/tmp/terrace/policies`): where published sets are fetched to.
+    pub cache: PathBuf,
+    /// The runner's set, once loaded.
+    pub runner: Option<std::sync::Arc<crate::run::policy::Policies>>,
+    /// Each tenant's set (named by its `policies` in the registry), with the runner's beside
+    /// it, once loaded.
+    pub tenants: std::collections::BTreeMap<String, std::sync::Arc<crate::run::policy::Policies>>,
+}
+
+impl PolicySettings {
+    /// Reads the settings; nothing is loaded yet.
+    ///
+    /// # Errors
+    /// A malformed bound or place, named.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        use crate::run::policy::Bounds;
+        let source = match var("TERRACE_POLICIES") {
+            None => None,
+            Some(text) => Some(
+                crate::run::policy::source::SetRef::parse(&text)
+                    .map_err(|why| ConfigError::Invalid(format!("TERRACE_POLICIES: {why}")))?,
+            ),
+        };
+        let time = seconds("TERRACE_POLICY_TIMEOUT", Bounds::default().time.as_secs())?;
+        let memory_mb = match var("TERRACE_POLICY_MEMORY_MB") {
+            None => Bounds::default().memory_bytes >> 20,
+            Some(v) => {
+                v.parse::<u64>()
+                    .ok()
+                    .filter(|mb| *mb >= 64)
+                    .ok_or(ConfigError::Malformed {
+                        name: "TERRACE_POLICY_MEMORY_MB".into(),
+                        value: v,
+                        expected: "a number of MiB, at least 64",
+                    })?
+            }
+        };
+        Ok(Self {
+            source,
+            bounds: Bounds {
+                time: time.max(Duration::from_secs(1)),
+                memory_bytes: memory_mb << 20,
+            },
+            cache: var("TERRACE_POLICY_CACHE")
+                .unwrap_or_else(|| "/tmp/terrace/policies".into())
+                .into(),
+            runner: None,
+            tenants: std::collections::BTreeMap::new(),
+        })
+    }
+
+    /// Loads the runner's set and each tenant's in `tenant_sets` (tenant → the place its
+    /// registry entry names), reaching buckets with `open`.
+    ///
+    /// # Errors
+    /// A set that cannot be read or fetched, or does not parse, named with its setting.
+    pub async fn load<F, Opened>(
+        &mut self,
+        tenant_sets: &std::collections::BTreeMap<String, String>,
+        open: &F,
+    ) -> Result<(), ConfigError>
+    where
+        F: Fn(Location) -> Opened,
+        Opened: std::future::Future<
+                Output = Result<std::sync::Arc<dyn state_backends::objects::Bucket>, String>,
+            >,
+    {
+        use crate::run::policy::Policies;
+        use crate::run::policy::source::SetRef;
+        if tenant_sets.is_empty() && self.source.is_none() {
+            return Ok(());
+        }
+        let evaluator = std::env::current_exe().map_err(|e| {
+            ConfigError::Invalid(format!("TERRACE_POLICIES: this binary's path: {e}"))
+        })?;
+        let bounds = self.bounds;
+        let policies = |set| {
+            std::sync::Arc::new(Policies {
+                set,
+                bounds,
+                evaluator: Some(evaluator.clone()),
+            })
+        };
+        let runner = match &self.source {
+            Some(source) => Some(self.read(source, "TERRACE_POLICIES", open).await?),
+            None => None,
+        };
+        for (tenant, text) in tenant_sets {
+            let setting = format!(
+                "{} tenant {tenant:?} {}",
+                super::tenants::SETTING,
+                super::tenants::POLICIES_FIELD
+            );
+            let source = SetRef::parse(text)
+                .map_err(|why| ConfigError::Invalid(format!("{setting}: {why}")))?;
+            let own = self.read(&source, &setting, open).await?;
+            let set = match &runner {
+                Some(runner) => runner
+                    .with(&own, &source.label())
+                    .map_err(|e| ConfigError::Invalid(format!("{setting}: {e}")))?,
+                None => own,
+            };
+            self.tenants.insert(tenant.clone(), policies(set));
+        }
+        self.runner = runner.map(policies);
+        Ok(())
+    }
+
+    async fn read<F, Opened>(
+        &self,
+        source: &crate::run::policy::source::SetRef,
+        setting: &str,
+        open: &F,
+    ) -> Result<crate::run::policy::PolicySet, ConfigError>
+    where
+        F: Fn(Location) -> Opened,
+        Opened: std::future::Future<
+                Output = Result<std::sync::Arc<dyn state_backends::objects::Bucket>, String>,
+            >,
+    {
+        use crate::run::policy::source::{SetRef, fetch};
+        let read = match source {
+            SetRef::Folder(path) => crate::run::policy::PolicySet::load(path),
+            SetRef::Published {
+                base,
+                location,
+                name,
+                version,
+            } => {
+                let bucket = open(location.clone())
+                    .await
+                    .map_err(|why| ConfigError::Invalid(format!("{setting}={source}: {why}")))?;
+                fetch(
+                    bucket,
+                    &prefix_of(location),
+                    base,
+                    (name, version),
+                    &self.cache,
+                )
+                .await
+            }
+        };
+        read.map_err(|e| ConfigError::Invalid(format!("{setting}: {e}")))
+    }
+}
+
+/// The prefix a bucket location names (none for a folder).
+fn prefix_of(location: &Location) -> String {
+    match location {
+        Location::S3 { prefix, .. }
+        | Location::Gcs { prefix, .. }
+        | Location::Azure { prefix, .. } => prefix.clone(),
+        Location::Folder(_) => String::new(),
+    }
 }
 
 /// A number of seconds, `default` when unset.
@@ -226,7 +351,7 @@ pub struct Runtime {
     /// `/tmp/terrace/templates`) as jobs need them.
     pub templates: Templates,
     /// The bucket `TERRACE_TEMPLATES` names, until the function opens it with its own
-    /// identity ([`Runtime::templates_from`]).
+    /// identity ([`Runtime::open_buckets`]).
     pub templates_bucket: Option<Location>,
     /// `TERRACE_PRICE_BOOKS` (default `/opt/terrace/price-books`): plans are estimated when the
     /// folder exists.
@@ -275,8 +400,9 @@ pub struct Runtime {
     /// A live copy of each job's log besides the stored one (none from the environment: a
     /// self-hosted worker's log exchange sets it).
     pub log_tap: Option<std::sync::Arc<dyn crate::run::logs::LogTap>>,
-    /// [`policies`]: the policies every plan is held to (`docs/policy.md`).
-    pub policies: Option<std::sync::Arc<crate::run::policy::Policies>>,
+    /// The policies every plan is held to (`docs/policy.md`), loaded by
+    /// [`Runtime::open_buckets`].
+    pub policy: PolicySettings,
 }
 
 impl Runtime {
@@ -335,7 +461,7 @@ impl Runtime {
             },
             signature_window: signature_window()?,
             log_tap: None,
-            policies: policies()?,
+            policy: PolicySettings::from_env()?,
             signing_key: match var("TERRACE_SIGNING_KEY") {
                 None => None,
                 // The PEM itself (from a secret store), or the path of a file holding it.
@@ -461,38 +587,37 @@ impl Runtime {
         self
     }
 
-    /// Opens the bucket `TERRACE_TEMPLATES` names, if it names one, with `open` (the
+    /// Opens the bucket `TERRACE_TEMPLATES` names, if it names one, and loads the policy sets
+    /// (the runner's, and those `tenant_sets` names for each tenant), with `open` (the
     /// function's own identity): `open` answers the bucket, or why this runner cannot read
     /// that kind of place.
     ///
     /// # Errors
-    /// `open`'s refusal, naming the setting.
-    pub async fn templates_from<F, Opened>(&mut self, open: F) -> Result<(), ConfigError>
+    /// `open`'s refusal, or a policy set that cannot be read or does not parse, naming the
+    /// setting: the function stops at start.
+    pub async fn open_buckets<F, Opened>(
+        &mut self,
+        tenant_sets: &std::collections::BTreeMap<String, String>,
+        open: F,
+    ) -> Result<(), ConfigError>
     where
-        F: FnOnce(Location) -> Opened,
+        F: Fn(Location) -> Opened,
         Opened: std::future::Future<
                 Output = Result<std::sync::Arc<dyn state_backends::objects::Bucket>, String>,
             >,
     {
-        let Some(location) = self.templates_bucket.take() else {
-            return Ok(());
-        };
-        let bucket = open(location.clone())
-            .await
-            .map_err(|why| ConfigError::Invalid(format!("TERRACE_TEMPLATES={location}: {why}")))?;
-        let prefix = match &location {
-            Location::S3 { prefix, .. }
-            | Location::Gcs { prefix, .. }
-            | Location::Azure { prefix, .. } => prefix.clone(),
-            Location::Folder(_) => String::new(),
-        };
-        self.templates = Templates::published(Published::new(
-            bucket,
-            &prefix,
-            self.templates.root().to_owned(),
-            location.to_string(),
-        ));
-        Ok(())
+        if let Some(location) = self.templates_bucket.take() {
+            let bucket = open(location.clone()).await.map_err(|why| {
+                ConfigError::Invalid(format!("TERRACE_TEMPLATES={location}: {why}"))
+            })?;
+            self.templates = Templates::published(Published::new(
+                bucket,
+                &prefix_of(&location),
+                self.templates.root().to_owned(),
+                location.to_string(),
+            ));
+        }
+        self.policy.load(tenant_sets, &open).await
     }
 
     /// This runtime on `cloud`, whose template defaults apply.
@@ -521,7 +646,7 @@ impl Runtime {
             metrics: self.metrics,
             outputs_recipient: self.outputs_recipient.clone(),
             log_tap: self.log_tap.clone(),
-            policies: self.policies.clone(),
+            policies: self.policy.runner.clone(),
             ..RunnerConfig::default()
         }
     }
@@ -588,7 +713,7 @@ mod tests {
             signature_window: Duration::from_secs(60),
             signing_key: None,
             log_tap: None,
-            policies: None,
+            policy: PolicySettings::default(),
             terraform: TerraformConfig {
                 pass_env: vec!["TESTCLOUD_ROOT".into(), "AWS_SECRET_ACCESS_KEY".into()],
                 ..TerraformConfig::default()

@@ -31,11 +31,16 @@ pub struct Tenants<T> {
     targets: BTreeMap<String, T>,
     recipients: BTreeMap<String, OutputsRecipient>,
     senders: BTreeMap<String, Vec<SenderKey>>,
+    policy_sets: BTreeMap<String, String>,
 }
 
 /// A tenant's field, beside its target's, listing the Ed25519 public keys allowed to send its
 /// jobs and cancels (`docs/signing.md`): with any, an unsigned message is refused.
 pub const SENDERS_FIELD: &str = "senders";
+
+/// A tenant's field, beside its target's, naming a policy set its plans are held to besides
+/// the runner's (`docs/policy.md`): a folder, or `BUCKET_URL/NAME/VERSION`.
+pub const POLICIES_FIELD: &str = "policies";
 
 /// A tenant's field, beside its target's, naming the platform's age key (`age1…`) its
 /// sensitive outputs are sealed to (`docs/outputs.md`).
@@ -88,6 +93,7 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
         let mut targets = BTreeMap::new();
         let mut recipients = BTreeMap::new();
         let mut senders = BTreeMap::new();
+        let mut policy_sets = BTreeMap::new();
         let mut problems = Vec::new();
         for (tenant, mut value) in doc.0 {
             if let Err(e) = state_backends::check_name(&tenant) {
@@ -122,6 +128,24 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
                     "tenant {tenant:?}: {SENDERS_FIELD} {why}: {SENDER_FIX}"
                 )),
             }
+            let policies = value
+                .as_object_mut()
+                .and_then(|entry| entry.remove(POLICIES_FIELD));
+            match policies.map(|p| {
+                p.as_str()
+                    .ok_or_else(|| "is not text".to_owned())
+                    .and_then(|text| {
+                        crate::run::policy::source::SetRef::parse(text).map(|_| text.to_owned())
+                    })
+            }) {
+                None => {}
+                Some(Ok(text)) => {
+                    policy_sets.insert(tenant.clone(), text);
+                }
+                Some(Err(why)) => problems.push(format!(
+                    "tenant {tenant:?}: {POLICIES_FIELD} {why}: give a folder of .rego files, or a published set (BUCKET_URL/NAME/VERSION)"
+                )),
+            }
             match serde_json::from_value::<T>(value) {
                 Ok(target) => {
                     for why in check(&target) {
@@ -142,7 +166,14 @@ impl<T: DeserializeOwned + Serialize + Clone> Tenants<T> {
             targets,
             recipients,
             senders,
+            policy_sets,
         })
+    }
+
+    /// The policy set each tenant's entry names (`policies`), as written; tenants without one
+    /// are held to the runner's alone.
+    pub fn policy_sets(&self) -> &BTreeMap<String, String> {
+        &self.policy_sets
     }
 
     /// The keys allowed to send `tenant`'s jobs and cancels: none when any sender may.

@@ -17,6 +17,7 @@ use sha2::Digest as _;
 
 pub mod child;
 pub mod input;
+pub mod source;
 
 /// The largest policy file read.
 const MAX_FILE_BYTES: u64 = 1 << 20;
@@ -238,12 +239,35 @@ impl PolicySet {
             files: parsed,
             digest,
         };
-        // Rules of one package split across files must agree.
+        // The files load side by side (a conflict between rules is found when evaluated).
         engine(&set.files, None).map_err(|e| PolicyError::Read {
             origin: set.origin.clone(),
             why: e,
         })?;
         Ok(set)
+    }
+}
+
+impl PolicySet {
+    /// This set with `other`'s files beside its own, named `<label>/<file>`: a tenant's set on
+    /// top of the runner's. The rules of a package split across the two must agree: a conflict
+    /// is an error of the evaluation (the job fails closed), not of this.
+    ///
+    /// # Errors
+    /// Files of the two that do not go together.
+    pub fn with(&self, other: &PolicySet, label: &str) -> Result<PolicySet, PolicyError> {
+        let files = self
+            .files
+            .iter()
+            .map(|f| (f.name.clone(), f.text.clone()))
+            .chain(
+                other
+                    .files
+                    .iter()
+                    .map(|f| (format!("{label}/{}", f.name), f.text.clone())),
+            )
+            .collect();
+        PolicySet::parse(format!("{} and {}", self.origin, other.origin), files)
     }
 }
 

@@ -70,7 +70,7 @@ impl Fake {
                 signature_window: crate::job::signature::DEFAULT_WINDOW,
                 signing_key: None,
                 log_tap: None,
-                policies: None,
+                policy: crate::host::settings::PolicySettings::default(),
                 keys: None,
                 cloud: None,
                 outputs_recipient: None,

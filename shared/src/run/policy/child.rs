@@ -1,5 +1,5 @@
 //! The child process that evaluates a plan's policies: the runner's own binary, started with
-//! [`ARG`], reads a [`Request`] on stdin and writes its [`Answer`] on stdout. Its address space
+//! [`ARG`], reads a request on stdin and writes its answer on stdout. Its address space
 //! and CPU time are limited before it starts, and it is killed at its deadline: whatever a
 //! policy does, the runner gets an answer or a reason, in time.
 

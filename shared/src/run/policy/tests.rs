@@ -408,3 +408,62 @@ fn the_demo_policy_denies_a_big_cluster_and_warns_on_small_nodes() {
         ["testcloud_cluster.main runs on small nodes: not for production"]
     );
 }
+
+#[test]
+fn a_set_is_named_by_a_folder_or_a_bucket_url_with_its_name_and_version() {
+    use super::source::SetRef;
+    assert_eq!(
+        SetRef::parse("policies/demo").unwrap(),
+        SetRef::Folder("policies/demo".into())
+    );
+    let published = SetRef::parse("s3://config/policies/baseline/3").unwrap();
+    let SetRef::Published {
+        base,
+        name,
+        version,
+        ..
+    } = &published
+    else {
+        panic!("{published:?}")
+    };
+    assert_eq!(
+        (base.as_str(), name.as_str(), version.as_str()),
+        ("s3://config/policies", "baseline", "3")
+    );
+    assert_eq!(published.label(), "baseline@3");
+    assert_eq!(published.to_string(), "s3://config/policies/baseline/3");
+    for wrong in [
+        "s3://config",
+        "s3://config/3",
+        "gs://b/p/_hidden/1",
+        "s3://b/p/x/1?sig=abc",
+    ] {
+        let e = SetRef::parse(wrong).unwrap_err();
+        assert!(
+            e.contains("NAME/VERSION") || e.contains("query"),
+            "{wrong}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_tenants_set_sits_beside_the_runners_named_by_its_label() {
+    let runner = set(&[("tags.rego", TAGS_V1)]).unwrap();
+    let tenant = set(&[("cost.rego", COST_V0)]).unwrap();
+    let both = runner.with(&tenant, "strict@3").unwrap();
+    let names: Vec<_> = both.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["strict@3/cost.rego", "tags.rego"]);
+    assert_ne!(both.digest, runner.digest);
+    // Rules of one package that do not agree across the two fail the evaluation: closed.
+    let clash = set(&[("x.rego", "package main\n\ndeny := 1\n")]).unwrap();
+    let clashed = runner.with(&clash, "clash").unwrap();
+    let e = evaluate_here(
+        &clashed.files,
+        &clashed.digest,
+        r#"{"resource_changes": []}"#,
+        Duration::from_secs(5),
+    )
+    .unwrap_err();
+    assert!(matches!(e, PolicyError::Eval(_)), "{e}");
+    println!("{e}");
+}
