@@ -81,3 +81,16 @@ pub fn demo_message(id: &str, nodes: Option<u32>) -> Value {
         },
     })
 }
+
+/// Starts `runner` (a function's command, its settings naming [`broken`]'s set) and asserts
+/// it stops at start: exit 78, naming the file with its line and column.
+pub fn assert_refused_at_start(mut runner: std::process::Command) {
+    let out = runner
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("the runner starts");
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("broken.rego:6:9"), "{said}");
+}

@@ -453,14 +453,9 @@ async fn on_the_lambda_a_plan_that_breaks_a_policy_stops_before_apply_and_a_warn
     tests::policy::assert_warned(&small);
 
     let broken = tests::policy::broken(w.sb.dir.path());
-    let out = w
-        .command()
-        .env("TERRACE_POLICIES", &broken)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(78), "{out:?}");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(said.contains("broken.rego:6:9"), "{said}");
+    let mut refused = w.command();
+    refused.env("TERRACE_POLICIES", &broken);
+    tests::policy::assert_refused_at_start(refused);
 }
 
 /// Secrets canary: a job whose secret terraform prints in a resource, an output and its plan

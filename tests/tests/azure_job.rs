@@ -272,14 +272,9 @@ async fn a_queued_plan_that_breaks_a_policy_stops_before_apply_and_a_warning_goe
     tests::policy::assert_warned(reported.last().unwrap());
 
     let broken = tests::policy::broken(w.sb.dir.path());
-    let out = w
-        .command(&[("TERRACE_POLICIES", broken.to_str().unwrap())])
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(78), "{out:?}");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(said.contains("broken.rego:6:9"), "{said}");
+    tests::policy::assert_refused_at_start(
+        w.command(&[("TERRACE_POLICIES", broken.to_str().unwrap())]),
+    );
 }
 
 /// The job reads templates from the runner's own container at run time: a version published

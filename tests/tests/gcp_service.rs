@@ -156,14 +156,9 @@ async fn a_pushed_plan_that_breaks_a_policy_stops_before_apply_and_a_warning_goe
     tests::policy::assert_warned(&serde_json::from_str(&answer.body).unwrap());
 
     let broken = tests::policy::broken(w.sb.dir.path());
-    let out = w
-        .command(&[("TERRACE_POLICIES", broken.to_str().unwrap())])
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(78), "{out:?}");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(said.contains("broken.rego:6:9"), "{said}");
+    tests::policy::assert_refused_at_start(
+        w.command(&[("TERRACE_POLICIES", broken.to_str().unwrap())]),
+    );
 }
 
 /// A tenant's own policy set (its registry entry's `policies`) holds that tenant's plans, on
@@ -229,16 +224,11 @@ async fn a_tenants_own_policy_set_applies_to_that_tenant_only() {
     let mut acme = w.target();
     acme["policies"] = json!(broken);
     let registry = json!({ "acme": acme }).to_string();
-    let out = Service::command(&w.sb, &w.jwks, &[("TERRACE_TENANTS", &registry)])
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(78), "{out:?}");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        said.contains("tenant \\\"acme\\\" policies") && said.contains("broken.rego:6:9"),
-        "{said}"
-    );
+    tests::policy::assert_refused_at_start(Service::command(
+        &w.sb,
+        &w.jwks,
+        &[("TERRACE_TENANTS", &registry)],
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

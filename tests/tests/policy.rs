@@ -292,37 +292,28 @@ async fn a_set_published_to_a_bucket_is_read_from_it_and_refused_once_changed_be
     let mut sb = Sandbox::new();
     sb.env.extend(tests::aws::cli_env());
     let demo = tests::policy::demo();
-    let published = sb.run(&[
-        "policy",
-        "publish",
-        demo.to_str().unwrap(),
-        "demo",
-        "1",
-        "--to",
-        &url,
-    ]);
+    let publish = |dir: &std::path::Path, name: &str| {
+        sb.run(&[
+            "policy",
+            "publish",
+            dir.to_str().unwrap(),
+            name,
+            "1",
+            "--to",
+            &url,
+        ])
+    };
+    let published = publish(&demo, "demo");
     published.expect_code(0);
     let set = format!("{url}/demo/1");
+    let said = published.stdout();
     assert!(
-        published
-            .stdout()
-            .contains("demo 1: published (1 files, sha256:")
-            && published
-                .stdout()
-                .contains(&format!("TERRACE_POLICIES={set}")),
-        "{}",
-        published.stdout()
+        said.contains("demo 1: published (1 files, sha256:")
+            && said.contains(&format!("TERRACE_POLICIES={set}")),
+        "{said}"
     );
     // Again, the same files: nothing changes. Other files under the same version: refused.
-    let again = sb.run(&[
-        "policy",
-        "publish",
-        demo.to_str().unwrap(),
-        "demo",
-        "1",
-        "--to",
-        &url,
-    ]);
+    let again = publish(&demo, "demo");
     again.expect_code(0);
     assert!(
         again.stdout().contains("already published"),
@@ -336,15 +327,7 @@ async fn a_set_published_to_a_bucket_is_read_from_it_and_refused_once_changed_be
         "package x\n\nimport rego.v1\n\nwarn contains \"x\" if { true }\n",
     )
     .unwrap();
-    let refused = sb.run(&[
-        "policy",
-        "publish",
-        other.to_str().unwrap(),
-        "demo",
-        "1",
-        "--to",
-        &url,
-    ]);
+    let refused = publish(&other, "demo");
     refused.expect_code(78);
     assert!(
         refused.stderr().contains("never changes"),
@@ -352,16 +335,7 @@ async fn a_set_published_to_a_bucket_is_read_from_it_and_refused_once_changed_be
         refused.stderr()
     );
     // A set that does not parse is never published.
-    let broken = tests::policy::broken(sb.dir.path());
-    let refused = sb.run(&[
-        "policy",
-        "publish",
-        broken.to_str().unwrap(),
-        "broken",
-        "1",
-        "--to",
-        &url,
-    ]);
+    let refused = publish(&tests::policy::broken(sb.dir.path()), "broken");
     refused.expect_code(78);
     assert!(
         refused.stderr().contains("broken.rego:6:9"),
