@@ -1,6 +1,6 @@
 # Chores for Terrace. `make demo` and `make test` are the README's two commands; both install
 # what they need first (`make demo-tools`, `make tools`).
-.PHONY: tools demo-tools demo test schema images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing bench-store-latency bench-start-latency bench-amqp-workers fuzz clean
+.PHONY: tools demo-tools demo test schema images test-images check-deploy fmt lint deny deny-advisories ci bench bench-overhead bench-http-backend bench-s3 bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-state-server bench-sealing bench-store-latency bench-start-latency bench-amqp-workers bench-policy fuzz clean
 
 tools: ## protoc, the machine's terraform (checked, never wrapped), the testcloud provider, a terraform CLI config, the emulators
 	scripts/install-tools.sh
@@ -46,10 +46,14 @@ deny-advisories: ## the RustSec advisories: needs the advisory database from git
 
 ci: test test-images check-deploy lint deny
 
-bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-store-latency bench-start-latency bench-amqp-workers bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency ## the benchmarks
+bench: bench-state-server bench-sealing bench-overhead bench-http-backend bench-s3 bench-store-latency bench-start-latency bench-amqp-workers bench-templates bench-cold-start bench-sweep bench-gcs bench-concurrency bench-log-latency bench-policy ## the benchmarks
 
 bench-state-server:
 	cargo bench -p shared --bench state_server
+
+bench-policy: ## what holding a plan to the example policies costs, in-process and in the bounded child, for plans of 10, 1,000 and 5,000 changes
+	cargo build --release -q -p local
+	TERRACE_BIN="$$(scripts/target-dir.sh)/release/terrace" cargo bench -p shared --bench policy
 
 bench-sealing: ## what sealing a state (envelope encryption with a key file) costs per write and read
 	cargo bench -p state-backends --bench sealing

@@ -171,7 +171,18 @@ deny contains msg if {
     msg := sprintf("the password is %s", [input.variables.admin_password.value])
 }
 
-warn contains json.marshal(input)
+# Searched for inside the policy: the whole input, as text, and its size (so the search
+# provably ran over all of it).
+warn contains sprintf("the input has %d bytes", [count(json.marshal(input))])
+
+warn contains "the password is somewhere in the input" if {
+    contains(json.marshal(input), "correct-horse")
+}
+
+warn contains "the input has the plan and the job" if {
+    input.resource_changes[_]
+    input.terrace.tenant == "acme"
+}
 "#,
     )]);
     let r = sb.run_demo("snoop", "policy", "apply", "snoop", 1, 1).await;
@@ -180,8 +191,17 @@ warn contains json.marshal(input)
         [format!("the password is {MASK}").as_str()],
         "{r}"
     );
-    let everything = messages(&r, "warn")[0];
-    assert!(everything.contains("resource_changes") && everything.contains("\"terrace\""));
+    let warned = messages(&r, "warn");
+    assert!(
+        warned.contains(&"the input has the plan and the job")
+            && !warned.contains(&"the password is somewhere in the input"),
+        "{warned:?}"
+    );
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.starts_with("the input has ") && w.ends_with(" bytes"))
+    );
     for (what, text) in [
         ("the result", r.to_string()),
         (

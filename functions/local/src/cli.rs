@@ -115,7 +115,7 @@ pub(crate) struct Global {
     pub(crate) policy_timeout: u64,
     /// MiB of address space one evaluation of the policies may use.
     #[arg(long, env = "TERRACE_POLICY_MEMORY_MB", default_value_t = 1024, global = true,
-          value_parser = clap::value_parser!(u64).range(64..))]
+          value_parser = clap::value_parser!(u64).range(64..=1 << 20))]
     pub(crate) policy_memory_mb: u64,
     /// The policies, once read (`--policies`).
     #[arg(skip)]
@@ -468,7 +468,13 @@ impl Global {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let mut g = cli.global;
-    if let Some(text) = g.policies.clone() {
+    // Read by the commands that plan (and `validate`, which says whether they parse) only:
+    // a broken set must not stand between anyone and `result`, `logs` or `state`.
+    let plans = matches!(
+        cli.command,
+        Cmd::Run { .. } | Cmd::Estimate { .. } | Cmd::Validate { .. } | Cmd::Serve(_)
+    );
+    if let Some(text) = g.policies.clone().filter(|_| plans) {
         match crate::policy_cmd::load(&g, &text).await {
             Ok(policies) => g.loaded_policies = Some(policies),
             Err(e) => {

@@ -193,18 +193,24 @@ impl PolicySettings {
             ),
         };
         let time = seconds("TERRACE_POLICY_TIMEOUT", Bounds::default().time.as_secs())?;
+        if time > Duration::from_secs(600) {
+            return Err(ConfigError::Malformed {
+                name: "TERRACE_POLICY_TIMEOUT".into(),
+                value: time.as_secs().to_string(),
+                expected: "a number of seconds from 1 to 600",
+            });
+        }
         let memory_mb = match var("TERRACE_POLICY_MEMORY_MB") {
             None => Bounds::default().memory_bytes >> 20,
-            Some(v) => {
-                v.parse::<u64>()
-                    .ok()
-                    .filter(|mb| *mb >= 64)
-                    .ok_or(ConfigError::Malformed {
-                        name: "TERRACE_POLICY_MEMORY_MB".into(),
-                        value: v,
-                        expected: "a number of MiB, at least 64",
-                    })?
-            }
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .filter(|mb| (64..=1 << 20).contains(mb))
+                .ok_or(ConfigError::Malformed {
+                    name: "TERRACE_POLICY_MEMORY_MB".into(),
+                    value: v,
+                    expected: "a number of MiB from 64 to 1048576",
+                })?,
         };
         Ok(Self {
             source,
@@ -266,9 +272,7 @@ impl PolicySettings {
                 .map_err(|why| ConfigError::Invalid(format!("{setting}: {why}")))?;
             let own = self.read(&source, &setting, open).await?;
             let set = match &runner {
-                Some(runner) => runner
-                    .with(&own, &source.label())
-                    .map_err(|e| ConfigError::Invalid(format!("{setting}: {e}")))?,
+                Some(runner) => runner.with(&own, &source.label()),
                 None => own,
             };
             self.tenants.insert(tenant.clone(), policies(set));

@@ -35,6 +35,10 @@ pub struct PolicyFile {
     /// Written in Rego v0 (no `if`/`contains`), as older policies are; v1 otherwise.
     #[serde(default)]
     pub v0: bool,
+    /// The set it belongs to beside others: empty for the runner's, the label of a tenant's.
+    /// Each set is evaluated on its own, so no set's rules can change another's.
+    #[serde(default)]
+    pub group: String,
 }
 
 /// The policies a runner holds every plan to.
@@ -132,8 +136,13 @@ pub enum PolicyError {
         .limit_bytes >> 20
     )]
     Memory { limit_bytes: u64 },
+    /// A rule's own error (a builtin given the wrong type, rules that conflict).
     #[error("the policies could not be evaluated: {0}")]
     Eval(String),
+    /// The runner's fault, not the policies': the evaluator did not start or answered nothing
+    /// readable.
+    #[error("the runner could not evaluate the policies: {0}")]
+    Evaluator(String),
 }
 
 impl PolicyError {
@@ -142,6 +151,11 @@ impl PolicyError {
         matches!(self, Self::Time { .. } | Self::Memory { .. })
     }
 }
+
+/// The most verdicts of each kind a result carries, and the longest message: a result must
+/// fit a queue message. Past them, one verdict says how many more there were.
+const MAX_VERDICTS: usize = 50;
+const MAX_MESSAGE: usize = 1000;
 
 impl PolicySet {
     /// Reads every `.rego` file under `dir` (tests, `*_test.rego`, left out) and parses each.
@@ -223,21 +237,18 @@ impl PolicySet {
                     }
                 },
             };
-            parsed.push(PolicyFile { name, text, v0 });
+            parsed.push(PolicyFile {
+                name,
+                text,
+                v0,
+                group: String::new(),
+            });
         }
         parsed.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut hash = sha2::Sha256::new();
-        for file in &parsed {
-            hash.update(file.name.as_bytes());
-            hash.update([0]);
-            hash.update(file.text.as_bytes());
-            hash.update([0]);
-        }
-        let digest = format!("sha256:{}", hex(&hash.finalize()));
         let set = Self {
             origin,
+            digest: digest(&parsed),
             files: parsed,
-            digest,
         };
         // The files load side by side (a conflict between rules is found when evaluated).
         engine(&set.files, None).map_err(|e| PolicyError::Read {
@@ -249,26 +260,34 @@ impl PolicySet {
 }
 
 impl PolicySet {
-    /// This set with `other`'s files beside its own, named `<label>/<file>`: a tenant's set on
-    /// top of the runner's. The rules of a package split across the two must agree: a conflict
-    /// is an error of the evaluation (the job fails closed), not of this.
-    ///
-    /// # Errors
-    /// Files of the two that do not go together.
-    pub fn with(&self, other: &PolicySet, label: &str) -> Result<PolicySet, PolicyError> {
-        let files = self
-            .files
-            .iter()
-            .map(|f| (f.name.clone(), f.text.clone()))
-            .chain(
-                other
-                    .files
-                    .iter()
-                    .map(|f| (format!("{label}/{}", f.name), f.text.clone())),
-            )
-            .collect();
-        PolicySet::parse(format!("{} and {}", self.origin, other.origin), files)
+    /// This set with `other`'s files beside its own, named `<label>/<file>`: a tenant's set
+    /// beside the runner's. Each is evaluated on its own (no rule of one can change a rule of
+    /// the other, even in a package of the same name), and the verdicts of both count.
+    pub fn with(&self, other: &PolicySet, label: &str) -> PolicySet {
+        let mut files = self.files.clone();
+        files.extend(other.files.iter().map(|f| PolicyFile {
+            name: format!("{label}/{}", f.name),
+            group: label.to_owned(),
+            ..f.clone()
+        }));
+        PolicySet {
+            origin: format!("{} and {}", self.origin, other.origin),
+            digest: digest(&files),
+            files,
+        }
     }
+}
+
+/// `sha256:` of every file's name and text, in order.
+fn digest(files: &[PolicyFile]) -> String {
+    let mut hash = sha2::Sha256::new();
+    for file in files {
+        hash.update(file.name.as_bytes());
+        hash.update([0]);
+        hash.update(file.text.as_bytes());
+        hash.update([0]);
+    }
+    format!("sha256:{}", hex(&hash.finalize()))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -291,6 +310,8 @@ fn engine(
     limit: Option<Duration>,
 ) -> Result<(regorus::Engine, BTreeMap<String, Vec<String>>), String> {
     let mut engine = regorus::Engine::new();
+    // A rule's `print` is kept in the engine (and dropped), never written out.
+    engine.set_gather_prints(true);
     if let Some(limit) = limit {
         engine.set_execution_timer_config(regorus::utils::limits::ExecutionTimerConfig {
             limit,
@@ -319,6 +340,57 @@ pub fn evaluate_here(
     input: &str,
     limit: Duration,
 ) -> Result<Verdicts, PolicyError> {
+    let input = regorus::Value::from_json_str(input)
+        .map_err(|e| PolicyError::Evaluator(format!("the input: {e}")))?;
+    let mut verdicts = Verdicts {
+        policies: digest.to_owned(),
+        ..Verdicts::default()
+    };
+    let mut groups: BTreeMap<&str, Vec<PolicyFile>> = BTreeMap::new();
+    for file in files {
+        groups.entry(&file.group).or_default().push(file.clone());
+    }
+    for group in groups.values() {
+        judge_group(group, &input, limit, &mut verdicts)?;
+    }
+    for list in [&mut verdicts.deny, &mut verdicts.warn] {
+        cap(list);
+    }
+    Ok(verdicts)
+}
+
+/// At most [`MAX_VERDICTS`], each message at most [`MAX_MESSAGE`] bytes.
+fn cap(list: &mut Vec<Verdict>) {
+    for v in list.iter_mut() {
+        if v.message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !v.message.is_char_boundary(end) {
+                end -= 1;
+            }
+            v.message.truncate(end);
+            v.message.push('…');
+        }
+    }
+    if list.len() > MAX_VERDICTS {
+        let more = list.len() - (MAX_VERDICTS - 1);
+        list.truncate(MAX_VERDICTS - 1);
+        let last = &list[MAX_VERDICTS - 2];
+        let (policy, rule) = (last.policy.clone(), last.rule.clone());
+        list.push(Verdict {
+            policy,
+            rule,
+            message: format!("… and {more} more"),
+        });
+    }
+}
+
+/// One set's verdicts, from an engine of its own.
+fn judge_group(
+    files: &[PolicyFile],
+    input: &regorus::Value,
+    limit: Duration,
+    verdicts: &mut Verdicts,
+) -> Result<(), PolicyError> {
     let timed_out = |e: &anyhow::Error| {
         e.chain().any(|cause| {
             cause
@@ -327,13 +399,7 @@ pub fn evaluate_here(
         }) || e.to_string().contains("exceeded time limit")
     };
     let (mut engine, packages) = engine(files, Some(limit)).map_err(PolicyError::Eval)?;
-    let input = regorus::Value::from_json_str(input)
-        .map_err(|e| PolicyError::Eval(format!("the input: {e}")))?;
-    engine.set_input(input);
-    let mut verdicts = Verdicts {
-        policies: digest.to_owned(),
-        ..Verdicts::default()
-    };
+    engine.set_input(input.clone());
     for (package, files) in packages {
         let results = engine.eval_query(package.clone(), false).map_err(|e| {
             if timed_out(&e) {
@@ -352,9 +418,9 @@ pub fn evaluate_here(
         };
         let json = value
             .to_json_str()
-            .map_err(|e| PolicyError::Eval(e.to_string()))?;
+            .map_err(|e| PolicyError::Evaluator(e.to_string()))?;
         let rules: serde_json::Value =
-            serde_json::from_str(&json).map_err(|e| PolicyError::Eval(e.to_string()))?;
+            serde_json::from_str(&json).map_err(|e| PolicyError::Evaluator(e.to_string()))?;
         let Some(rules) = rules.as_object() else {
             continue;
         };
@@ -376,7 +442,7 @@ pub fn evaluate_here(
             }
         }
     }
-    Ok(verdicts)
+    Ok(())
 }
 
 /// `deny`, or `deny_<anything>`, for `names` = `["deny"]`.
@@ -389,11 +455,13 @@ fn is_rule(rule: &str, names: &[&str]) -> bool {
     })
 }
 
-/// The messages a rule's value gives: each string of a set, each object's `msg`, or the
-/// rule itself when it is just `true`.
+/// The messages a rule's value gives: each string of a set, each object's `msg`, the rule
+/// itself when it is just `true`; any other value but `false` as its JSON (a deny is never
+/// lost for being of another type).
 fn messages(value: &serde_json::Value, rule: &str) -> Vec<String> {
     use serde_json::Value;
     match value {
+        Value::Bool(false) => Vec::new(),
         Value::Bool(true) => vec![format!("{rule} is true")],
         Value::String(s) => vec![s.clone()],
         Value::Array(items) => items.iter().flat_map(|v| messages(v, rule)).collect(),
@@ -401,7 +469,7 @@ fn messages(value: &serde_json::Value, rule: &str) -> Vec<String> {
             Some(Value::String(msg)) => vec![msg.clone()],
             _ => vec![value.to_string()],
         },
-        _ => Vec::new(),
+        other => vec![format!("{rule}: {other}")],
     }
 }
 
@@ -418,7 +486,7 @@ impl Policies {
                 let (input, limit) = (input.to_string(), self.bounds.time);
                 tokio::task::spawn_blocking(move || evaluate_here(&files, &digest, &input, limit))
                     .await
-                    .map_err(|e| PolicyError::Eval(e.to_string()))?
+                    .map_err(|e| PolicyError::Evaluator(e.to_string()))?
             }
         }
     }

@@ -113,7 +113,7 @@ pub enum SourceError {
     /// No listing: never published, or not finished.
     #[error(
         "{what} is not published in {location}{}",
-        if *nothing_there { " (nothing is: is that the bucket and prefix templates are published to?)" } else { "" }
+        if *nothing_there { " (nothing is: is that the bucket and prefix they are published to?)" } else { "" }
     )]
     NotPublished {
         what: String,
@@ -125,14 +125,14 @@ pub enum SourceError {
     #[error("{0}")]
     Invalid(String),
     /// The bucket could not be read: may pass.
-    #[error("the templates in {location} cannot be read: {source}")]
+    #[error("{location} cannot be read: {source}")]
     Unavailable {
         location: String,
         #[source]
         source: Box<StoreError>,
     },
     /// The local copy could not be made.
-    #[error("the template cache {path} cannot be written: {source}")]
+    #[error("the cache {path} cannot be written: {source}")]
     Cache {
         path: PathBuf,
         #[source]
@@ -273,6 +273,16 @@ impl Published {
             .await?;
         }
         Ok(())
+    }
+
+    /// Makes the cache's copy of `<prefix>/<path>` what is published, checked file by file
+    /// against its listing; `what` names it in errors (a policy set's `name/version`).
+    ///
+    /// # Errors
+    /// As [`Self::fetch`].
+    pub async fn fetch_path(&self, path: &str, what: &str) -> Result<(), SourceError> {
+        let _one = self.fetching.lock().await;
+        self.sync(path, what, None).await
     }
 
     /// Brings `<cache>/<path>` to what `<prefix>/<path>` holds; with `pin`, the listing's

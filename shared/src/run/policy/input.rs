@@ -1,8 +1,8 @@
 //! The input a policy sees: terraform's plan JSON (`terraform show -json`), whole, as conftest
 //! gives it (so `input.resource_changes`, `input.planned_values`, `input.configuration` are
-//! where policies written for conftest look), with every value terraform marks sensitive and
-//! every sensitive variable masked, every secret of the job redacted, and the job's own facts
-//! under `input.terrace`.
+//! where policies written for conftest look), with every value terraform marks sensitive,
+//! every sensitive variable (its value and its default) and every literal of the configuration
+//! masked, every secret of the job redacted, and the job's own facts under `input.terrace`.
 
 use serde_json::{Value, json};
 
@@ -33,6 +33,9 @@ pub fn of_plan(plan_json: &str, facts: &Facts<'_>, redactor: &Redactor) -> Resul
     }
     mask_variables(&mut plan);
     mask_sensitive(&mut plan);
+    if let Some(configuration) = plan.get_mut("configuration") {
+        mask_configuration(configuration);
+    }
     let mut plan = redactor.redact_json(&plan);
     plan["terrace"] = json!({
         "job_id": facts.job_id,
@@ -51,11 +54,15 @@ pub fn of_plan(plan_json: &str, facts: &Facts<'_>, redactor: &Redactor) -> Resul
 pub fn mask_sensitive(value: &mut Value) {
     match value {
         Value::Object(map) => {
+            // `before`/`before_sensitive`, and `config_values`/`config_sensitive` (actions).
             let pairs: Vec<(String, String)> = map
                 .keys()
                 .filter_map(|k| {
                     let base = k.strip_suffix("_sensitive")?;
-                    map.contains_key(base).then(|| (base.to_owned(), k.clone()))
+                    [base.to_owned(), format!("{base}_values")]
+                        .into_iter()
+                        .find(|b| map.contains_key(b))
+                        .map(|b| (b, k.clone()))
                 })
                 .collect();
             for (base, marks) in pairs {
@@ -100,6 +107,27 @@ fn mask_under(value: &mut Value, marks: &Value) {
                 mask_under(v, mark);
             }
         }
+        _ => {}
+    }
+}
+
+/// Masks, in the configuration: every literal (`constant_value`, which terraform writes even
+/// for a sensitive attribute or a provider's credentials), and the `default` of every variable
+/// declared `sensitive`, in every module. A policy reads values from the plan's changes.
+fn mask_configuration(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(v) = map.get_mut("constant_value") {
+                *v = Value::String(MASK.to_owned());
+            }
+            if map.get("sensitive") == Some(&Value::Bool(true))
+                && let Some(v) = map.get_mut("default")
+            {
+                *v = Value::String(MASK.to_owned());
+            }
+            map.values_mut().for_each(mask_configuration);
+        }
+        Value::Array(items) => items.iter_mut().for_each(mask_configuration),
         _ => {}
     }
 }

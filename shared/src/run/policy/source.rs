@@ -42,13 +42,7 @@ impl SetRef {
             (Some(v), Some(n), Some(b)) => (v, n, b),
             _ => return Err(format!("{text}: {form}")),
         };
-        for part in [name, version] {
-            if !crate::job::validate::is_path_segment(part) || part.starts_with('_') {
-                return Err(format!(
-                    "{text}: {part:?} is not a name or a version: {form}"
-                ));
-            }
-        }
+        check_name(name, version).map_err(|why| format!("{text}: {why}: {form}"))?;
         let location = Location::parse(base)?;
         if matches!(location, Location::Folder(_)) {
             return Err(format!("{text}: {form}"));
@@ -101,13 +95,22 @@ pub async fn fetch(
     cache: &Path,
 ) -> Result<PolicySet, PolicyError> {
     let origin = format!("{}/{name}/{version}", base.trim_end_matches('/'));
-    let published = Published::new(bucket, prefix, cache.to_owned(), base);
+    check_name(name, version).map_err(|why| PolicyError::Read {
+        origin: origin.clone(),
+        why,
+    })?;
+    // One cache folder per bucket and prefix: two buckets' sets of one name never meet.
+    let place = state_backends::sha256_hex(base.trim_end_matches('/').as_bytes());
+    let published = Published::new(bucket, prefix, cache.join(&place[..16]), base);
     published
-        .fetch(name, version)
+        .fetch_path(
+            &format!("{name}/{version}"),
+            &format!("policy set {name} {version}"),
+        )
         .await
         .map_err(|e| PolicyError::Read {
             origin: origin.clone(),
-            why: e.to_string().replace("template ", "policy set "),
+            why: e.to_string(),
         })?;
     let mut set = PolicySet::load(&published.cache().join(name).join(version))?;
     set.origin = origin;
@@ -128,24 +131,46 @@ pub async fn publish(
     (name, version): (&str, &str),
 ) -> Result<(PolicySet, Publication), PolicyError> {
     let set = PolicySet::load(dir)?;
-    for part in [name, version] {
-        if !crate::job::validate::is_path_segment(part) || part.starts_with('_') {
-            return Err(PolicyError::Read {
-                origin: dir.display().to_string(),
-                why: format!(
-                    "{part:?} is not a name or a version (letters, digits, `.`, `-`, `_`; not starting with `_`)"
-                ),
-            });
-        }
+    check_name(name, version).map_err(|why| PolicyError::Read {
+        origin: dir.display().to_string(),
+        why,
+    })?;
+    // Only the files the set is made of: no dot-folder (`.git`), no test, no other file.
+    let staged = tempfile::tempdir().map_err(|e| PolicyError::Read {
+        origin: dir.display().to_string(),
+        why: format!("a staging folder: {e}"),
+    })?;
+    for file in &set.files {
+        let path = staged.path().join(&file.name);
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&path, &file.text));
+        written.map_err(|e| PolicyError::Read {
+            origin: dir.display().to_string(),
+            why: format!("staging {}: {e}", file.name),
+        })?;
     }
     // The cache is not used to publish.
     let published = Published::new(bucket, prefix, std::env::temp_dir(), base);
     let publication = published
-        .publish(dir, &format!("{name}/{version}"))
+        .publish(staged.path(), &format!("{name}/{version}"))
         .await
         .map_err(|e| PolicyError::Read {
             origin: format!("{}/{name}/{version}", base.trim_end_matches('/')),
             why: e.to_string(),
         })?;
     Ok((set, publication))
+}
+
+/// A set's name and version are path segments, neither starting with `_`.
+fn check_name(name: &str, version: &str) -> Result<(), String> {
+    for part in [name, version] {
+        if !crate::job::validate::is_path_segment(part) || part.starts_with('_') {
+            return Err(format!(
+                "{part:?} is not a name or a version (letters, digits, `.`, `-`, `_`; not starting with `_`)"
+            ));
+        }
+    }
+    Ok(())
 }

@@ -158,7 +158,12 @@ fn the_input_masks_what_terraform_and_the_job_mark_sensitive() {
     let plan = json!({
         "format_version": "1.2",
         "variables": {"password": {"value": "hunter2"}, "size": {"value": "s"}, "note": {"value": "the token is tok-123"}},
-        "configuration": {"root_module": {"variables": {"password": {"sensitive": true}, "size": {}}}},
+        "configuration": {"root_module": {
+            "variables": {"password": {"sensitive": true, "default": "dflt-pw"}, "size": {}},
+            "resources": [{"address": "a.b", "expressions": {"secret": {"constant_value": "lit-pw"}}}],
+            "module_calls": {"m": {"module": {"variables": {"key": {"sensitive": true, "default": "mod-pw"}}}}}
+        }},
+        "action_invocations": [{"config_values": {"token": "act-pw", "name": "x"}, "config_sensitive": {"token": true}}],
         "planned_values": {
             "outputs": {"pw": {"sensitive": true, "value": "hunter2"}, "id": {"sensitive": false, "value": "x"}},
             "root_module": {"resources": [{"address": "a.b", "values": {"name": "n", "secret": {"key": "k1"}}, "sensitive_values": {"secret": {"key": true}}}]}
@@ -183,7 +188,9 @@ fn the_input_masks_what_terraform_and_the_job_mark_sensitive() {
     let redactor = Redactor::new(["tok-123".to_owned()]);
     let input = of_plan(&plan.to_string(), &facts, &redactor).unwrap();
     let text = input.to_string();
-    for secret in ["hunter2", "tok-123", "k1", "\"q\""] {
+    for secret in [
+        "hunter2", "tok-123", "k1", "\"q\"", "dflt-pw", "lit-pw", "mod-pw", "act-pw",
+    ] {
         assert!(!text.contains(secret), "{secret} in {text}");
     }
     assert_eq!(input["variables"]["size"]["value"], "s");
@@ -202,6 +209,7 @@ fn the_input_masks_what_terraform_and_the_job_mark_sensitive() {
     );
     assert_eq!(input["planned_values"]["outputs"]["id"]["value"], "x");
     assert_eq!(input["output_changes"]["pw"]["after"], MASK);
+    assert_eq!(input["action_invocations"][0]["config_values"]["name"], "x");
     assert_eq!(input["terrace"]["tenant"], "acme");
     assert_eq!(input["terrace"]["operation"], "apply");
     assert_eq!(input["terrace"]["template"], "demo@1.0.0");
@@ -450,20 +458,35 @@ fn a_set_is_named_by_a_folder_or_a_bucket_url_with_its_name_and_version() {
 fn a_tenants_set_sits_beside_the_runners_named_by_its_label() {
     let runner = set(&[("tags.rego", TAGS_V1)]).unwrap();
     let tenant = set(&[("cost.rego", COST_V0)]).unwrap();
-    let both = runner.with(&tenant, "strict@3").unwrap();
+    let both = runner.with(&tenant, "strict@3");
     let names: Vec<_> = both.files.iter().map(|f| f.name.as_str()).collect();
-    assert_eq!(names, ["strict@3/cost.rego", "tags.rego"]);
+    assert_eq!(names, ["tags.rego", "strict@3/cost.rego"]);
     assert_ne!(both.digest, runner.digest);
-    // Rules of one package that do not agree across the two fail the evaluation: closed.
-    let clash = set(&[("x.rego", "package main\n\ndeny := 1\n")]).unwrap();
-    let clashed = runner.with(&clash, "clash").unwrap();
-    let e = evaluate_here(
-        &clashed.files,
-        &clashed.digest,
-        r#"{"resource_changes": []}"#,
-        Duration::from_secs(5),
-    )
-    .unwrap_err();
-    assert!(matches!(e, PolicyError::Eval(_)), "{e}");
-    println!("{e}");
+    // A tenant's set cannot change the runner's rules, even in a package of the same name:
+    // each set is evaluated on its own.
+    let guarded = set(&[(
+        "guard.rego",
+        "package main\n\nimport rego.v1\n\ndefault exempt := false\n\ndeny contains \"no\" if { not exempt }\n",
+    )])
+    .unwrap();
+    let sneaky = set(&[(
+        "x.rego",
+        "package main\n\nimport rego.v1\n\nexempt := true\n",
+    )])
+    .unwrap();
+    let merged = guarded.with(&sneaky, "sneaky");
+    let v = evaluate_here(&merged.files, &merged.digest, "{}", Duration::from_secs(5)).unwrap();
+    assert_eq!(said(&v.deny), ["no"], "{v:?}");
+}
+
+#[test]
+fn any_deny_value_but_false_is_a_verdict_and_too_many_are_capped() {
+    let odd = "package odd\n\nimport rego.v1\n\ndeny contains 7 if { true }\n\nwarn contains x if { some x in numbers.range(1, 500) }\n";
+    let v = judge(&[("odd.rego", odd)], json!({})).unwrap();
+    assert_eq!(said(&v.deny), ["data.odd.deny: 7"]);
+    assert_eq!(v.warn.len(), MAX_VERDICTS);
+    assert_eq!(
+        v.warn.last().unwrap().message,
+        format!("… and {} more", 500 - (MAX_VERDICTS - 1))
+    );
 }

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use crate::job::{Operation, RetryPolicy};
 use crate::run::classify::classify_after;
 use crate::run::logs::Logger;
-use crate::run::policy::{Policies, input};
+use crate::run::policy::{Policies, PolicyError, input};
 use crate::run::result::{
     Attempt, Category, Changes, DriftedResource, JobError, StepTiming, outputs_from_json,
 };
@@ -447,24 +447,36 @@ async fn judge(
     let input = input::of_plan(&String::from_utf8_lossy(shown), &facts, s.logger.redactor())
         .map_err(|e| JobError::internal(STEP, e))?;
     let started = std::time::Instant::now();
-    let verdicts = policies.evaluate(&input).await.map_err(|e| {
-        JobError::new(
+    let mut verdicts = policies.evaluate(&input).await.map_err(|e| match e {
+        // The runner's fault: another delivery may pass.
+        PolicyError::Evaluator(_) => JobError::new(
+            Category::Internal,
+            STEP,
+            e.to_string(),
+            "nothing was applied: the runner could not start its policy evaluator; send the job again (under a new job id), and tell the runner's operator if it persists",
+            true,
+        ),
+        e => JobError::new(
             Category::Policy,
             STEP,
             e.to_string(),
             if e.is_limit() {
-                "nothing was applied: a policy ran past the runner's bounds (TERRACE_POLICY_TIMEOUT, TERRACE_POLICY_MEMORY_MB); fix the rule, then send the job again under a new job id"
+                "nothing was applied: a policy ran past the runner's bounds (TERRACE_POLICY_TIMEOUT, TERRACE_POLICY_MEMORY_MB); ask the policies' owner to fix the rule, then send the job again under a new job id"
             } else {
-                "nothing was applied: fix the rule the error names, then send the job again under a new job id"
+                "nothing was applied: a policy failed; ask the policies' owner (the runner's TERRACE_POLICIES, or the tenant's `policies`) to fix the rule the error names, then send the job again under a new job id"
             },
             false,
-        )
+        ),
     })?;
+    // A policy may rebuild a secret from what it sees: its messages are masked as logs are.
     let redactor = s.logger.redactor();
+    for v in verdicts.deny.iter_mut().chain(verdicts.warn.iter_mut()) {
+        v.message = redactor.redact(&v.message);
+    }
     for (kind, list) in [("deny", &verdicts.deny), ("warn", &verdicts.warn)] {
         for v in list {
             s.logger
-                .runner(STEP, &redactor.redact(&format!("{kind}: {}", v.describe())))
+                .runner(STEP, &format!("{kind}: {}", v.describe()))
                 .await;
         }
     }

@@ -460,7 +460,7 @@ async fn a_bucket_with_nothing_published_says_so() {
     let e = f.published().fetch("app", "1.0.0").await.unwrap_err();
     assert!(
         e.to_string().starts_with(
-            "template app 1.0.0 is not published in mem://lib/templates (nothing is: is that"
+            "template app 1.0.0 is not published in mem://lib/templates (nothing is: is that the bucket"
         ),
         "{e}"
     );
