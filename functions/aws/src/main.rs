@@ -7,11 +7,19 @@ use aws::{broker, config, events};
 use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::Value;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // A policy evaluation (the runner's own child) needs no runtime: answered before one starts.
     if let Some(code) = shared::run::policy::child::answer_if_asked() {
         return code;
     }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the runtime starts")
+        .block_on(serve())
+}
+
+async fn serve() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("credentials") {
         return broker::print().await;
     }

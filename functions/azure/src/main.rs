@@ -7,11 +7,19 @@ use tokio_util::sync::CancellationToken;
 use azure::app::App;
 use azure::{access, config};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // A policy evaluation (the runner's own child) needs no runtime: answered before one starts.
     if let Some(code) = shared::run::policy::child::answer_if_asked() {
         return code;
     }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the runtime starts")
+        .block_on(serve())
+}
+
+async fn serve() -> ExitCode {
     shared::host::process::init_json_logs();
     shared::host::process::harden();
     let mut config = match config::Config::from_env() {
