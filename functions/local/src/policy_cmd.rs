@@ -60,18 +60,9 @@ pub(crate) async fn run(cmd: PolicyCmd) -> anyhow::Result<u8> {
 }
 
 async fn publish(dir: &Path, name: &str, version: &str, to: &str) -> anyhow::Result<u8> {
-    let url: StoreUrl = match to.parse() {
-        Ok(StoreUrl::Fs(_)) => {
-            eprintln!(
-                "error: --to: give a bucket (s3://, gs://, az://); a folder needs no publishing"
-            );
-            return Ok(exit::USAGE);
-        }
+    let url = match store::publish_target(to) {
         Ok(url) => url,
-        Err(e) => {
-            eprintln!("error: --to: {e}");
-            return Ok(exit::USAGE);
-        }
+        Err(code) => return Ok(code),
     };
     let (bucket, prefix) = store::open_bucket(&url).await?;
     let base = url.to_string();

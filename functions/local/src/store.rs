@@ -291,6 +291,24 @@ pub async fn open(url: &StoreUrl, keys: Option<Keyring>) -> anyhow::Result<Arc<d
     }
 }
 
+/// The bucket `--to` names for `template publish` and `policy publish`; a folder or a URL that
+/// is not one is told on stderr and answered with the usage exit code.
+pub(crate) fn publish_target(to: &str) -> Result<StoreUrl, u8> {
+    match to.parse() {
+        Ok(StoreUrl::Fs(_)) => {
+            eprintln!(
+                "error: --to: give a bucket (s3://, gs://, az://); a folder needs no publishing"
+            );
+            Err(crate::exit::USAGE)
+        }
+        Ok(url) => Ok(url),
+        Err(e) => {
+            eprintln!("error: --to: {e}");
+            Err(crate::exit::USAGE)
+        }
+    }
+}
+
 /// The bucket (or container) `url` names, and the prefix under it, for templates: with the
 /// credentials of this machine.
 ///

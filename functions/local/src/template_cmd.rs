@@ -261,18 +261,9 @@ async fn publish(g: &Global, name: &str, version: &str, to: &str) -> anyhow::Res
         eprintln!("error: --templates must be the folder to publish from, not a bucket");
         return Ok(exit::USAGE);
     };
-    let url: StoreUrl = match to.parse() {
-        Ok(StoreUrl::Fs(_)) => {
-            eprintln!(
-                "error: --to: give a bucket (s3://, gs://, az://); a folder needs no publishing"
-            );
-            return Ok(exit::USAGE);
-        }
+    let url = match store::publish_target(to) {
         Ok(url) => url,
-        Err(e) => {
-            eprintln!("error: --to: {e}");
-            return Ok(exit::USAGE);
-        }
+        Err(code) => return Ok(code),
     };
     let template = match Template::load(&root, name, version) {
         Ok(t) => t,
