@@ -19,11 +19,11 @@ test: tools ## the whole test suite, with real terraform and the cloud emulators
 schema: ## regenerate docs/schema/ from the record types (a unit test fails while it is stale)
 	cargo run -q -p local --bin terrace -- schema --write docs/schema
 
-images: ## the three function images, with podman, from this checkout (scripts/build-images.sh)
+images: ## the three function images and the worker's, with podman, from this checkout (scripts/build-images.sh)
 	scripts/build-images.sh
 
-test-images: tools images ## run a real job in each built image, against the emulators
-	scripts/with-emulators.sh cargo test -p tests --test aws_lambda --test gcp_service --test azure_job -- --ignored the_image
+test-images: tools images ## run a real job in each built image, against the emulators and RabbitMQ
+	scripts/with-emulators.sh cargo test -p tests --test aws_lambda --test gcp_service --test azure_job --test amqp -- --ignored the_image
 
 check-deploy: ## terraform fmt, checkov and cfn-lint over deploy/ (terraform validate needs the real providers)
 	scripts/check-deploy.sh

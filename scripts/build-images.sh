@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds the three function images (localhost/terrace-{aws,gcp,azure}:dev) with podman from
-# deploy/Dockerfile, out of this checkout's own pieces, as the image tests run them:
+# Builds the three function images and the worker's (localhost/terrace-{aws,gcp,azure,worker}:dev)
+# with podman from deploy/Dockerfile, out of this checkout's own pieces, as the image tests run
+# them:
 #
-# - the function binaries built here (`cargo build`; with `--release`, a release build), their
+# - the function binaries and `terrace` built here (`cargo build`; with `--release`, a release build), their
 #   debug info stripped;
 # - the machine's terraform (scripts/install-terraform.sh), called `terraform` in the image;
 # - the templates (the demo and the test templates) and the provider mirror holding the
@@ -24,13 +25,13 @@ terraform="$(scripts/install-terraform.sh)"
 mirror="$(scripts/install-testcloud-provider.sh)"
 cargo_flags=()
 [[ "$profile" == release ]] && cargo_flags+=(--release)
-cargo build --quiet "${cargo_flags[@]}" -p aws -p gcp -p azure
+cargo build --quiet "${cargo_flags[@]}" -p aws -p gcp -p azure -p local
 
 stage="$repo_root/.image"
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/tools/bin" "$stage/tools/templates" "$stage/tools/providers"
-for cloud in aws gcp azure; do
-    objcopy --strip-debug "target/$profile/terrace-$cloud" "$stage/bin/terrace-$cloud"
+for bin in terrace-aws terrace-gcp terrace-azure terrace; do
+    objcopy --strip-debug "target/$profile/$bin" "$stage/bin/$bin"
 done
 cp "$terraform" "$stage/tools/bin/terraform"
 cp -r templates/demo "$stage/tools/templates/"
@@ -39,9 +40,12 @@ for t in tests/templates/*/; do
 done
 cp -r "$mirror"/. "$stage/tools/providers/"
 
-for cloud in aws gcp azure; do
+# The worker's image is the `terrace` target.
+for cloud in aws gcp azure worker; do
+    target="$cloud"
+    [[ "$cloud" == worker ]] && target=terrace
     echo "building localhost/terrace-$cloud:dev" >&2
-    podman build --quiet --file deploy/Dockerfile --target "$cloud" \
+    podman build --quiet --file deploy/Dockerfile --target "$target" \
         --build-arg BASE=localhost/terrace-base:bookworm \
         --build-arg BINARIES=prebuilt --build-arg TOOLS=prebuilt --build-arg TERRAFORM=terraform \
         --build-arg TEMPLATES=.image/tools/templates --build-arg TARGETARCH=amd64 \

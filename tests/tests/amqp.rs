@@ -627,3 +627,51 @@ async fn workers_throughput() {
         );
     }
 }
+
+/// The worker's image (`make images`, the Dockerfile's `terrace` target) as
+/// deploy/self-hosted/compose.yaml runs it: `terrace serve` on the broker takes a job and
+/// applies it with what the image brings (terraform, templates, providers), publishes its
+/// result, and stops cleanly on SIGTERM as the container's first process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs the built image: make test-images"]
+async fn the_image_serves_the_broker_applies_a_job_and_stops_on_sigterm() {
+    use tests::image::{Container, image, podman};
+    let image = image("worker");
+    let sb = Sandbox::new();
+    let names = Names::new("image").await;
+    let mut function = sb.terrace();
+    function.envs(amqp::credentials());
+    // The sandbox (its store and the cache) at the same path in the container.
+    let dir = sb.dir.path().display().to_string();
+    let mut worker = Container::run(
+        &function,
+        &image,
+        &["--volume", &format!("{dir}:{dir}"), "--workdir", &dir],
+        &["serve", "--queue", &names.url(), "--declare"],
+    );
+    names.ready().await;
+    names.collect().await;
+    names
+        .publish(&message("img1", "image", "from-the-image"))
+        .await;
+    let records = names
+        .results_until(Duration::from_secs(120), |got| {
+            got.iter().any(|r| r["job_id"] == "img1")
+        })
+        .await;
+    let result = records.iter().find(|r| r["job_id"] == "img1").unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(sb.cloud_names(), ["from-the-image", "from-the-image-net"]);
+    let ws: WorkspaceId = "acme/image".parse().unwrap();
+    assert_eq!(sb.fs_store().versions(&ws).await.unwrap().len(), 1);
+    assert_eq!(names.depth(&names.jobs).await, 0, "the job is acknowledged");
+
+    // `podman stop` sends SIGTERM to the container's first process, terrace: it settles and
+    // exits 0 well before podman's 30 s would turn to SIGKILL.
+    let stopped = podman()
+        .args(["stop", "--time", "30", &worker.name])
+        .output()
+        .unwrap();
+    assert!(stopped.status.success(), "{stopped:?}");
+    assert_eq!(worker.wait(), Some(0), "the worker ends well on SIGTERM");
+}
