@@ -3,6 +3,9 @@
 # by scripts/install-rabbitmq.sh), and stops it afterwards whatever happens. Its data lives in a
 # temporary folder, deleted afterwards; the node has its own name, ports and epmd. Exports:
 #   TERRACE_TEST_AMQP           amqp://127.0.0.1:PORT
+#   TERRACE_TEST_AMQPS          amqps://localhost:PORT, the same node over TLS, its certificate
+#                               signed by a CA made at start:
+#   TERRACE_TEST_AMQP_CA        that CA's certificate (PEM)
 #   TERRACE_TEST_AMQP_USER, TERRACE_TEST_AMQP_PASSWORD  a user made at start (no guest)
 #   TERRACE_TEST_RABBITMQ_NODE, TERRACE_TEST_RABBITMQ_HOME, ERL_EPMD_PORT  for
 #                               HOME=$TERRACE_TEST_RABBITMQ_HOME rabbitmqctl -n $TERRACE_TEST_RABBITMQ_NODE
@@ -38,6 +41,28 @@ rabbit_base="$(mktemp -d /tmp/terrace-rabbitmq.XXXXXX)"
 chmod 755 "$rabbit_base"
 mkdir -p "$rabbit_base/mnesia" "$rabbit_base/log"
 echo "[]." >"$rabbit_base/enabled_plugins"
+# A CA of the run's own and the node's certificate for localhost, signed by it, for the TLS
+# listener.
+tls="$rabbit_base/tls"
+mkdir -p "$tls"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=terrace test CA" \
+    -keyout "$tls/ca.key" -out "$tls/ca.pem" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$tls/server.key" -out "$tls/server.csr" 2>/dev/null
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$tls/ext"
+openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial \
+    -days 2 -extfile "$tls/ext" -out "$tls/server.pem" 2>/dev/null
+rm -f "$tls/ca.key" "$tls/server.csr"
+chmod 644 "$tls/ca.pem"
+amqps_port="$(free_port)"
+cat >"$rabbit_base/rabbitmq.conf" <<CONF
+listeners.ssl.1 = 127.0.0.1:$amqps_port
+ssl_options.cacertfile = $tls/ca.pem
+ssl_options.certfile = $tls/server.pem
+ssl_options.keyfile = $tls/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
+CONF
 rabbit_user=()
 if [[ "$(id -u)" == 0 ]]; then
     # As root, rabbitmq-server switches to the rabbitmq user: its folders must be that user's.
@@ -56,6 +81,7 @@ export TERRACE_TEST_RABBITMQ_HOME="$rabbit_base"
     RABBITMQ_MNESIA_BASE="$rabbit_base/mnesia" \
     RABBITMQ_FEATURE_FLAGS_FILE="$rabbit_base/mnesia/feature_flags" \
     RABBITMQ_LOG_BASE="$rabbit_base/log" RABBITMQ_ENABLED_PLUGINS_FILE="$rabbit_base/enabled_plugins" \
+    RABBITMQ_CONFIG_FILE="$rabbit_base/rabbitmq.conf" \
     HOME="$rabbit_base" rabbitmq-server >"$logs/rabbitmq-$amqp_port.log" 2>&1 &
 rabbit_pid="$!"
 
@@ -80,6 +106,8 @@ while time.time() < deadline:
 sys.exit(f"rabbitmq-server did not answer AMQP on port {port} within 90 s")
 PY
 export TERRACE_TEST_AMQP="amqp://127.0.0.1:$amqp_port"
+export TERRACE_TEST_AMQPS="amqps://localhost:$amqps_port"
+export TERRACE_TEST_AMQP_CA="$tls/ca.pem"
 export TERRACE_TEST_AMQP_USER="terrace"
 TERRACE_TEST_AMQP_PASSWORD="$(python3 -c 'import secrets; print(secrets.token_hex(24))')"
 export TERRACE_TEST_AMQP_PASSWORD
@@ -87,6 +115,6 @@ rabbitmq_ctl add_user "$TERRACE_TEST_AMQP_USER" "$TERRACE_TEST_AMQP_PASSWORD" >/
 rabbitmq_ctl set_permissions "$TERRACE_TEST_AMQP_USER" '.*' '.*' '.*' >/dev/null
 rabbitmq_ctl delete_user guest >/dev/null
 
-echo "RabbitMQ on $TERRACE_TEST_AMQP" >&2
+echo "RabbitMQ on $TERRACE_TEST_AMQP and $TERRACE_TEST_AMQPS" >&2
 
 "$@"

@@ -24,6 +24,11 @@ pub fn broker() -> String {
     var("TERRACE_TEST_AMQP")
 }
 
+/// The PEM file of the CA that signed the test node's TLS certificate.
+pub fn ca() -> String {
+    var("TERRACE_TEST_AMQP_CA")
+}
+
 /// The test user's name and password, as a worker's environment gives them.
 pub fn credentials() -> [(String, String); 2] {
     [
@@ -94,6 +99,12 @@ impl Names {
             self.results,
             self.logs
         )
+    }
+
+    /// `--queue` for a worker on these names, over TLS (the node's TLS listener; its CA's
+    /// certificate is [`ca`]).
+    pub fn tls_url(&self) -> String {
+        self.url().replace(&broker(), &var("TERRACE_TEST_AMQPS"))
     }
 
     /// Declares the results exchange (as `--declare` does) and binds the collecting queue.
@@ -284,4 +295,73 @@ pub async fn connect() -> Connection {
     Connection::connect_uri(uri, ConnectionProperties::default())
         .await
         .expect("the test broker answers")
+}
+
+/// A worker process (`terrace serve --queue amqp://…`), killed when the test ends however it
+/// ends.
+pub struct Worker(pub std::process::Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Worker {
+    /// `terrace serve --queue NAMES --declare EXTRA` in `sb` with the test user's credentials;
+    /// its stderr inherited with `TERRACE_TEST_VERBOSE`, else dropped.
+    pub fn start(sb: &crate::Sandbox, names: &Names, extra: &[&str]) -> Self {
+        let stderr = if std::env::var_os("TERRACE_TEST_VERBOSE").is_some() {
+            std::process::Stdio::inherit()
+        } else {
+            std::process::Stdio::null()
+        };
+        Self::spawn(sb, names, extra, stderr)
+    }
+
+    /// As [`Worker::start`], its stderr read into what the returned thread ends with (once the
+    /// worker is dropped or stopped).
+    pub fn heard(
+        sb: &crate::Sandbox,
+        names: &Names,
+        extra: &[&str],
+    ) -> (Self, std::thread::JoinHandle<String>) {
+        let mut worker = Self::spawn(sb, names, extra, std::process::Stdio::piped());
+        let stderr = worker.0.stderr.take().expect("a piped stderr");
+        let verbose = std::env::var_os("TERRACE_TEST_VERBOSE").is_some();
+        let said = std::thread::spawn(move || {
+            let said = std::io::read_to_string(stderr).unwrap_or_default();
+            if verbose {
+                eprint!("{said}");
+            }
+            said
+        });
+        (worker, said)
+    }
+
+    fn spawn(
+        sb: &crate::Sandbox,
+        names: &Names,
+        extra: &[&str],
+        stderr: std::process::Stdio,
+    ) -> Self {
+        let mut cmd = sb.terrace();
+        cmd.envs(credentials())
+            .args(["serve", "--queue", &names.url(), "--declare"])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr);
+        Self(cmd.spawn().expect("terrace serve starts"))
+    }
+
+    /// Stops the worker as an operator does (SIGTERM): it takes no more messages and settles
+    /// those in hand before it exits. A SIGKILL right after a result was published would leave
+    /// that job's message unacknowledged, to be delivered again.
+    pub fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "the worker ended {status}");
+    }
 }

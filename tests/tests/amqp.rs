@@ -3,49 +3,13 @@
 //! every worker (its leases decide who runs a workspace).
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use state_backends::{LeaseRequest, StateStore as _, WorkspaceId};
 use tests::Sandbox;
-use tests::amqp::{self, Names};
-
-/// A worker process, killed when the test ends however it ends.
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Worker {
-    /// Stops the worker as an operator does (SIGTERM): it takes no more messages and settles
-    /// those in hand before it exits. A SIGKILL right after a result was published would leave
-    /// that job's message unacknowledged, to be delivered again.
-    fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).unwrap());
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let status = self.0.wait().unwrap();
-        assert!(status.success(), "the worker ended {status}");
-    }
-}
-
-fn worker(sb: &Sandbox, names: &Names, extra: &[&str]) -> Worker {
-    let mut cmd = sb.terrace();
-    cmd.envs(amqp::credentials())
-        .args(["serve", "--queue", &names.url(), "--declare"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(if std::env::var_os("TERRACE_TEST_VERBOSE").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        });
-    Worker(cmd.spawn().expect("terrace serve starts"))
-}
+use tests::amqp::{self, Names, Worker};
 
 fn message(id: &str, workspace: &str, cluster: &str) -> Value {
     json!({
@@ -87,7 +51,7 @@ async fn three_workers_share_sixty_jobs_each_runs_once_one_at_a_time_per_workspa
     let sb = Sandbox::new();
     let names = Names::new("share").await;
     let workers: Vec<Worker> = (0..3)
-        .map(|_| worker(&sb, &names, &["--concurrency", "2"]))
+        .map(|_| Worker::start(&sb, &names, &["--concurrency", "2"]))
         .collect();
     // The first worker to connect declares the queues and exchanges.
     names.ready().await;
@@ -160,7 +124,7 @@ async fn a_busy_workspaces_job_waits_on_the_delay_queue_and_runs_once_free() {
         )
         .await
         .unwrap();
-    let _w = worker(&sb, &names, &[]);
+    let _w = Worker::start(&sb, &names, &[]);
     names.ready().await;
     names.publish(&message("b1", "held", "held")).await;
 
@@ -197,7 +161,7 @@ async fn a_busy_workspaces_job_waits_on_the_delay_queue_and_runs_once_free() {
 async fn a_message_that_is_not_a_job_is_dead_lettered_masked_and_the_next_runs() {
     let sb = Sandbox::new();
     let names = Names::new("poison").await;
-    let _w = worker(&sb, &names, &[]);
+    let _w = Worker::start(&sb, &names, &[]);
     names.ready().await;
     let mut bad = message("p1", "poison", "poison");
     bad["job"]["operation"] = json!("explode");
@@ -282,6 +246,68 @@ async fn a_refused_password_a_missing_queue_and_credentials_in_the_url_are_clear
     assert!(!said.contains("inline-secret-77"), "{said}");
 }
 
+/// `amqps://`: a worker that trusts the broker's CA (`TERRACE_AMQP_CA_FILE`) takes a job
+/// submitted over TLS, runs it and publishes its result; one that does not, or that speaks TLS
+/// to the plain port, stops at once with the fix, and nothing of the password is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_amqps_runs_jobs_and_an_untrusted_broker_is_a_clear_error() {
+    let mut sb = Sandbox::new();
+    let names = Names::new("tls").await;
+    let serve = |sb: &Sandbox, url: &str| {
+        let mut cmd = sb.terrace();
+        cmd.envs(amqp::credentials())
+            .args(["serve", "--queue", url, "--declare"]);
+        cmd
+    };
+    // Not trusted: the system's roots do not hold the test CA.
+    let out = serve(&sb, &names.tls_url()).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{said}");
+    assert!(
+        said.contains("TLS certificate is not trusted") && said.contains("TERRACE_AMQP_CA_FILE"),
+        "{said}"
+    );
+    // TLS to the plain port.
+    let plain_port = names.url().replace("amqp://", "amqps://");
+    let out = serve(&sb, &plain_port).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{said}");
+    assert!(said.contains("does not speak TLS"), "{said}");
+    assert!(
+        !said.contains(&amqp::credentials()[1].1),
+        "the password is never said: {said}"
+    );
+
+    sb.env.push(("TERRACE_AMQP_CA_FILE".into(), amqp::ca()));
+    let mut cmd = serve(&sb, &names.tls_url());
+    let _w = Worker(
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    names.ready().await;
+    let path = sb.job(
+        "tls.yaml",
+        &tests::demo_job("tls1", "over-tls", "apply", "over-tls", 1),
+    );
+    let mut submit = sb.terrace();
+    submit
+        .envs(amqp::credentials())
+        .args(["submit", path.to_str().unwrap(), "--follow", "--to"])
+        .arg(names.tls_url());
+    let out = tokio::task::spawn_blocking(move || submit.output().unwrap())
+        .await
+        .unwrap();
+    tests::assert_followed_to_success(&out);
+    let records = names
+        .results_until(Duration::from_secs(60), |got| {
+            got.iter().any(|r| r["job_id"] == "tls1")
+        })
+        .await;
+    assert_eq!(records.last().unwrap()["status"], "succeeded");
+}
+
 /// A platform bound to the log exchange sees the job's lines while it runs (before its
 /// result exists), routed by tenant, workspace and job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,7 +317,7 @@ async fn a_consumer_of_the_log_exchange_sees_the_lines_while_the_job_runs() {
     sb.env
         .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "3000".into()));
     let names = Names::new("logs").await;
-    let _w = worker(&sb, &names, &[]);
+    let _w = Worker::start(&sb, &names, &[]);
     names.ready().await;
     let lines = names.bind(&names.logs, "acme.live.l1").await;
     let others = names.bind(&names.logs, "acme.other.#").await;
@@ -338,7 +364,7 @@ async fn a_worker_killed_mid_apply_leaves_its_job_to_another_with_nothing_lost()
         .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "3000".into()));
     sb.env.push(("TERRACE_LEASE_TTL".into(), "6".into()));
     let names = Names::new("kill").await;
-    let mut first = worker(&sb, &names, &[]);
+    let mut first = Worker::start(&sb, &names, &[]);
     names.ready().await;
     names.publish(&message("k1", "killed", "killed")).await;
 
@@ -351,7 +377,7 @@ async fn a_worker_killed_mid_apply_leaves_its_job_to_another_with_nothing_lost()
     }
     // Mid-apply: terraform is creating (3 s).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let _second = worker(&sb, &names, &[]);
+    let _second = Worker::start(&sb, &names, &[]);
     first.0.kill().unwrap();
     first.0.wait().unwrap();
 
@@ -390,7 +416,7 @@ async fn a_worker_killed_mid_apply_leaves_its_job_to_another_with_nothing_lost()
 async fn a_cancel_on_the_jobs_queue_stops_the_job_it_names() {
     let sb = Sandbox::new();
     let names = Names::new("cancel").await;
-    let _w = worker(&sb, &names, &["--concurrency", "1"]);
+    let _w = Worker::start(&sb, &names, &["--concurrency", "1"]);
     names.ready().await;
     names
         .publish(&json!({ "cancel": { "job": "c1", "tenant": "acme", "workspace": "cancelled" } }))
@@ -422,7 +448,7 @@ async fn a_cancel_on_the_jobs_queue_stops_the_job_it_names() {
 async fn a_job_submitted_to_the_broker_runs_on_a_worker_and_is_followed_to_its_result() {
     let sb = Sandbox::new();
     let names = Names::new("submit").await;
-    let _w = worker(&sb, &names, &[]);
+    let _w = Worker::start(&sb, &names, &[]);
     names.ready().await;
     let path = sb.job(
         "submit.yaml",
@@ -508,7 +534,7 @@ async fn with_nobody_bound_to_the_results_the_job_is_acknowledged_once() {
 async fn the_drift_sweep_queues_checks_on_the_broker_that_a_worker_runs() {
     let sb = Sandbox::new();
     let names = Names::new("drift").await;
-    let _w = worker(&sb, &names, &[]);
+    let _w = Worker::start(&sb, &names, &[]);
     names.ready().await;
     names
         .publish(&json!({ "job": {
@@ -572,7 +598,7 @@ async fn workers_throughput() {
         let sb = Sandbox::new();
         let names = Names::new("bench").await;
         let workers: Vec<Worker> = (0..count)
-            .map(|_| worker(&sb, &names, &["--concurrency", "1"]))
+            .map(|_| Worker::start(&sb, &names, &["--concurrency", "1"]))
             .collect();
         names.ready().await;
         // One warm-up job per worker: terraform's provider cache and the workers' clients.

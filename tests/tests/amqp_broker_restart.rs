@@ -1,22 +1,12 @@
 //! The broker restarted under a running worker (a test binary of its own: the restart would cut
 //! every other test's connection to the shared node).
 
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
 use state_backends::{StateStore as _, WorkspaceId};
 use tests::Sandbox;
-use tests::amqp::{self, Names};
-
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use tests::amqp::{self, Names, Worker};
 
 /// The broker's application stops and starts while a job applies: the worker connects again
 /// with backoff, the job's message (never acknowledged) comes back, and its stored result is
@@ -27,15 +17,7 @@ async fn a_broker_restarted_mid_job_loses_nothing_and_the_worker_reconnects() {
     sb.env
         .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "3000".into()));
     let names = Names::new("restart").await;
-    let mut cmd = sb.terrace();
-    cmd.envs(amqp::credentials())
-        .args(["serve", "--queue", &names.url(), "--declare"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("terrace serve starts");
-    let stderr = child.stderr.take().unwrap();
-    let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
-    let w = Worker(child);
+    let (w, said) = Worker::heard(&sb, &names, &[]);
     names.ready().await;
     names
         .publish(&json!({"job": {

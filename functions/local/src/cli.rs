@@ -224,7 +224,7 @@ enum Cmd {
         #[command(flatten)]
         out: ops::Output,
     },
-    /// Put a job on a deployed runner's queue (sqs://, pubsub://, azqueue://, amqp://, or a
+    /// Put a job on a deployed runner's queue (sqs://, pubsub://, azqueue://, amqp[s]://, or a
     /// `serve` queue folder) after checking it against the templates, signed with --sign; with --follow,
     /// stream its log from the store and end with its result and exit code, as `run` does.
     Submit(crate::submit_cmd::SubmitArgs),
@@ -257,7 +257,7 @@ enum Cmd {
     /// schedule). Workspaces whose last apply had sensitive variables are listed instead: send
     /// their checks with the secrets.
     Drift {
-        /// The queue `terrace serve --queue` reads: a folder, or amqp://… (docs/self-hosted.md)
+        /// The queue `terrace serve --queue` reads: a folder, or amqp[s]://… (docs/self-hosted.md)
         #[arg(long)]
         queue: PathBuf,
         /// Sign each check with this Ed25519 private key, for a `serve --senders` that lists

@@ -30,7 +30,7 @@ pub struct SubmitArgs {
     /// The job file (YAML or JSON).
     job: PathBuf,
     /// The runner's jobs queue: sqs://HOST/ACCOUNT/QUEUE, pubsub://projects/P/topics/T,
-    /// azqueue://ACCOUNT/QUEUE, amqp://HOST[:PORT][/VHOST][?jobs=QUEUE] (self-hosted workers), or
+    /// azqueue://ACCOUNT/QUEUE, amqp[s]://HOST[:PORT][/VHOST][?jobs=QUEUE] (self-hosted workers), or
     /// a `terrace serve` queue folder.
     #[arg(long, value_name = "QUEUE")]
     to: String,
@@ -107,7 +107,7 @@ pub(crate) enum Queue {
     Amqp(crate::serve::amqp::Broker),
 }
 
-const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://), pubsub://projects/PROJECT/topics/TOPIC, azqueue://ACCOUNT/QUEUE, amqp://HOST[:PORT][/VHOST][?jobs=QUEUE] (its user and password in TERRACE_AMQP_USER and TERRACE_AMQP_PASSWORD), or the path of a `terrace serve` queue folder";
+const SCHEMES: &str = "use sqs://HOST/ACCOUNT/QUEUE (the queue URL without https://), pubsub://projects/PROJECT/topics/TOPIC, azqueue://ACCOUNT/QUEUE, amqp[s]://HOST[:PORT][/VHOST][?jobs=QUEUE] (its user and password in TERRACE_AMQP_USER and TERRACE_AMQP_PASSWORD), or the path of a `terrace serve` queue folder";
 
 impl Queue {
     /// Reads `--to`.

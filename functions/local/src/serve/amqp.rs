@@ -1,4 +1,4 @@
-//! `terrace serve --queue amqp://HOST[:PORT][/VHOST][?jobs=Q&results=X&logs=L]`: jobs from a
+//! `terrace serve --queue amqp[s]://HOST[:PORT][/VHOST][?jobs=Q&results=X&logs=L]`: jobs from a
 //! RabbitMQ queue (AMQP 0-9-1), so that workers on several machines share one broker. Every
 //! job goes through the one pipeline (validate, lease, run, report); the broker only carries
 //! messages.
@@ -19,7 +19,9 @@
 //!
 //! The user and password come from `TERRACE_AMQP_USER` and `TERRACE_AMQP_PASSWORD` (or
 //! `TERRACE_AMQP_PASSWORD_FILE`), never from the URL: a command line is seen by every user of
-//! the machine. They are never printed.
+//! the machine. They are never printed. `amqps://` speaks TLS (rustls): the broker's certificate
+//! is checked against the system's roots (`SSL_CERT_FILE` names a bundle) and, with
+//! `TERRACE_AMQP_CA_FILE`, the CA certificates in that PEM file too (a private CA).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,6 +62,8 @@ pub const BUSY_WAIT: Duration = Duration::from_secs(5);
 /// The broker and Terrace's queues and exchanges on it, as `--queue` names them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Broker {
+    /// `amqps://`: TLS, the broker's certificate checked.
+    tls: bool,
     host: String,
     port: u16,
     vhost: String,
@@ -69,23 +73,18 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Reads `amqp://HOST[:PORT][/VHOST][?jobs=Q&results=X&logs=L]`.
+    /// Reads `amqp[s]://HOST[:PORT][/VHOST][?jobs=Q&results=X&logs=L]`.
     ///
     /// # Errors
     /// What is wrong with the URL and how to write it, as a sentence.
     pub fn parse(text: &str) -> Result<Self, String> {
-        const FORM: &str = "write the broker as amqp://HOST[:PORT][/VHOST][?jobs=QUEUE&results=EXCHANGE&logs=EXCHANGE]";
+        const FORM: &str = "write the broker as amqp[s]://HOST[:PORT][/VHOST][?jobs=QUEUE&results=EXCHANGE&logs=EXCHANGE]";
         let url = url::Url::parse(text).map_err(|e| format!("not a URL ({e}): {FORM}"))?;
-        match url.scheme() {
-            "amqp" => {}
-            "amqps" => {
-                return Err(
-                    "amqps:// (TLS) is not supported yet: reach the broker on a private network or through a TLS tunnel, with amqp://"
-                        .into(),
-                );
-            }
+        let tls = match url.scheme() {
+            "amqp" => false,
+            "amqps" => true,
             other => return Err(format!("{other}:// is not AMQP: {FORM}")),
-        }
+        };
         if !url.username().is_empty() || url.password().is_some() {
             return Err("the URL carries a user or password: put them in TERRACE_AMQP_USER and TERRACE_AMQP_PASSWORD (or TERRACE_AMQP_PASSWORD_FILE) instead, since a command line is seen by every user of the machine".into());
         }
@@ -101,8 +100,9 @@ impl Broker {
             percent_decode(path).ok_or_else(|| format!("the vhost {path:?} is not UTF-8"))?
         };
         let mut broker = Self {
+            tls,
             host,
-            port: url.port().unwrap_or(5672),
+            port: url.port().unwrap_or(if tls { 5671 } else { 5672 }),
             vhost,
             jobs: JOBS.into(),
             results: RESULTS.into(),
@@ -146,11 +146,63 @@ impl Broker {
         } else {
             format!("/{}", self.vhost)
         };
-        format!("amqp://{}:{}{vhost}", self.host, self.port)
+        let scheme = if self.tls { "amqps" } else { "amqp" };
+        format!("{scheme}://{}:{}{vhost}", self.host, self.port)
+    }
+
+    /// Opens a connection to the broker as `credentials`' user, over TLS for `amqps://`.
+    async fn connect(&self, credentials: &Credentials) -> Result<Connection, lapin::Error> {
+        let tls = lapin::tcp::OwnedTLSConfig {
+            identity: None,
+            cert_chain: credentials.ca.clone(),
+        };
+        Connection::connect_uri_with_config(
+            self.uri(credentials),
+            ConnectionProperties::default(),
+            tls,
+            lapin::runtime::default_runtime()?,
+        )
+        .await
+    }
+
+    /// Why connecting failed, as a sentence with the fix; `None` when it may pass.
+    fn refused(&self, credentials: &Credentials, e: &lapin::Error) -> Option<String> {
+        let text = e.to_string();
+        if text.contains("ACCESS_REFUSED") || text.contains("authentication") {
+            return Some(format!(
+                "broker {} refused the user {}: check TERRACE_AMQP_USER and its password, and the user's access to the vhost {}",
+                self.shown(),
+                credentials.user,
+                self.vhost
+            ));
+        }
+        // rustls's verdicts on the broker's certificate: no retry changes them.
+        if self.tls
+            && ["certificate", "UnknownIssuer", "NotValidForName", "Expired"]
+                .iter()
+                .any(|w| text.contains(w))
+        {
+            return Some(format!(
+                "broker {}: its TLS certificate is not trusted ({text}): set TERRACE_AMQP_CA_FILE to the PEM of the CA that signed it (or add that CA to the system's roots), and name the broker as its certificate does",
+                self.shown()
+            ));
+        }
+        if self.tls
+            && (text.contains("WRONG_VERSION_NUMBER") || text.contains("InvalidContentType"))
+        {
+            return Some(format!(
+                "broker {}: the port does not speak TLS: use amqp:// for it, or the broker's TLS port (5671 by default)",
+                self.shown()
+            ));
+        }
+        None
     }
 
     fn uri(&self, credentials: &Credentials) -> lapin::uri::AMQPUri {
         let mut uri = lapin::uri::AMQPUri::default();
+        if self.tls {
+            uri.scheme = lapin::uri::AMQPScheme::AMQPS;
+        }
         uri.authority.host.clone_from(&self.host);
         uri.authority.port = self.port;
         uri.authority
@@ -181,20 +233,11 @@ fn percent_decode(text: &str) -> Option<String> {
 /// # Errors
 /// Why it was not sent, as a sentence with the fix.
 pub async fn send(broker: &Broker, credentials: &Credentials, body: &[u8]) -> Result<(), String> {
-    let connection =
-        Connection::connect_uri(broker.uri(credentials), ConnectionProperties::default())
-            .await
-            .map_err(|e| {
-                if e.to_string().contains("ACCESS_REFUSED") {
-                    format!(
-                        "broker {} refused the user {}: check TERRACE_AMQP_USER and its password",
-                        broker.shown(),
-                        credentials.user
-                    )
-                } else {
-                    format!("cannot reach the broker {}: {e}", broker.shown())
-                }
-            })?;
+    let connection = broker.connect(credentials).await.map_err(|e| {
+        broker
+            .refused(credentials, &e)
+            .unwrap_or_else(|| format!("cannot reach the broker {}: {e}", broker.shown()))
+    })?;
     let channel = connection
         .create_channel()
         .await
@@ -256,10 +299,13 @@ async fn publish_confirmed(
     Ok(())
 }
 
-/// The broker user's name and password; never printed.
+/// The broker user's name and password (never printed), and the CA certificates its TLS
+/// certificate may be signed by beside the system's roots.
 pub struct Credentials {
     user: String,
     password: String,
+    /// PEM, from `TERRACE_AMQP_CA_FILE`.
+    ca: Option<String>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -271,7 +317,8 @@ impl std::fmt::Debug for Credentials {
 }
 
 impl Credentials {
-    /// From `TERRACE_AMQP_USER` and `TERRACE_AMQP_PASSWORD` or `TERRACE_AMQP_PASSWORD_FILE`.
+    /// From `TERRACE_AMQP_USER` and `TERRACE_AMQP_PASSWORD` or `TERRACE_AMQP_PASSWORD_FILE`, and
+    /// `TERRACE_AMQP_CA_FILE`.
     ///
     /// # Errors
     /// Which setting is missing or unreadable, and the fix.
@@ -301,7 +348,20 @@ impl Credentials {
                 ));
             }
         };
-        Ok(Self { user, password })
+        let ca = match var("TERRACE_AMQP_CA_FILE") {
+            None => None,
+            Some(path) => {
+                let pem = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("TERRACE_AMQP_CA_FILE: cannot read {path}: {e}"))?;
+                if !pem.contains("-----BEGIN CERTIFICATE-----") {
+                    return Err(format!(
+                        "TERRACE_AMQP_CA_FILE: {path} holds no PEM certificate (-----BEGIN CERTIFICATE-----): give the CA's certificate in PEM"
+                    ));
+                }
+                Some(pem)
+            }
+        };
+        Ok(Self { user, password, ca })
     }
 }
 
@@ -437,22 +497,11 @@ async fn connected(
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> Ended {
     let broker = &trigger.broker;
-    let connection = match Connection::connect_uri(
-        broker.uri(credentials),
-        ConnectionProperties::default(),
-    )
-    .await
-    {
+    let connection = match broker.connect(credentials).await {
         Ok(c) => c,
         Err(e) => {
-            let text = e.to_string();
-            if text.contains("ACCESS_REFUSED") || text.contains("authentication") {
-                return Ended::Fatal(format!(
-                    "broker {} refused the user {}: check TERRACE_AMQP_USER and its password, and the user's access to the vhost {}",
-                    broker.shown(),
-                    credentials.user,
-                    broker.vhost
-                ));
+            if let Some(why) = broker.refused(credentials, &e) {
+                return Ended::Fatal(why);
             }
             return lost_or_fatal("cannot connect", &e);
         }
@@ -906,6 +955,21 @@ mod tests {
         );
         assert_eq!(b.shown(), "amqp://mq:5673/prod");
         assert_eq!(Broker::parse("amqp://mq/%2f").unwrap().vhost, "/");
+        let b = Broker::parse("amqps://mq.internal/prod").unwrap();
+        assert!(b.tls);
+        assert_eq!(
+            (b.port, b.shown().as_str()),
+            (5671, "amqps://mq.internal:5671/prod")
+        );
+        assert_eq!(
+            b.uri(&Credentials {
+                user: "u".into(),
+                password: "p".into(),
+                ca: None
+            })
+            .scheme,
+            lapin::uri::AMQPScheme::AMQPS
+        );
 
         let err = Broker::parse("amqp://u:s3cret@mq/").unwrap_err();
         assert!(err.contains("TERRACE_AMQP_PASSWORD"), "{err}");
@@ -915,7 +979,6 @@ mod tests {
             ("amqp://mq/?jobs=", "not a name"),
             ("amqp://mq/?jobs=amq.x", "not a name"),
             ("http://mq/", "is not AMQP"),
-            ("amqps://mq/", "not supported yet"),
             ("mq:5672", "is not AMQP"),
         ] {
             let err = Broker::parse(bad).unwrap_err();
