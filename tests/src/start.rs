@@ -43,37 +43,60 @@ pub async fn first_output_ms(
     (first.ts - queued).as_seconds_f64() * 1000.0
 }
 
-/// The job's `to_terraform_ms` from the metrics records among `stderr`'s lines.
+/// The runner's share of a job's start, from the job's metrics record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// Lease asked -> terraform's first command (`to_terraform_ms`).
+    pub to_terraform: u64,
+    /// Lease asked -> held (`lease_wait_ms`).
+    pub lease: u64,
+    /// Lease held -> the reads under it done (`reads_ms`).
+    pub reads: u64,
+}
+
+/// The job's share of its start from the metrics records among `stderr`'s lines.
 ///
 /// # Panics
-/// When there is no record for the job, or it has no `to_terraform_ms`.
-pub fn to_terraform_ms(stderr: &str, job_id: &str) -> u64 {
-    stderr
+/// When there is no record for the job, or it lacks one of the figures.
+pub fn share(stderr: &str, job_id: &str) -> Share {
+    let record = stderr
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|r| r["metric"] == "terrace.job" && r["job_id"] == job_id)
-        .and_then(|r| r["to_terraform_ms"].as_u64())
-        .unwrap_or_else(|| panic!("no metrics record with to_terraform_ms for {job_id}"))
+        .unwrap_or_else(|| panic!("no metrics record for {job_id}"));
+    let ms = |name: &str| {
+        record[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{job_id}'s metrics record has no {name}: {record}"))
+    };
+    Share {
+        to_terraform: ms("to_terraform_ms"),
+        lease: ms("lease_wait_ms"),
+        reads: ms("reads_ms"),
+    }
 }
 
 /// The samples of one trigger.
 #[derive(Default)]
 pub struct Samples {
     first_output: Vec<f64>,
-    runner: Vec<u64>,
+    runner: Vec<Share>,
 }
 
 impl Samples {
-    pub fn add(&mut self, first_output_ms: f64, runner_ms: u64) {
+    pub fn add(&mut self, first_output_ms: f64, runner: Share) {
         self.first_output.push(first_output_ms);
-        self.runner.push(runner_ms);
+        self.runner.push(runner);
     }
 
     /// Prints the percentiles, with `trigger` naming the path and `rest` saying what of the
     /// start is the trigger's.
     pub fn report(&self, trigger: &str, rest: &str) {
         let first: Vec<f64> = self.first_output.clone();
-        let runner: Vec<f64> = self.runner.iter().map(|&v| v as f64).collect();
+        let part = |f: fn(&Share) -> u64| -> Vec<f64> {
+            self.runner.iter().map(|s| f(s) as f64).collect()
+        };
+        let runner = part(|s| s.to_terraform);
         println!("{trigger}: {} jobs one at a time", first.len());
         println!(
             "  enqueue -> terraform's first output: p50 {:.0} ms, p99 {:.0} ms, min {:.0}, max {:.0}",
@@ -88,6 +111,21 @@ impl Samples {
             percentile(&runner, 99.0),
             max(&runner)
         );
+        for (name, values) in [
+            ("the lease (asked -> held)", part(|s| s.lease)),
+            ("the reads under it", part(|s| s.reads)),
+            (
+                "the rest (state server, workdir, checks)",
+                part(|s| s.to_terraform.saturating_sub(s.lease + s.reads)),
+            ),
+        ] {
+            println!(
+                "    {name}: p50 {:.0} ms, p99 {:.0} ms, max {:.0}",
+                percentile(&values, 50.0),
+                percentile(&values, 99.0),
+                max(&values)
+            );
+        }
         println!("  the rest: {rest}");
     }
 }
@@ -128,8 +166,15 @@ mod tests {
     #[test]
     fn the_runners_share_is_read_from_the_jobs_own_record() {
         let stderr = "{\"level\":\"INFO\"}\nnot json\n\
-            {\"metric\":\"terrace.job\",\"job_id\":\"a\",\"to_terraform_ms\":4}\n\
-            {\"metric\":\"terrace.job\",\"job_id\":\"b\",\"to_terraform_ms\":9}\n";
-        assert_eq!(to_terraform_ms(stderr, "b"), 9);
+            {\"metric\":\"terrace.job\",\"job_id\":\"a\",\"to_terraform_ms\":4,\"lease_wait_ms\":1,\"reads_ms\":2}\n\
+            {\"metric\":\"terrace.job\",\"job_id\":\"b\",\"to_terraform_ms\":9,\"lease_wait_ms\":3,\"reads_ms\":4}\n";
+        assert_eq!(
+            share(stderr, "b"),
+            Share {
+                to_terraform: 9,
+                lease: 3,
+                reads: 4
+            }
+        );
     }
 }

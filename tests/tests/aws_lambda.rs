@@ -2345,7 +2345,7 @@ async fn start_latency() {
         let ws: WorkspaceId = format!("acme/{id}").parse().unwrap();
         let first = tests::start::first_output_ms(&store, &ws, &id, queued).await;
         let stderr = std::fs::read_to_string(log.path()).unwrap();
-        samples.add(first, tests::start::to_terraform_ms(&stderr, &id));
+        samples.add(first, tests::start::share(&stderr, &id));
     }
     samples.report(
         "SQS -> Lambda (moto's SQS, the runtime API on loopback, a warm function)",

@@ -1071,7 +1071,7 @@ async fn start_latency() {
         }
         let first = tests::start::first_output_ms(store.as_ref(), &ws(&id), &id, queued).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
-        samples.add(first, tests::start::to_terraform_ms(&stderr, &id));
+        samples.add(first, tests::start::share(&stderr, &id));
     }
     samples.report(
         "Storage Queue -> Container Apps job (Azurite, one execution per message started at once)",

@@ -1399,7 +1399,7 @@ async fn start_latency() {
         }
         let first = tests::start::first_output_ms(store.as_ref(), &ws(&id), &id, queued).await;
         let stderr = std::fs::read_to_string(log.path()).unwrap();
-        samples.add(first, tests::start::to_terraform_ms(&stderr, &id));
+        samples.add(first, tests::start::share(&stderr, &id));
     }
     samples.report(
         "Pub/Sub push -> Cloud Run (the emulator's push subscription, a relay adding the token, a warm instance)",

@@ -33,6 +33,10 @@ pub struct Extra {
     /// the workdir), with any wait for a busy workspace (also in `lease_wait_ms`). None: no
     /// terraform command ran.
     pub to_terraform_ms: Option<u64>,
+    /// Milliseconds from holding the lease to having read what the run starts from under it
+    /// (whether the job already ran or was cancelled, the status record, the state): the
+    /// store's part of `to_terraform_ms` after the lease. None: the job was not leased.
+    pub reads_ms: Option<u64>,
 }
 
 /// The record of `result` as one JSON object.
@@ -66,6 +70,9 @@ pub fn record(result: &JobResult, extra: Extra, format: Format) -> Value {
     }
     if let Some(ms) = extra.to_terraform_ms {
         metrics.push(("to_terraform_ms".into(), ms, "Milliseconds"));
+    }
+    if let Some(ms) = extra.reads_ms {
+        metrics.push(("reads_ms".into(), ms, "Milliseconds"));
     }
     for step in &result.steps {
         let name = format!(
@@ -139,6 +146,7 @@ mod tests {
             lease_wait_ms: 5,
             state_bytes: Some(1777),
             to_terraform_ms: Some(42),
+            reads_ms: Some(11),
         };
         let r = record(&result(), extra, Format::Emf);
         let directive = &r["_aws"]["CloudWatchMetrics"][0];
@@ -169,6 +177,7 @@ mod tests {
                 "lease_wait_ms",
                 "state_bytes",
                 "to_terraform_ms",
+                "reads_ms",
                 "step_init_ms",
                 "step_apply_ms"
             ]

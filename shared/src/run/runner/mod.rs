@@ -331,10 +331,9 @@ impl Runner {
         // (an error, a panic), the lease is released here.
         let leased = tokio::spawn({
             let (runner, job, ws, lease) = (self.clone(), job.clone(), ws.clone(), lease.clone());
-            let waited = granted.saturating_duration_since(asked);
             async move {
                 runner
-                    .run_leased(&job, &ws, (&lease, granted, waited), cancel)
+                    .run_leased(&job, &ws, (&lease, granted, asked), cancel)
                     .await
             }
             .instrument(tracing::Span::current())
@@ -362,17 +361,24 @@ impl Runner {
         &self,
         job: &ValidatedJob,
         ws: &WorkspaceId,
-        (lease, granted, waited): (&Lease, tokio::time::Instant, Duration),
+        (lease, granted, asked): (&Lease, tokio::time::Instant, tokio::time::Instant),
         cancel: CancellationToken,
     ) -> Result<RunOutcome, RunError> {
         let j = &job.job;
         // What the run starts from, read side by side with whether it runs at all: the
         // workspace's status record and its state (the read terraform's first GET is served
         // from). Each is a store round trip; one after the other they would add up.
+        let held = tokio::time::Instant::now();
         let (settled, status, state) = tokio::join!(
             self.settled_before_running(job, ws, lease),
             crate::run::lifecycle::read(self.store.as_ref(), ws),
             self.store.current(ws)
+        );
+        // How long the lease took to answer (a wait for a busy workspace included), and the
+        // reads under it.
+        let (lease_ms, reads_ms) = (
+            held.saturating_duration_since(asked).as_millis() as u64,
+            held.elapsed().as_millis() as u64,
         );
         if let Some(settled) = settled? {
             return Ok(settled);
@@ -469,10 +475,10 @@ impl Runner {
         let ((), outcome) = tokio::join!(starting, executing);
         let (status, error) = self.ending(outcome, reason.get(), &stop);
         let state_bytes = report.state_bytes;
-        // From asking for the lease (`waited` before it was granted) to terraform's first command.
+        // From asking for the lease to terraform's first command.
         let to_terraform = report
             .first_command
-            .map(|at| (at.saturating_duration_since(granted) + waited).as_millis() as u64);
+            .map(|at| at.saturating_duration_since(asked).as_millis() as u64);
         let applied = report.applied.take();
         let mut result = report.into_result(job, lease, &clock, status, error);
         // The run's ending records, side by side: the workspace's status, what a later
@@ -519,9 +525,10 @@ impl Runner {
         );
         if let Some(format) = self.config.metrics {
             let extra = crate::run::metrics::Extra {
-                lease_wait_ms: waited.as_millis() as u64,
+                lease_wait_ms: lease_ms,
                 state_bytes,
                 to_terraform_ms: to_terraform,
+                reads_ms: Some(reads_ms),
             };
             crate::run::metrics::emit(&redacted, extra, format);
         }
