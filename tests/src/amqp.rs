@@ -212,6 +212,22 @@ impl Names {
         self.declared(queue).await.unwrap_or(0)
     }
 
+    /// How many consumers `queue` has (0 when it does not exist).
+    pub async fn consumers(&self, queue: &str) -> u32 {
+        let channel = self._connection.create_channel().await.expect("a channel");
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_or(0, |q| q.consumer_count())
+    }
+
     /// How many messages wait on `queue`, `None` when it does not exist.
     async fn declared(&self, queue: &str) -> Option<u32> {
         // A passive declare of a missing queue closes its channel: one of its own.

@@ -8,6 +8,7 @@
 pub mod amqp;
 pub mod aws;
 pub mod azure;
+pub mod blackhole;
 pub mod counted;
 pub mod failing;
 pub mod fault_proxy;

@@ -308,6 +308,87 @@ async fn a_worker_on_amqps_runs_jobs_and_an_untrusted_broker_is_a_clear_error() 
     assert_eq!(records.last().unwrap()["status"], "succeeded");
 }
 
+/// A worker cut off from the broker mid-job by a silent network (no FIN, no RST: a partition)
+/// notices by its heartbeats (`heartbeat=2`), and so does the broker, which gives the job's
+/// message to the other worker; that one finds the workspace leased and waits on the delay
+/// queue until the cut-off run stores its result, then reports it. The run goes on, once; when
+/// the network heals the worker connects again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cut_off_by_a_partition_notices_by_heartbeat_and_its_job_runs_once() {
+    let mut sb = Sandbox::new();
+    // Two creates of 4 s: the job outlives the partition's detection.
+    sb.env
+        .push(("TESTCLOUD_CREATE_DELAY_MS".into(), "4000".into()));
+    let names = Names::new("partition").await;
+    let upstream = amqp::broker().trim_start_matches("amqp://").to_owned();
+    let network = tests::blackhole::Blackhole::start(&upstream).await;
+    let through = format!(
+        "{}&heartbeat=2",
+        names
+            .url()
+            .replace(&upstream, &format!("127.0.0.1:{}", network.port()))
+    );
+    let mut cmd = sb.terrace();
+    cmd.envs(amqp::credentials())
+        .args(["serve", "--queue", &through, "--declare"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let cut_off = Worker(child);
+    names.ready().await;
+    names
+        .publish(&message("p1", "partitioned", "partitioned"))
+        .await;
+    let ws: WorkspaceId = "acme/partitioned".parse().unwrap();
+    let store = sb.fs_store();
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while store.lease(&ws).await.unwrap().is_none() {
+        assert!(std::time::Instant::now() < give_up, "the job never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The job runs on the worker behind the network; the other is reached directly.
+    let _other = Worker::start(&sb, &names, &[]);
+    network.cut();
+    let records = names
+        .results_until(Duration::from_secs(120), |got| {
+            got.iter().any(|r| r["job_id"] == "p1")
+        })
+        .await;
+    let result = records.iter().find(|r| r["job_id"] == "p1").unwrap();
+    assert_eq!(result["status"], "succeeded", "{result:#}");
+    network.heal();
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while (
+        names.depth(&names.jobs).await,
+        names.depth(&format!("{}.delay", names.jobs)).await,
+    ) != (0, 0)
+    {
+        assert!(std::time::Instant::now() < give_up, "messages left");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(store.versions(&ws).await.unwrap().len(), 1);
+    assert_eq!(sb.cloud_names(), ["partitioned", "partitioned-net"]);
+    // Connected again once the network healed (the backoff's longest wait is 30 s).
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let consumers = names.consumers(&names.jobs).await;
+        if consumers == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{consumers} consumers on the jobs queue"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(cut_off);
+    let said = said.join().unwrap();
+    assert!(said.contains("heartbeat"), "{said}");
+    assert!(said.contains("connecting again in"), "{said}");
+}
+
 /// A platform bound to the log exchange sees the job's lines while it runs (before its
 /// result exists), routed by tenant, workspace and job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

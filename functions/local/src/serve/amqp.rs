@@ -59,6 +59,15 @@ pub const LOGS: &str = "terrace.logs";
 /// The longest a job waits on the delay queue before it is tried again.
 pub const BUSY_WAIT: Duration = Duration::from_secs(5);
 
+/// The heartbeat asked of the broker unless the URL says otherwise (`heartbeat=SECONDS`): a
+/// broker, or a network to it, gone silent is taken as lost after about twice this, rather
+/// than after RabbitMQ's own 60 s (or never, where the broker's heartbeats are off).
+pub const HEARTBEAT: u16 = 20;
+
+/// How long connecting (TCP, TLS, the AMQP handshake) may take before it is given up and tried
+/// again: a broker behind a silent network accepts nothing and refuses nothing.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// The broker and Terrace's queues and exchanges on it, as `--queue` names them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Broker {
@@ -67,18 +76,20 @@ pub struct Broker {
     host: String,
     port: u16,
     vhost: String,
+    /// Seconds: the heartbeat asked of the broker (the lower of this and the broker's is used).
+    heartbeat: u16,
     pub jobs: String,
     pub results: String,
     pub logs: String,
 }
 
 impl Broker {
-    /// Reads `amqp[s]://HOST[:PORT][/VHOST][?jobs=Q&results=X&logs=L]`.
+    /// Reads `amqp[s]://HOST[:PORT][/VHOST][?jobs=Q&results=X&logs=L&heartbeat=SECONDS]`.
     ///
     /// # Errors
     /// What is wrong with the URL and how to write it, as a sentence.
     pub fn parse(text: &str) -> Result<Self, String> {
-        const FORM: &str = "write the broker as amqp[s]://HOST[:PORT][/VHOST][?jobs=QUEUE&results=EXCHANGE&logs=EXCHANGE]";
+        const FORM: &str = "write the broker as amqp[s]://HOST[:PORT][/VHOST][?jobs=QUEUE&results=EXCHANGE&logs=EXCHANGE&heartbeat=SECONDS]";
         let url = url::Url::parse(text).map_err(|e| format!("not a URL ({e}): {FORM}"))?;
         let tls = match url.scheme() {
             "amqp" => false,
@@ -104,18 +115,29 @@ impl Broker {
             host,
             port: url.port().unwrap_or(if tls { 5671 } else { 5672 }),
             vhost,
+            heartbeat: HEARTBEAT,
             jobs: JOBS.into(),
             results: RESULTS.into(),
             logs: LOGS.into(),
         };
         for (key, value) in url.query_pairs() {
+            if key == "heartbeat" {
+                broker.heartbeat = value
+                    .parse()
+                    .ok()
+                    .filter(|s| (1..=600).contains(s))
+                    .ok_or_else(|| {
+                        format!("heartbeat={value:?} is not a number of seconds from 1 to 600")
+                    })?;
+                continue;
+            }
             let slot = match key.as_ref() {
                 "jobs" => &mut broker.jobs,
                 "results" => &mut broker.results,
                 "logs" => &mut broker.logs,
                 other => {
                     return Err(format!(
-                        "unknown setting {other:?}: the URL takes jobs, results and logs"
+                        "unknown setting {other:?}: the URL takes jobs, results, logs and heartbeat"
                     ));
                 }
             };
@@ -150,19 +172,28 @@ impl Broker {
         format!("{scheme}://{}:{}{vhost}", self.host, self.port)
     }
 
-    /// Opens a connection to the broker as `credentials`' user, over TLS for `amqps://`.
+    /// Opens a connection to the broker as `credentials`' user, over TLS for `amqps://`, within
+    /// [`CONNECT_TIMEOUT`].
     async fn connect(&self, credentials: &Credentials) -> Result<Connection, lapin::Error> {
         let tls = lapin::tcp::OwnedTLSConfig {
             identity: None,
             cert_chain: credentials.ca.clone(),
         };
-        Connection::connect_uri_with_config(
+        let connecting = Connection::connect_uri_with_config(
             self.uri(credentials),
             ConnectionProperties::default(),
             tls,
             lapin::runtime::default_runtime()?,
-        )
-        .await
+        );
+        tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+                )
+                .into())
+            })
     }
 
     /// Why connecting failed, as a sentence with the fix; `None` when it may pass.
@@ -214,6 +245,7 @@ impl Broker {
             .password
             .clone_from(&credentials.password);
         uri.vhost.clone_from(&self.vhost);
+        uri.query.heartbeat = Some(self.heartbeat);
         uri
     }
 }
@@ -941,6 +973,11 @@ mod tests {
             (5672, "/", JOBS, RESULTS, LOGS)
         );
         assert_eq!(b.delay_queue(), "terrace.jobs.delay");
+        assert_eq!(b.heartbeat, HEARTBEAT);
+        assert_eq!(
+            Broker::parse("amqp://mq/?heartbeat=5").unwrap().heartbeat,
+            5
+        );
         assert_eq!(b.dead_queue(), "terrace.jobs.dead");
         let b = Broker::parse("amqp://mq:5673/prod?jobs=a.jobs&results=a.out&logs=a.logs").unwrap();
         assert_eq!(
@@ -978,6 +1015,8 @@ mod tests {
             ("amqp://mq/?queue=x", "unknown setting"),
             ("amqp://mq/?jobs=", "not a name"),
             ("amqp://mq/?jobs=amq.x", "not a name"),
+            ("amqp://mq/?heartbeat=0", "from 1 to 600"),
+            ("amqp://mq/?heartbeat=soon", "from 1 to 600"),
             ("http://mq/", "is not AMQP"),
             ("mq:5672", "is not AMQP"),
         ] {
