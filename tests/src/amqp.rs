@@ -214,22 +214,16 @@ impl Names {
 
     /// How many consumers `queue` has (0 when it does not exist).
     pub async fn consumers(&self, queue: &str) -> u32 {
-        let channel = self._connection.create_channel().await.expect("a channel");
-        channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_or(0, |q| q.consumer_count())
+        self.passive(queue).await.map_or(0, |q| q.consumer_count())
     }
 
     /// How many messages wait on `queue`, `None` when it does not exist.
     async fn declared(&self, queue: &str) -> Option<u32> {
+        self.passive(queue).await.map(|q| q.message_count())
+    }
+
+    /// `queue` as the broker has it, `None` when it does not exist.
+    async fn passive(&self, queue: &str) -> Option<lapin::Queue> {
         // A passive declare of a missing queue closes its channel: one of its own.
         let channel = self._connection.create_channel().await.expect("a channel");
         channel
@@ -243,7 +237,37 @@ impl Names {
             )
             .await
             .ok()
-            .map(|q| q.message_count())
+    }
+
+    /// Waits until the jobs queue and its delay queue are empty (every message settled).
+    pub async fn drained(&self, within: Duration) {
+        let give_up = std::time::Instant::now() + within;
+        let delay = format!("{}.delay", self.jobs);
+        loop {
+            let depths = (self.depth(&self.jobs).await, self.depth(&delay).await);
+            if depths == (0, 0) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < give_up,
+                "messages left after {within:?} (jobs, delay): {depths:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The first record published for `job_id`, with those collected before it, within
+    /// `within` (panics with what came otherwise).
+    pub async fn result_of(&self, job_id: &str, within: Duration) -> (Value, Vec<Value>) {
+        let records = self
+            .results_until(within, |got| got.iter().any(|r| r["job_id"] == job_id))
+            .await;
+        let first = records
+            .iter()
+            .find(|r| r["job_id"] == job_id)
+            .cloned()
+            .expect("the job's record");
+        (first, records)
     }
 
     /// Waits until a worker started with `--declare` has declared the jobs queue (a message
@@ -380,4 +404,19 @@ impl Worker {
         let status = self.0.wait().unwrap();
         assert!(status.success(), "the worker ended {status}");
     }
+}
+
+/// A job message for the demo apply `id` on `acme/WORKSPACE`, its cluster named `cluster`.
+pub fn message(id: &str, workspace: &str, cluster: &str) -> Value {
+    serde_json::json!({
+        "job": {
+            "id": id, "tenant": "acme", "workspace": workspace, "operation": "apply",
+            "template": { "name": "demo", "version": "1.0.0" },
+            "variables": {
+                "cluster_name": cluster, "region": "eu-west-1",
+                "admin_password": "correct-horse-battery-staple",
+            },
+            "timeout": "5m",
+        }
+    })
 }

@@ -9,21 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use state_backends::{LeaseRequest, StateStore as _, WorkspaceId};
 use tests::Sandbox;
-use tests::amqp::{self, Names, Worker};
-
-fn message(id: &str, workspace: &str, cluster: &str) -> Value {
-    json!({
-        "job": {
-            "id": id, "tenant": "acme", "workspace": workspace, "operation": "apply",
-            "template": { "name": "demo", "version": "1.0.0" },
-            "variables": {
-                "cluster_name": cluster, "region": "eu-west-1",
-                "admin_password": "correct-horse-battery-staple",
-            },
-            "timeout": "5m",
-        }
-    })
-}
+use tests::amqp::{self, Names, Worker, message};
 
 fn results_by_job(records: &[Value]) -> HashMap<String, Vec<&Value>> {
     let mut by_job: HashMap<String, Vec<&Value>> = HashMap::new();
@@ -287,25 +273,36 @@ async fn a_worker_on_amqps_runs_jobs_and_an_untrusted_broker_is_a_clear_error() 
             .unwrap(),
     );
     names.ready().await;
+    submitted_and_followed(&sb, &names, "tls1", &names.tls_url()).await;
+}
+
+/// Submits the demo apply `id` to `to` with `terrace submit --follow`: it is followed to its
+/// success, and its result is published.
+async fn submitted_and_followed(sb: &Sandbox, names: &Names, id: &str, to: &str) {
     let path = sb.job(
-        "tls.yaml",
-        &tests::demo_job("tls1", "over-tls", "apply", "over-tls", 1),
+        &format!("{id}.yaml"),
+        &tests::demo_job(
+            id,
+            &format!("ws-{id}"),
+            "apply",
+            &format!("cluster-{id}"),
+            1,
+        ),
     );
     let mut submit = sb.terrace();
-    submit
-        .envs(amqp::credentials())
-        .args(["submit", path.to_str().unwrap(), "--follow", "--to"])
-        .arg(names.tls_url());
+    submit.envs(amqp::credentials()).args([
+        "submit",
+        path.to_str().unwrap(),
+        "--follow",
+        "--to",
+        to,
+    ]);
     let out = tokio::task::spawn_blocking(move || submit.output().unwrap())
         .await
         .unwrap();
     tests::assert_followed_to_success(&out);
-    let records = names
-        .results_until(Duration::from_secs(60), |got| {
-            got.iter().any(|r| r["job_id"] == "tls1")
-        })
-        .await;
-    assert_eq!(records.last().unwrap()["status"], "succeeded");
+    let (result, _) = names.result_of(id, Duration::from_secs(60)).await;
+    assert_eq!(result["status"], "succeeded", "{result:#}");
 }
 
 /// A worker cut off from the broker mid-job by a silent network (no FIN, no RST: a partition)
@@ -351,23 +348,10 @@ async fn a_worker_cut_off_by_a_partition_notices_by_heartbeat_and_its_job_runs_o
     // The job runs on the worker behind the network; the other is reached directly.
     let _other = Worker::start(&sb, &names, &[]);
     network.cut();
-    let records = names
-        .results_until(Duration::from_secs(120), |got| {
-            got.iter().any(|r| r["job_id"] == "p1")
-        })
-        .await;
-    let result = records.iter().find(|r| r["job_id"] == "p1").unwrap();
+    let (result, _) = names.result_of("p1", Duration::from_secs(120)).await;
     assert_eq!(result["status"], "succeeded", "{result:#}");
     network.heal();
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    while (
-        names.depth(&names.jobs).await,
-        names.depth(&format!("{}.delay", names.jobs)).await,
-    ) != (0, 0)
-    {
-        assert!(std::time::Instant::now() < give_up, "messages left");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    names.drained(Duration::from_secs(60)).await;
     assert_eq!(store.versions(&ws).await.unwrap().len(), 1);
     assert_eq!(sb.cloud_names(), ["partitioned", "partitioned-net"]);
     // Connected again once the network healed (the backoff's longest wait is 30 s).
@@ -462,12 +446,7 @@ async fn a_worker_killed_mid_apply_leaves_its_job_to_another_with_nothing_lost()
     first.0.kill().unwrap();
     first.0.wait().unwrap();
 
-    let records = names
-        .results_until(Duration::from_secs(180), |got| {
-            got.iter().any(|r| r["job_id"] == "k1")
-        })
-        .await;
-    let result = records.iter().find(|r| r["job_id"] == "k1").unwrap();
+    let (result, _) = names.result_of("k1", Duration::from_secs(180)).await;
     assert_eq!(result["status"], "succeeded", "{result:#}");
     // The run that finished found the killed worker's run interrupted: the job was taken over.
     assert!(
@@ -531,25 +510,8 @@ async fn a_job_submitted_to_the_broker_runs_on_a_worker_and_is_followed_to_its_r
     let names = Names::new("submit").await;
     let _w = Worker::start(&sb, &names, &[]);
     names.ready().await;
-    let path = sb.job(
-        "submit.yaml",
-        &tests::demo_job("s1", "submitted", "apply", "submitted", 1),
-    );
-    let mut submit = sb.terrace();
-    submit
-        .envs(amqp::credentials())
-        .args(["submit", path.to_str().unwrap(), "--follow", "--to"])
-        .arg(names.url());
-    let out = tokio::task::spawn_blocking(move || submit.output().unwrap())
-        .await
-        .unwrap();
-    tests::assert_followed_to_success(&out);
-    let records = names
-        .results_until(Duration::from_secs(60), |got| {
-            got.iter().any(|r| r["job_id"] == "s1")
-        })
-        .await;
-    assert_eq!(records.last().unwrap()["status"], "succeeded");
+    submitted_and_followed(&sb, &names, "s1", &names.url()).await;
+    let path = sb.dir.path().join("s1.yaml");
 
     // To a queue no worker declared: said, with the fix, and nothing is sent.
     let mut missing = sb.terrace();
@@ -761,12 +723,7 @@ async fn the_image_serves_the_broker_applies_a_job_and_stops_on_sigterm() {
     names
         .publish(&message("img1", "image", "from-the-image"))
         .await;
-    let records = names
-        .results_until(Duration::from_secs(120), |got| {
-            got.iter().any(|r| r["job_id"] == "img1")
-        })
-        .await;
-    let result = records.iter().find(|r| r["job_id"] == "img1").unwrap();
+    let (result, _) = names.result_of("img1", Duration::from_secs(120)).await;
     assert_eq!(result["status"], "succeeded", "{result}");
     assert_eq!(sb.cloud_names(), ["from-the-image", "from-the-image-net"]);
     let ws: WorkspaceId = "acme/image".parse().unwrap();

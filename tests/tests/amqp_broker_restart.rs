@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use state_backends::{StateStore as _, WorkspaceId};
 use tests::Sandbox;
 use tests::amqp::{self, Names, Worker};
@@ -20,11 +19,7 @@ async fn a_broker_restarted_mid_job_loses_nothing_and_the_worker_reconnects() {
     let (w, said) = Worker::heard(&sb, &names, &[]);
     names.ready().await;
     names
-        .publish(&json!({"job": {
-            "id": "r1", "tenant": "acme", "workspace": "restarted", "operation": "apply",
-            "template": { "name": "demo", "version": "1.0.0" },
-            "variables": { "cluster_name": "restarted", "region": "eu-west-1", "admin_password": "correct-horse-battery-staple" },
-        }}))
+        .publish(&amqp::message("r1", "restarted", "restarted"))
         .await;
     let ws: WorkspaceId = "acme/restarted".parse().unwrap();
     let store = sb.fs_store();
@@ -40,12 +35,7 @@ async fn a_broker_restarted_mid_job_loses_nothing_and_the_worker_reconnects() {
     // The queues are durable and the job message persistent: it is still there, and so is the
     // platform's results queue with its binding.
     let names = names.reconnect().await;
-    let records = names
-        .results_until(Duration::from_secs(180), |got| {
-            got.iter().any(|r| r["job_id"] == "r1")
-        })
-        .await;
-    let result = records.iter().find(|r| r["job_id"] == "r1").unwrap();
+    let (result, _) = names.result_of("r1", Duration::from_secs(180)).await;
     assert_eq!(result["status"], "succeeded", "{result:#}");
     assert_eq!(sb.versions("acme/restarted").await.len(), 1);
     drop(w);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use state_backends::{StateStore as _, WorkspaceId};
 use tests::Sandbox;
 use tests::amqp::{self, Names, Worker};
@@ -56,38 +56,12 @@ async fn a_job_longer_than_the_consumer_timeout_runs_once_and_is_reported() {
     let (second, second_said) = Worker::heard(&sb, &names, &[]);
     names.ready().await;
     names.collect().await;
-    names
-        .publish(&json!({"job": {
-            "id": "t1", "tenant": "acme", "workspace": "long", "operation": "apply",
-            "template": { "name": "demo", "version": "1.0.0" },
-            "variables": { "cluster_name": "long", "region": "eu-west-1", "admin_password": "correct-horse-battery-staple" },
-            "timeout": "5m",
-        }}))
-        .await;
-    let records = names
-        .results_until(Duration::from_secs(180), |got| {
-            got.iter().any(|r| r["job_id"] == "t1")
-        })
-        .await;
-    let result = records.iter().find(|r| r["job_id"] == "t1").unwrap();
+    names.publish(&amqp::message("t1", "long", "long")).await;
+    let (result, records) = names.result_of("t1", Duration::from_secs(180)).await;
     assert_eq!(result["status"], "succeeded", "{result:#}");
 
     // Every queue drains: the redelivery is answered from the stored result and acknowledged.
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let depths = (
-            names.depth(&names.jobs).await,
-            names.depth(&format!("{}.delay", names.jobs)).await,
-        );
-        if depths == (0, 0) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < give_up,
-            "messages left (jobs, delay): {depths:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    names.drained(Duration::from_secs(60)).await;
     assert_eq!(names.depth(&format!("{}.dead", names.jobs)).await, 0);
 
     // Once: one state version, each resource created once, one lease fence ever taken, and
