@@ -133,7 +133,7 @@ print(f"demo-unsigned-1: {refused['status']}: {error['field']} {error['problem']
 print(f"demo-signed-1:   {ran['status']}")
 PY
 echo
-echo "== self-hosted workers on RabbitMQ: two share three jobs (docs/self-hosted.md)"
+echo "== self-hosted workers on RabbitMQ over TLS: two share three jobs (docs/self-hosted.md)"
 scripts/with-rabbitmq.sh scripts/demo-workers.sh "$demo" 2> "$demo/rabbitmq.log" || {
     cat "$demo/rabbitmq.log" >&2
     exit 1
@@ -165,7 +165,7 @@ plan it kept with a job naming it (see .terrace-demo/approved-apply.yaml, docs/a
 hold a plan to policies before it is applied (docs/policy.md, policies/examples/):
   terrace run --policies policies/demo examples/demo-job.yaml
 send a job to a runner as a platform would (README: "Driving a deployed runner"):
-  terrace submit JOB_FILE --to QUEUE --follow   # sqs://, pubsub://, azqueue://, amqp:// or a serve folder
+  terrace submit JOB_FILE --to QUEUE --follow   # sqs://, pubsub://, azqueue://, amqp[s]:// or a serve folder
   terrace submit JOB_FILE --to QUEUE --sign .terrace-demo/sender.pem   # signed (docs/signing.md)
   terrace schema                                # the records a platform reads (docs/schema/)
 (make demo starts again from nothing.)
