@@ -9,6 +9,8 @@
 #   TERRACE_TEST_AMQP_USER, TERRACE_TEST_AMQP_PASSWORD  a user made at start (no guest)
 #   TERRACE_TEST_RABBITMQ_NODE, TERRACE_TEST_RABBITMQ_HOME, ERL_EPMD_PORT  for
 #                               HOME=$TERRACE_TEST_RABBITMQ_HOME rabbitmqctl -n $TERRACE_TEST_RABBITMQ_NODE
+#   TERRACE_TEST_RABBITMQ_START a script that starts the node again (after `rabbitmqctl stop`),
+#                               same name, ports and data; it stays in the foreground
 # Usage: scripts/with-rabbitmq.sh COMMAND [ARGS...]
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,14 +77,26 @@ amqp_port="$(free_port)"
 export ERL_EPMD_PORT="$(free_port)"
 export TERRACE_TEST_RABBITMQ_NODE="terrace-$$@localhost"
 export TERRACE_TEST_RABBITMQ_HOME="$rabbit_base"
-"${rabbit_user[@]}" env RABBITMQ_NODENAME="$TERRACE_TEST_RABBITMQ_NODE" \
-    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$amqp_port" \
-    RABBITMQ_DIST_PORT="$(free_port)" ERL_EPMD_PORT="$ERL_EPMD_PORT" ERL_EPMD_ADDRESS=127.0.0.1 \
-    RABBITMQ_MNESIA_BASE="$rabbit_base/mnesia" \
-    RABBITMQ_FEATURE_FLAGS_FILE="$rabbit_base/mnesia/feature_flags" \
-    RABBITMQ_LOG_BASE="$rabbit_base/log" RABBITMQ_ENABLED_PLUGINS_FILE="$rabbit_base/enabled_plugins" \
-    RABBITMQ_CONFIG_FILE="$rabbit_base/rabbitmq.conf" \
-    HOME="$rabbit_base" rabbitmq-server >"$logs/rabbitmq-$amqp_port.log" 2>&1 &
+# The node's start, kept as a script so that a test can start it again after stopping it.
+start_node="$rabbit_base/start-node"
+node_env=(RABBITMQ_NODENAME="$TERRACE_TEST_RABBITMQ_NODE"
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$amqp_port"
+    RABBITMQ_DIST_PORT="$(free_port)" ERL_EPMD_PORT="$ERL_EPMD_PORT" ERL_EPMD_ADDRESS=127.0.0.1
+    RABBITMQ_MNESIA_BASE="$rabbit_base/mnesia"
+    RABBITMQ_FEATURE_FLAGS_FILE="$rabbit_base/mnesia/feature_flags"
+    RABBITMQ_LOG_BASE="$rabbit_base/log" RABBITMQ_ENABLED_PLUGINS_FILE="$rabbit_base/enabled_plugins"
+    RABBITMQ_CONFIG_FILE="$rabbit_base/rabbitmq.conf"
+    HOME="$rabbit_base")
+{
+    echo '#!/usr/bin/env bash'
+    printf 'exec'
+    printf ' %q' "${rabbit_user[@]}" env "${node_env[@]}" rabbitmq-server
+    printf ' >>%q 2>&1\n' "$logs/rabbitmq-$amqp_port.log"
+} >"$start_node"
+chmod 755 "$start_node"
+export TERRACE_TEST_RABBITMQ_START="$start_node"
+: >"$logs/rabbitmq-$amqp_port.log"
+"$start_node" &
 rabbit_pid="$!"
 
 # Ready when it answers the AMQP 0-9-1 header with Connection.Start (a method frame).

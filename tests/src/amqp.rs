@@ -51,6 +51,40 @@ pub fn ctl(args: &[&str]) {
     assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
 }
 
+/// The test node, started again (`scripts/with-rabbitmq.sh`'s start script) after
+/// `rabbitmqctl stop`, once it answers AMQP again. The node runs on when the child is dropped:
+/// the script stops it by name at its end.
+pub async fn start_node() -> std::process::Child {
+    let child = std::process::Command::new(var("TERRACE_TEST_RABBITMQ_START"))
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("the node's start script runs");
+    // Ready when it answers the AMQP 0-9-1 header with Connection.Start (a method frame).
+    let address = broker().trim_start_matches("amqp://").to_owned();
+    let answers = || async {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let Ok(mut s) = tokio::net::TcpStream::connect(&address).await else {
+            return false;
+        };
+        let mut first = [0u8; 1];
+        s.write_all(b"AMQP\x00\x00\x09\x01").await.is_ok()
+            && matches!(
+                tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut first)).await,
+                Ok(Ok(_))
+            )
+            && first[0] == 1
+    };
+    let give_up = std::time::Instant::now() + Duration::from_secs(90);
+    while !answers().await {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the node did not answer again within 90 s"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    child
+}
+
 /// A test's own names on the broker, and a platform's connection to it.
 pub struct Names {
     pub jobs: String,
