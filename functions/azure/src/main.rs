@@ -8,15 +8,7 @@ use azure::app::App;
 use azure::{access, config};
 
 fn main() -> ExitCode {
-    // A policy evaluation (the runner's own child) needs no runtime: answered before one starts.
-    if let Some(code) = shared::run::policy::child::answer_if_asked() {
-        return code;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("the runtime starts")
-        .block_on(serve())
+    shared::host::process::function_main(serve)
 }
 
 async fn serve() -> ExitCode {

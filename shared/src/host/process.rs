@@ -1,6 +1,22 @@
 //! What every cloud function's process sets up first: its log, and SIGTERM.
 
+use std::process::ExitCode;
+
 use tokio_util::sync::CancellationToken;
+
+/// A cloud function's `main`: a policy evaluation (the runner's own child, see
+/// [`crate::run::policy::child`]) is answered before anything else, with no runtime; otherwise
+/// `serve` runs on a multi-threaded tokio runtime.
+pub fn function_main<F: Future<Output = ExitCode>>(serve: impl FnOnce() -> F) -> ExitCode {
+    if let Some(code) = crate::run::policy::child::answer_if_asked() {
+        return code;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the runtime starts")
+        .block_on(serve())
+}
 
 /// JSON log lines on stderr, filtered by `TERRACE_LOG` (default `info`): what the clouds'
 /// log services parse. With the `otel` feature and `OTEL_EXPORTER_OTLP_ENDPOINT` (or
