@@ -598,6 +598,7 @@ mod tests {
             record: LeaseRecord {
                 last_fence: 3,
                 held: None,
+                settled: Some(2),
             },
             blob_lease: Some("id".into()),
         };
@@ -606,5 +607,6 @@ mod tests {
         assert_eq!(json["blob_lease"], "id");
         let back: BlobRecord = serde_json::from_value(json).unwrap();
         assert_eq!(back.record.last_fence, 3);
+        assert_eq!(back.record.settled, Some(2));
     }
 }

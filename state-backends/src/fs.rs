@@ -221,7 +221,7 @@ impl StateStore for FsStore {
         self.blocking(ws, move |dir| {
             let _lock = dir.lock()?;
             let mut record = dir.lease_record()?;
-            if record.release(&lease) {
+            if record.release(&lease, None) {
                 dir.save_lease_record(&record)?;
             }
             Ok(())

@@ -14,6 +14,13 @@ use crate::{Fence, Lease, LeaseRequest};
 pub struct LeaseRecord {
     pub last_fence: u64,
     pub held: Option<Lease>,
+    /// The workspace's newest version when its lease was last let go by a holder that knew
+    /// it for sure: nothing of its own still being written, the convenience copy of that very
+    /// version made (see [`crate::objects::BucketStore`]). The next taker then reads the copy
+    /// alone, without probing for a version after it. Taking the lease clears it, so it only
+    /// ever speaks of the release just before; a lease taken over after it expired has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<u64>,
 }
 
 pub(crate) fn plus(now: OffsetDateTime, ttl: Duration) -> OffsetDateTime {
@@ -50,6 +57,7 @@ impl LeaseRecord {
             }),
         };
         self.held = Some(lease.clone());
+        self.settled = None;
         Ok(lease)
     }
 
@@ -90,12 +98,14 @@ impl LeaseRecord {
         Ok(held.clone())
     }
 
-    /// Gives back `lease` if it is still the recorded one (live or expired). Returns whether
+    /// Gives back `lease` if it is still the recorded one (live or expired), with what its
+    /// holder knows of the newest version (see [`LeaseRecord::settled`]). Returns whether
     /// anything changed.
-    pub fn release(&mut self, lease: &Lease) -> bool {
+    pub fn release(&mut self, lease: &Lease, settled: Option<u64>) -> bool {
         match &self.held {
             Some(held) if held.fence == lease.fence && held.owner == lease.owner => {
                 self.held = None;
+                self.settled = settled;
                 true
             }
             _ => false,
@@ -107,7 +117,10 @@ impl LeaseRecord {
     pub fn break_lease(&mut self, only: Option<u64>) -> Option<Lease> {
         match (&self.held, only) {
             (Some(held), Some(fence)) if held.fence != fence => None,
-            _ => self.held.take(),
+            _ => {
+                self.settled = None;
+                self.held.take()
+            }
         }
     }
 }
@@ -189,10 +202,12 @@ mod tests {
                 .contains("held by b")
         );
         assert!(
-            !rec.release(&a),
+            !rec.release(&a, Some(7)),
             "a stale holder must not release the new lease"
         );
-        assert!(rec.release(&b));
+        assert_eq!(rec.settled, None, "nor say what is settled");
+        assert!(rec.release(&b, Some(7)));
+        assert_eq!(rec.settled, Some(7));
         assert!(
             rec.check(&b.fence(), later)
                 .unwrap_err()
@@ -201,5 +216,16 @@ mod tests {
         let c = rec.acquire(&req("c", 1), later).unwrap();
         assert_eq!(c.fence, 3);
         assert!(c.took_over.is_none(), "a released lease is not taken over");
+        assert_eq!(
+            rec.settled, None,
+            "taking the lease clears what its release said"
+        );
+        let later = later + time::Duration::seconds(2);
+        let d = rec.acquire(&req("d", 1), later).unwrap();
+        assert!(d.took_over.is_some());
+        assert_eq!(
+            rec.settled, None,
+            "an expired lease taken over says nothing settled"
+        );
     }
 }

@@ -10,7 +10,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::lease::LeaseRecord;
-use crate::objects::{Bucket, BucketStore, Condition, LeaseKeeper, Listed, LockObject, Object};
+use crate::objects::{
+    Bucket, BucketStore, Condition, LeaseKeeper, Listed, LockObject, Object, Taken,
+};
 use crate::{Lease, LeaseRequest, Result, StoreError, WorkspaceId};
 
 /// What a failing lease call answers: the store cannot be reached (an error that may pass).
@@ -120,7 +122,7 @@ impl LeaseKeeper for FaultyLeases {
         self.lock.record(key).await
     }
 
-    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Lease> {
+    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Taken> {
         let failing = {
             let mut faults = self.faults();
             match faults.failing_acquires {
@@ -156,7 +158,13 @@ impl LeaseKeeper for FaultyLeases {
         }
     }
 
-    async fn release(&self, ws: &WorkspaceId, key: &str, lease: &Lease) -> Result<()> {
+    async fn release(
+        &self,
+        ws: &WorkspaceId,
+        key: &str,
+        lease: &Lease,
+        settled: Option<u64>,
+    ) -> Result<()> {
         {
             let mut faults = self.faults();
             if faults.failing_releases > 0 {
@@ -164,7 +172,7 @@ impl LeaseKeeper for FaultyLeases {
                 return Err(unreachable());
             }
         }
-        self.lock.release(ws, key, lease).await
+        self.lock.release(ws, key, lease, settled).await
     }
 
     async fn break_lease(

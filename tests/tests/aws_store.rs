@@ -287,3 +287,128 @@ async fn a_dynamodb_lease_taken_by_a_request_whose_answer_was_lost_knows_whom_it
     let took = lease.took_over.expect("it knows whose lease it took over");
     assert_eq!((took.owner.as_str(), took.fence), ("dead-job", dead.fence));
 }
+
+/// A clean release records the newest version in the DynamoDB item (`settled`), so the next
+/// taker reads the copy alone; taking the lease clears it; a taker of an expired lease, whose
+/// holder died after committing a version and before copying it, still finds that version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamodb_lease_carries_the_settled_version_of_a_clean_release_only() {
+    use state_backends::{LeaseRequest, NewState, PutMode, StateStore, WorkspaceId};
+    use time::OffsetDateTime;
+    let bucket = aws::bucket().await;
+    let table = aws::lease_table().await;
+    let config = S3Config {
+        bucket: bucket.clone(),
+        prefix: "states".into(),
+        lease: LeaseMode::DynamoDb {
+            table: table.clone(),
+        },
+        kms_key_id: None,
+    };
+    let store = || async {
+        S3Store::new(aws::s3().await, Some(aws::dynamodb().await), config.clone()).unwrap()
+    };
+    let ws = WorkspaceId::new("acme", "settled").unwrap();
+    let state =
+        |serial| NewState::parse(state_backends::tfstate::empty_state("s", serial)).unwrap();
+    let request = |owner: &str, ttl_ms: u64| LeaseRequest {
+        owner: owner.into(),
+        ttl: std::time::Duration::from_millis(ttl_ms),
+        info: serde_json::Value::Null,
+    };
+    let settled = || async {
+        let item = aws::dynamodb()
+            .await
+            .get_item()
+            .table_name(&table)
+            .key(
+                "pk",
+                aws_sdk_dynamodb::types::AttributeValue::S("states/acme/settled".into()),
+            )
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap();
+        item.item()
+            .and_then(|i| i.get("settled"))
+            .map(|v| v.as_n().unwrap().parse::<u64>().unwrap())
+    };
+
+    let first = store().await;
+    let lease = first
+        .acquire_lease(&ws, &request("a", 60_000))
+        .await
+        .unwrap();
+    let fence = lease
+        .fence()
+        .confirmed_until(OffsetDateTime::now_utc() + std::time::Duration::from_secs(10));
+    assert!(first.current(&ws).await.unwrap().is_none());
+    first
+        .put(&ws, state(1), PutMode::Create, Some(&fence))
+        .await
+        .unwrap();
+    first.release_lease(&ws, &lease).await.unwrap();
+    assert_eq!(settled().await, Some(1), "a clean release says version 1");
+
+    let dying = store().await;
+    let lease = dying
+        .acquire_lease(&ws, &request("b", 1_000))
+        .await
+        .unwrap();
+    assert_eq!(settled().await, None, "taking the lease clears it");
+    let current = dying.current(&ws).await.unwrap().unwrap();
+    assert_eq!(current.version.number, 1);
+    let fence = lease
+        .fence()
+        .confirmed_until(OffsetDateTime::now_utc() + std::time::Duration::from_millis(500));
+    dying
+        .put(&ws, state(2), PutMode::Update(current.token), Some(&fence))
+        .await
+        .unwrap();
+    dying.settle(&ws).await;
+    // It died before its copy: version 1's copy is put back. Then its lease expires.
+    let s3 = aws::s3().await;
+    let copy_key = "states/acme/settled/terraform.tfstate";
+    let first_meta = s3
+        .head_object()
+        .bucket(&bucket)
+        .key("states/acme/settled/versions/0000000001.tfstate")
+        .send()
+        .await
+        .unwrap()
+        .metadata()
+        .cloned()
+        .unwrap();
+    let mut meta = first_meta;
+    meta.insert("terrace-number".into(), "1".into());
+    s3.copy_object()
+        .bucket(&bucket)
+        .copy_source(format!(
+            "{bucket}/states/acme/settled/versions/0000000001.tfstate"
+        ))
+        .key(copy_key)
+        .metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace)
+        .set_metadata(Some(meta))
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+
+    let last = store().await;
+    let lease = last
+        .acquire_lease(&ws, &request("c", 60_000))
+        .await
+        .unwrap();
+    assert!(lease.took_over.is_some(), "an expired lease, taken over");
+    let current = last.current(&ws).await.unwrap().unwrap();
+    assert_eq!(
+        current.version.number, 2,
+        "the version after the lagging copy"
+    );
+    last.release_lease(&ws, &lease).await.unwrap();
+    assert_eq!(
+        settled().await,
+        None,
+        "the copy lags version 2: nothing settled"
+    );
+}

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::lease::LeaseRecord;
-use crate::objects::{Bucket, Condition, LeaseKeeper};
+use crate::objects::{Bucket, Condition, LeaseKeeper, Taken};
 use crate::{Lease, LeaseRequest, Result, StoreError, WorkspaceId};
 
 use super::{AzureBucket, backend_error, client_error, scrub, status};
@@ -173,7 +173,7 @@ impl LeaseKeeper for BlobLeases {
         Ok(self.read(&Self::key(base)).await?.0.record)
     }
 
-    async fn acquire(&self, ws: &WorkspaceId, base: &str, request: &LeaseRequest) -> Result<Lease> {
+    async fn acquire(&self, ws: &WorkspaceId, base: &str, request: &LeaseRequest) -> Result<Taken> {
         let key = Self::key(base);
         self.ensure(&key).await?;
         let held = |holder: Lease| StoreError::LeaseHeld {
@@ -204,6 +204,7 @@ impl LeaseKeeper for BlobLeases {
                 continue;
             }
             let (mut current, tag) = self.read(&key).await?;
+            let settled = current.record.settled;
             match current.record.acquire(request, OffsetDateTime::now_utc()) {
                 Err(holder) => {
                     self.give_back(&key, &id).await;
@@ -212,13 +213,13 @@ impl LeaseKeeper for BlobLeases {
                 Ok(lease) => {
                     current.blob_lease = Some(id.clone());
                     if self.write(&key, &current, &id, tag.as_deref()).await? {
-                        return Ok(lease);
+                        return Ok(Taken { lease, settled });
                     }
                     // The client sent the write again after its answer was lost, and the first
                     // try landed: the record holds this very lease (its time to the
                     // nanosecond), under this blob lease.
                     if self.read(&key).await?.0.record.held.as_ref() == Some(&lease) {
-                        return Ok(lease);
+                        return Ok(Taken { lease, settled });
                     }
                     // Broken by another taker between our take and our write.
                     self.give_back(&key, &id).await;
@@ -272,11 +273,17 @@ impl LeaseKeeper for BlobLeases {
         ))
     }
 
-    async fn release(&self, _ws: &WorkspaceId, base: &str, lease: &Lease) -> Result<()> {
+    async fn release(
+        &self,
+        _ws: &WorkspaceId,
+        base: &str,
+        lease: &Lease,
+        settled: Option<u64>,
+    ) -> Result<()> {
         let key = Self::key(base);
         for attempt in 0..ATTEMPTS / 3 {
             let (mut current, tag) = self.read(&key).await?;
-            if !current.record.release(lease) {
+            if !current.record.release(lease, settled) {
                 // Not ours any more: nothing to give back.
                 return Ok(());
             }

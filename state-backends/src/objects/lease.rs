@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use time::OffsetDateTime;
 
-use super::{Bucket, Condition, LeaseKeeper, corrupt, gave_up};
+use super::{Bucket, Condition, LeaseKeeper, Taken, corrupt, gave_up};
 use crate::lease::LeaseRecord;
 use crate::{Lease, LeaseRequest, Result, StoreError, WorkspaceId};
 
@@ -122,14 +122,17 @@ impl<B: Bucket + 'static> LeaseKeeper for LockObject<B> {
         Ok(self.read(&Self::object(key)).await?.0)
     }
 
-    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Lease> {
+    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Taken> {
         let now = OffsetDateTime::now_utc();
-        self.change(key, |record| match record.acquire(request, now) {
-            Ok(lease) => Ok((lease, true)),
-            Err(holder) => Err(StoreError::LeaseHeld {
-                workspace: ws.clone(),
-                holder,
-            }),
+        self.change(key, |record| {
+            let settled = record.settled;
+            match record.acquire(request, now) {
+                Ok(lease) => Ok((Taken { lease, settled }, true)),
+                Err(holder) => Err(StoreError::LeaseHeld {
+                    workspace: ws.clone(),
+                    holder,
+                }),
+            }
         })
         .await
     }
@@ -156,8 +159,14 @@ impl<B: Bucket + 'static> LeaseKeeper for LockObject<B> {
         .await
     }
 
-    async fn release(&self, _ws: &WorkspaceId, key: &str, lease: &Lease) -> Result<()> {
-        self.change(key, |record| Ok(((), record.release(lease))))
+    async fn release(
+        &self,
+        _ws: &WorkspaceId,
+        key: &str,
+        lease: &Lease,
+        settled: Option<u64>,
+    ) -> Result<()> {
+        self.change(key, |record| Ok(((), record.release(lease, settled))))
             .await
     }
 

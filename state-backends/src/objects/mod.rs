@@ -148,7 +148,9 @@ pub trait Bucket: Send + Sync + Debug {
 #[async_trait]
 pub trait LeaseKeeper: Send + Sync + Debug {
     async fn record(&self, key: &str) -> Result<LeaseRecord>;
-    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Lease>;
+    /// Takes the lease, and says what its last release recorded as settled
+    /// ([`LeaseRecord::settled`]; `None` when in doubt, as after a lost answer).
+    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Taken>;
     async fn renew(
         &self,
         ws: &WorkspaceId,
@@ -156,7 +158,14 @@ pub trait LeaseKeeper: Send + Sync + Debug {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<Lease>;
-    async fn release(&self, ws: &WorkspaceId, key: &str, lease: &Lease) -> Result<()>;
+    /// Lets `lease` go, if it is still the recorded one, recording `settled`.
+    async fn release(
+        &self,
+        ws: &WorkspaceId,
+        key: &str,
+        lease: &Lease,
+        settled: Option<u64>,
+    ) -> Result<()>;
     /// Breaks the lease held, or only the one with fence `only` when given.
     async fn break_lease(
         &self,
@@ -164,6 +173,13 @@ pub trait LeaseKeeper: Send + Sync + Debug {
         key: &str,
         only: Option<u64>,
     ) -> Result<Option<Lease>>;
+}
+
+/// A lease just taken, with the newest version its last release knew for sure.
+#[derive(Clone, Debug)]
+pub struct Taken {
+    pub lease: Lease,
+    pub settled: Option<u64>,
 }
 
 /// The store over a [`Bucket`]; the lease in a lock object ([`LockObject`]) unless another
@@ -183,6 +199,9 @@ pub struct BucketStore<B> {
     tails: Arc<std::sync::Mutex<HashMap<WorkspaceId, tokio::task::JoinHandle<()>>>>,
     /// When the bucket (or the lease keeper) last answered a call of this store.
     answered: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// Per workspace whose lease this store took: what it knows for sure of the newest
+    /// version and of the copy while that lease is its own (see [`versions::Held`]).
+    held: Arc<std::sync::Mutex<HashMap<WorkspaceId, versions::Held>>>,
 }
 
 impl<B: Bucket + Clone + 'static> BucketStore<B> {
@@ -198,6 +217,7 @@ impl<B: Bucket + Clone + 'static> BucketStore<B> {
             heads: Arc::default(),
             tails: Arc::default(),
             answered: Arc::default(),
+            held: Arc::default(),
         }
     }
 
@@ -221,6 +241,7 @@ impl<B: Bucket + Clone + 'static> BucketStore<B> {
             heads: self.heads,
             tails: self.tails,
             answered: self.answered,
+            held: self.held,
         }
     }
 }

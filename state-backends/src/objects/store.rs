@@ -118,7 +118,11 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
         if let Err(e) = self.mark_changed(ws, number, None).await {
             tracing::warn!(workspace = %ws, error = %e, "deletion committed, but its change mark failed");
         }
-        self.bucket.delete(&self.key(ws, "terraform.tfstate")).await
+        self.bucket
+            .delete(&self.key(ws, "terraform.tfstate"))
+            .await?;
+        self.copy_removed(ws);
+        Ok(())
     }
 
     async fn versions(&self, ws: &WorkspaceId) -> Result<Vec<VersionInfo>> {
@@ -152,18 +156,30 @@ impl<B: Bucket + Clone + 'static> StateStore for BucketStore<B> {
     }
 
     async fn acquire_lease(&self, ws: &WorkspaceId, request: &LeaseRequest) -> Result<Lease> {
-        self.heard(self.leases.acquire(ws, &self.base(ws), request).await)
+        let taken = self.heard(self.leases.acquire(ws, &self.base(ws), request).await)?;
+        self.hold(ws, &taken.lease, taken.settled);
+        Ok(taken.lease)
     }
 
     async fn renew_lease(&self, ws: &WorkspaceId, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        self.heard(self.leases.renew(ws, &self.base(ws), lease, ttl).await)
+        let renewed = self.heard(self.leases.renew(ws, &self.base(ws), lease, ttl).await)?;
+        self.renewed(ws, &renewed);
+        Ok(renewed)
     }
 
     async fn release_lease(&self, ws: &WorkspaceId, lease: &Lease) -> Result<()> {
-        self.heard(self.leases.release(ws, &self.base(ws), lease).await)
+        // What the next taker may start from: known only once this lease's writes are done.
+        self.settle(ws).await;
+        let settled = self.let_go(ws, lease);
+        self.heard(
+            self.leases
+                .release(ws, &self.base(ws), lease, settled)
+                .await,
+        )
     }
 
     async fn break_lease(&self, ws: &WorkspaceId, only: Option<u64>) -> Result<Option<Lease>> {
+        self.forget_held(ws);
         self.leases.break_lease(ws, &self.base(ws), only).await
     }
 

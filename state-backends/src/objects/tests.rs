@@ -23,6 +23,8 @@ struct Troubled {
     inner: MemoryBucket,
     sent_twice: bool,
     refuses: Option<&'static str>,
+    /// Every copy fails (as for a writer that dies before its convenience copy).
+    no_copies: bool,
     /// Reads (get, head, list) so far.
     reads: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -77,6 +79,14 @@ impl Bucket for Troubled {
         to: &str,
         metadata: Option<HashMap<String, String>>,
     ) -> Result<()> {
+        if self.no_copies {
+            return Err(StoreError::Backend {
+                backend: "troubled",
+                message: format!("COPY {from}: refused"),
+                retryable: true,
+                source: None,
+            });
+        }
         self.inner.copy(from, to, metadata).await
     }
     async fn delete(&self, key: &str) -> Result<()> {
@@ -741,4 +751,147 @@ async fn a_vouched_write_to_a_store_that_has_not_answered_lately_reads_the_lease
         .await
         .unwrap();
     assert_eq!(bucket.reads(), before);
+}
+
+/// The lease record of `ws` in bucket `b` under prefix `p`, as the lock object holds it.
+async fn lock_record(b: &MemoryBucket, ws: &str) -> LeaseRecord {
+    let obj = b.get(&format!("p/{ws}/lease.json")).await.unwrap().unwrap();
+    serde_json::from_slice(&obj.data).unwrap()
+}
+
+#[tokio::test]
+async fn a_clean_release_lets_the_next_taker_read_the_copy_alone() {
+    let bucket = Troubled::default();
+    let ws: WorkspaceId = "acme/settled".parse().unwrap();
+    // One runner: two vouched writes, then the release once its copies are made.
+    let first = BucketStore::over(bucket.clone(), "p", None);
+    let fence = vouched(&first, &ws).await;
+    assert!(first.current(&ws).await.unwrap().is_none());
+    let one = first
+        .put(&ws, state(1), PutMode::Create, Some(&fence))
+        .await
+        .unwrap();
+    first
+        .put(&ws, state(2), PutMode::Update(one.token()), Some(&fence))
+        .await
+        .unwrap();
+    let lease = first.lease(&ws).await.unwrap().unwrap();
+    first.release_lease(&ws, &lease).await.unwrap();
+    assert_eq!(
+        lock_record(&bucket.inner, "acme/settled").await.settled,
+        Some(2)
+    );
+
+    // The next runner, another process: the lease says version 2 is settled, so the state is
+    // one read (the copy), with no probe for a version 3.
+    let next = BucketStore::over(bucket.clone(), "p", None);
+    next.acquire_lease(&ws, &request("job-2")).await.unwrap();
+    assert_eq!(
+        lock_record(&bucket.inner, "acme/settled").await.settled,
+        None,
+        "taking the lease clears what the release before said"
+    );
+    let before = bucket.reads();
+    let current = next.current(&ws).await.unwrap().unwrap();
+    assert_eq!(current.version.number, 2);
+    assert_eq!(bucket.reads(), before + 1, "the copy alone was read");
+
+    // Without a settled version (a store that never held the lease), the probe is made.
+    let other = BucketStore::over(bucket.clone(), "p", None);
+    let before = bucket.reads();
+    assert_eq!(other.current(&ws).await.unwrap().unwrap().version.number, 2);
+    assert_eq!(
+        bucket.reads(),
+        before + 2,
+        "the copy, then the probe for version 3"
+    );
+}
+
+#[tokio::test]
+async fn a_copy_that_failed_or_a_lease_taken_over_settles_nothing_and_the_newest_is_found() {
+    let ws: WorkspaceId = "acme/unsettled".parse().unwrap();
+    let good = Troubled::default();
+    let first = BucketStore::over(good.clone(), "p", None);
+    let fence = vouched(&first, &ws).await;
+    let one = first
+        .put(&ws, state(1), PutMode::Create, Some(&fence))
+        .await
+        .unwrap();
+    let lease = first.lease(&ws).await.unwrap().unwrap();
+    first.release_lease(&ws, &lease).await.unwrap();
+    assert_eq!(
+        lock_record(&good.inner, "acme/unsettled").await.settled,
+        Some(1)
+    );
+
+    // A writer whose copy fails: version 2 is committed, the copy stays of version 1. Its
+    // release may not say "settled", or the next taker would read version 1.
+    let failing = Troubled {
+        inner: good.inner.clone(),
+        no_copies: true,
+        ..Troubled::default()
+    };
+    let second = BucketStore::over(failing.clone(), "p", None);
+    let fence = vouched(&second, &ws).await;
+    assert_eq!(
+        second.current(&ws).await.unwrap().unwrap().version.number,
+        1
+    );
+    second
+        .put(&ws, state(2), PutMode::Update(one.token()), Some(&fence))
+        .await
+        .unwrap();
+    let lease = second.lease(&ws).await.unwrap().unwrap();
+    second.release_lease(&ws, &lease).await.unwrap();
+    assert_eq!(
+        lock_record(&good.inner, "acme/unsettled").await.settled,
+        None
+    );
+    let third = BucketStore::over(good.clone(), "p", None);
+    let lease = third.acquire_lease(&ws, &request("job-3")).await.unwrap();
+    assert_eq!(third.current(&ws).await.unwrap().unwrap().version.number, 2);
+    // A reader that found the copy lagging knows it is not of the newest version either.
+    third.release_lease(&ws, &lease).await.unwrap();
+    assert_eq!(
+        lock_record(&good.inner, "acme/unsettled").await.settled,
+        None
+    );
+
+    // A writer with working copies settles version 3.
+    let good_writer = BucketStore::over(good.clone(), "p", None);
+    let fence = vouched(&good_writer, &ws).await;
+    let token = good_writer.current(&ws).await.unwrap().unwrap().token;
+    good_writer
+        .put(&ws, state(3), PutMode::Update(token), Some(&fence))
+        .await
+        .unwrap();
+    let lease = good_writer.lease(&ws).await.unwrap().unwrap();
+    good_writer.release_lease(&ws, &lease).await.unwrap();
+    assert_eq!(
+        lock_record(&good.inner, "acme/unsettled").await.settled,
+        Some(3)
+    );
+
+    // A writer that dies after its commit, before its copy and its release: the lease is
+    // taken over once expired, and a take-over says nothing settled.
+    let dying = BucketStore::over(failing, "p", None);
+    let short = crate::LeaseRequest {
+        ttl: Duration::from_millis(300),
+        ..request("job-4")
+    };
+    let lease = dying.acquire_lease(&ws, &short).await.unwrap();
+    let fence = lease
+        .fence()
+        .confirmed_until(OffsetDateTime::now_utc() + Duration::from_millis(200));
+    let token = dying.current(&ws).await.unwrap().unwrap().token;
+    dying
+        .put(&ws, state(4), PutMode::Update(token), Some(&fence))
+        .await
+        .unwrap();
+    dying.settle(&ws).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let last = BucketStore::over(good.clone(), "p", None);
+    let taken = last.acquire_lease(&ws, &request("job-5")).await.unwrap();
+    assert!(taken.took_over.is_some());
+    assert_eq!(last.current(&ws).await.unwrap().unwrap().version.number, 4);
 }

@@ -22,6 +22,8 @@ impl<B: Bucket> BucketStore<B> {
                 .and_then(|n| n.parse::<u64>().ok())
                 .unwrap_or(0)
         };
+        // Taken before the copy is read: a lease about to lapse is not vouched for after.
+        let sure = self.sure_copy(ws);
         let copy = if with_data {
             self.bucket
                 .get(&copy_key)
@@ -61,21 +63,27 @@ impl<B: Bucket> BucketStore<B> {
                     newest.facts = (!newest.deleted).then_some(meta);
                 }
                 self.saw_head(ws, newest.number, newest.deleted);
+                self.knew(ws, |held| held.saw(newest.number, newest.deleted, None));
                 return Ok(newest);
             }
         };
-        // The copy may lag a writer that died between its commit and its copy.
-        while let Some(meta) = self
-            .bucket
-            .head(&self.version_key(ws, self.successor(ws, newest.number)?))
-            .await?
-        {
-            newest.number += 1;
-            newest.deleted = is_deleted(&meta);
-            newest.facts = (!newest.deleted).then_some(meta);
-            newest.copy = None;
+        let copied = (newest.number > 0).then_some(newest.number);
+        // The copy may lag a writer that died between its commit and its copy; not when this
+        // store holds the lease and knows the copy is of the newest version.
+        if sure.is_none() || sure != copied {
+            while let Some(meta) = self
+                .bucket
+                .head(&self.version_key(ws, self.successor(ws, newest.number)?))
+                .await?
+            {
+                newest.number += 1;
+                newest.deleted = is_deleted(&meta);
+                newest.facts = (!newest.deleted).then_some(meta);
+                newest.copy = None;
+            }
         }
         self.saw_head(ws, newest.number, newest.deleted);
+        self.knew(ws, |held| held.saw(newest.number, newest.deleted, copied));
         Ok(newest)
     }
 
@@ -138,7 +146,7 @@ impl<B: Bucket> BucketStore<B> {
                     .create_next(ws, number, &data, &metadata, &write_id)
                     .await?
             {
-                self.saw_head(ws, next, deletion);
+                self.wrote(ws, next, deletion);
                 return Ok(next);
             }
         }
@@ -158,7 +166,7 @@ impl<B: Bucket> BucketStore<B> {
             .await?
         {
             Some(next) => {
-                self.saw_head(ws, next, deletion);
+                self.wrote(ws, next, deletion);
                 Ok(next)
             }
             None => Err(StoreError::Conflict {
@@ -196,7 +204,9 @@ impl<B: Bucket> BucketStore<B> {
         if landed.is_some_and(|facts| facts.get(META_WRITE).map(String::as_str) == Some(write_id)) {
             return Ok(Some(next));
         }
+        // Another writer under this store's lease: it knows nothing for sure any more.
         self.forget_head(ws);
+        self.forget_held(ws);
         Ok(None)
     }
 
@@ -217,9 +227,74 @@ impl<B: Bucket> BucketStore<B> {
         if let Err(e) = marked {
             tracing::warn!(workspace = %ws, error = %e, "state version committed, but its change mark failed");
         }
-        if let Err(e) = copied {
-            tracing::warn!(workspace = %ws, error = %e, "state version committed, but its terraform.tfstate copy failed");
+        match copied {
+            Ok(()) => self.knew(ws, |held| held.saw(info.number, false, Some(info.number))),
+            Err(e) => {
+                tracing::warn!(workspace = %ws, error = %e, "state version committed, but its terraform.tfstate copy failed");
+            }
         }
+    }
+
+    /// Notes a version this store committed.
+    fn wrote(&self, ws: &WorkspaceId, number: u64, deletion: bool) {
+        self.saw_head(ws, number, deletion);
+        self.knew(ws, |held| held.saw(number, deletion, None));
+    }
+
+    /// Starts knowing `ws` for sure under `lease`, just taken: from what the release before
+    /// recorded as settled, or from nothing.
+    pub(super) fn hold(&self, ws: &WorkspaceId, lease: &Lease, settled: Option<u64>) {
+        let held = Held {
+            fence: lease.fence,
+            sure_until: sure_until(lease),
+            head: settled.map(|n| (n, false)),
+            copy: settled,
+        };
+        self.held().insert(ws.clone(), held);
+    }
+
+    /// Moves the time `ws` is known for sure with its lease, renewed.
+    pub(super) fn renewed(&self, ws: &WorkspaceId, lease: &Lease) {
+        if let Some(held) = self.held().get_mut(ws)
+            && held.fence == lease.fence
+        {
+            held.sure_until = sure_until(lease);
+        }
+    }
+
+    /// Stops knowing `ws` as `lease` is let go, and says what the next taker may start from:
+    /// the newest version, when it is a state and the copy is of it.
+    pub(super) fn let_go(&self, ws: &WorkspaceId, lease: &Lease) -> Option<u64> {
+        let held = self.held().remove(ws)?;
+        held.settled().filter(|_| held.fence == lease.fence)
+    }
+
+    /// Notes that the copy was deleted (after a deletion).
+    pub(super) fn copy_removed(&self, ws: &WorkspaceId) {
+        self.knew(ws, |held| held.copy = None);
+    }
+
+    pub(super) fn forget_held(&self, ws: &WorkspaceId) {
+        self.held().remove(ws);
+    }
+
+    /// The version the copy is of, when this store holds the lease, is sure of it (well
+    /// before the lease could expire) and knows it is the newest.
+    fn sure_copy(&self, ws: &WorkspaceId) -> Option<u64> {
+        let held = *self.held().get(ws)?;
+        held.settled()
+            .filter(|_| OffsetDateTime::now_utc() < held.sure_until)
+    }
+
+    /// Changes what this store knows of `ws`, if it holds its lease.
+    fn knew(&self, ws: &WorkspaceId, change: impl FnOnce(&mut Held)) {
+        if let Some(held) = self.held().get_mut(ws) {
+            change(held);
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<WorkspaceId, Held>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The workspace's newest version as this store last saw it, if it did.
@@ -255,4 +330,49 @@ pub(super) struct Newest {
     /// The version's facts (its metadata, or the copy's), when it is a state.
     pub(super) facts: Option<HashMap<String, String>>,
     pub(super) copy: Option<Object>,
+}
+
+/// What a store knows for sure of a workspace while it holds the lease it took: no one else
+/// writes then (every write is fenced). It starts from what the release before recorded
+/// ([`LeaseRecord::settled`]) and follows this store's own reads and writes. The runner reads
+/// and writes a workspace through the one store that took its lease.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Held {
+    fence: u64,
+    /// Until when the lease is surely still this store's: its expiry less a sixth of the time
+    /// left when it was taken or renewed (a runner's self-fencing keeps the same margin).
+    sure_until: OffsetDateTime,
+    /// The newest version and whether it is a deletion (`None`: not known).
+    head: Option<(u64, bool)>,
+    /// The version the copy (`terraform.tfstate`) is of (`None`: none, or not known).
+    copy: Option<u64>,
+}
+
+impl Held {
+    /// Notes version `number` (a deletion or not) as seen or written, and the copy as of
+    /// `copy` when it was seen; neither goes back (reads may answer out of order).
+    fn saw(&mut self, number: u64, deleted: bool, copy: Option<u64>) {
+        if self.head.is_none_or(|(n, _)| number >= n) {
+            self.head = Some((number, deleted));
+        }
+        self.copy = self.copy.max(copy);
+    }
+
+    /// The newest version when it is a state and the copy is of it.
+    fn settled(&self) -> Option<u64> {
+        match self.head {
+            Some((n, false)) if self.copy == Some(n) => Some(n),
+            _ => None,
+        }
+    }
+}
+
+fn sure_until(lease: &Lease) -> OffsetDateTime {
+    let now = OffsetDateTime::now_utc();
+    let left = lease.expires_at - now;
+    if left <= time::Duration::ZERO {
+        now
+    } else {
+        lease.expires_at - left / 6
+    }
 }

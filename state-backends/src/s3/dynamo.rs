@@ -9,13 +9,13 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditi
 use time::OffsetDateTime;
 
 use crate::lease::{LeaseRecord, plus};
-use crate::objects::LeaseKeeper;
+use crate::objects::{LeaseKeeper, Taken};
 use crate::{Lease, LeaseRequest, Result, StoreError, TakenOver, WorkspaceId};
 
 use super::{SdkError, backend_error, sdk_error};
 
-/// Frees a lease item, keeping its fence counter.
-const FREE: &str = "REMOVE #owner, fence, acquired_at, expires_at, info";
+/// The attributes of the lease held; freeing an item removes them and keeps its fence counter.
+const HELD: &str = "#owner, fence, acquired_at, expires_at, info";
 
 pub(super) fn n(value: u64) -> AttributeValue {
     AttributeValue::N(value.to_string())
@@ -69,6 +69,7 @@ pub(super) fn record_from_item(item: Option<&HashMap<String, AttributeValue>>) -
         Some(item) => LeaseRecord {
             last_fence: num(item, "last_fence").unwrap_or(0),
             held: lease_from_item(item),
+            settled: num(item, "settled"),
         },
     }
 }
@@ -109,7 +110,7 @@ impl LeaseKeeper for DynamoLeases {
     }
 
     /// Takes the lease item when it is free or expired; the condition carries the rule.
-    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Lease> {
+    async fn acquire(&self, ws: &WorkspaceId, key: &str, request: &LeaseRequest) -> Result<Taken> {
         let now = OffsetDateTime::now_utc();
         let expires = plus(now, request.ttl);
         let info = serde_json::to_string(&request.info).expect("JSON serializes");
@@ -123,7 +124,8 @@ impl LeaseKeeper for DynamoLeases {
                  #owner = :owner, acquired_at = :now, expires_at = :exp, info = :info, \
                  prev_owner = if_not_exists(#owner, :nobody), \
                  prev_fence = if_not_exists(fence, :zero), \
-                 prev_expires = if_not_exists(expires_at, :zero)",
+                 prev_expires = if_not_exists(expires_at, :zero) \
+                 REMOVE settled",
             )
             .condition_expression("attribute_not_exists(#owner) OR expires_at <= :now")
             .expression_attribute_names("#owner", "owner")
@@ -147,14 +149,16 @@ impl LeaseKeeper for DynamoLeases {
                     fence: expired.fence,
                     expired_at: expired.expires_at,
                 });
-                Ok(Lease {
+                let lease = Lease {
                     owner: request.owner.clone(),
                     fence: last_fence + 1,
                     acquired_at: from_millis(millis(now)),
                     expires_at: from_millis(millis(expires)),
                     info: request.info.clone(),
                     took_over,
-                })
+                };
+                let settled = old.and_then(|o| num(o, "settled"));
+                Ok(Taken { lease, settled })
             }
             Err(e) if is_condition_failure(&e) => {
                 let holder = condition_failure_item(&e)
@@ -169,7 +173,11 @@ impl LeaseKeeper for DynamoLeases {
                     && holder.info == request.info
                     && holder.acquired_at == from_millis(millis(now))
                 {
-                    return Ok(holder);
+                    // What the item said before that first try is gone with its answer.
+                    return Ok(Taken {
+                        lease: holder,
+                        settled: None,
+                    });
                 }
                 Err(StoreError::LeaseHeld {
                     workspace: ws.clone(),
@@ -223,10 +231,21 @@ impl LeaseKeeper for DynamoLeases {
         }
     }
 
-    async fn release(&self, _ws: &WorkspaceId, key: &str, lease: &Lease) -> Result<()> {
-        let out = self
-            .item(key)
-            .update_expression(FREE)
+    async fn release(
+        &self,
+        _ws: &WorkspaceId,
+        key: &str,
+        lease: &Lease,
+        settled: Option<u64>,
+    ) -> Result<()> {
+        let mut update = self.item(key);
+        update = match settled {
+            Some(number) => update
+                .update_expression(format!("SET settled = :settled REMOVE {HELD}"))
+                .expression_attribute_values(":settled", n(number)),
+            None => update.update_expression(format!("REMOVE {HELD}, settled")),
+        };
+        let out = update
             .condition_expression("#owner = :owner AND fence = :fence")
             .expression_attribute_names("#owner", "owner")
             .expression_attribute_values(":owner", AttributeValue::S(lease.owner.clone()))
@@ -249,7 +268,7 @@ impl LeaseKeeper for DynamoLeases {
     ) -> Result<Option<Lease>> {
         let mut update = self
             .item(key)
-            .update_expression(FREE)
+            .update_expression(format!("REMOVE {HELD}, settled"))
             .expression_attribute_names("#owner", "owner")
             .return_values(ReturnValue::AllOld);
         update = match only {
