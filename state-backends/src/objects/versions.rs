@@ -24,17 +24,31 @@ impl<B: Bucket> BucketStore<B> {
         };
         // Taken before the copy is read: a lease about to lapse is not vouched for after.
         let sure = self.sure_copy(ws);
-        let copy = if with_data {
-            self.bucket
-                .get(&copy_key)
-                .await?
-                .map(|o| (number_in(&o.metadata), o.metadata.clone(), Some(o)))
-        } else {
-            self.bucket
-                .head(&copy_key)
-                .await?
-                .map(|m| (number_in(&m), m, None))
-        };
+        // Under a workspace's first lease the copy is most likely absent, and the listing
+        // needed then is asked beside it.
+        let list_too = sure.is_none() && self.first_lease(ws);
+        let (copy, listed) = tokio::join!(
+            async {
+                Ok::<_, StoreError>(if with_data {
+                    self.bucket
+                        .get(&copy_key)
+                        .await?
+                        .map(|o| (number_in(&o.metadata), o.metadata.clone(), Some(o)))
+                } else {
+                    self.bucket
+                        .head(&copy_key)
+                        .await?
+                        .map(|m| (number_in(&m), m, None))
+                })
+            },
+            async {
+                match list_too {
+                    true => self.highest_listed(ws).await.map(Some),
+                    false => Ok(None),
+                }
+            }
+        );
+        let (copy, listed) = (copy?, listed?);
         let mut newest = match copy {
             Some((number, facts, obj)) => Newest {
                 number,
@@ -45,7 +59,10 @@ impl<B: Bucket> BucketStore<B> {
             // No copy: a new or deleted workspace. The listing (strongly consistent) says
             // which, and needs no probe after it.
             None => {
-                let number = self.highest_listed(ws).await?;
+                let number = match listed {
+                    Some(number) => number,
+                    None => self.highest_listed(ws).await?,
+                };
                 let mut newest = Newest {
                     number,
                     deleted: true,
@@ -69,8 +86,10 @@ impl<B: Bucket> BucketStore<B> {
         };
         let copied = (newest.number > 0).then_some(newest.number);
         // The copy may lag a writer that died between its commit and its copy; not when this
-        // store holds the lease and knows the copy is of the newest version.
-        if sure.is_none() || sure != copied {
+        // store holds the lease and knows the copy is of the newest version, or listed no
+        // version after it.
+        let known = sure.is_some() && sure == copied;
+        if !known && listed.is_none_or(|highest| highest > newest.number) {
             while let Some(meta) = self
                 .bucket
                 .head(&self.version_key(ws, self.successor(ws, newest.number)?))
@@ -249,6 +268,7 @@ impl<B: Bucket> BucketStore<B> {
             sure_until: sure_until(lease),
             head: settled.map(|n| (n, false)),
             copy: settled,
+            first: lease.fence == 1,
         };
         self.held().insert(ws.clone(), held);
     }
@@ -267,6 +287,14 @@ impl<B: Bucket> BucketStore<B> {
     pub(super) fn let_go(&self, ws: &WorkspaceId, lease: &Lease) -> Option<u64> {
         let held = self.held().remove(ws)?;
         held.settled().filter(|_| held.fence == lease.fence)
+    }
+
+    /// Whether this store holds the workspace's first lease ever (fence 1), and has not read
+    /// it yet.
+    fn first_lease(&self, ws: &WorkspaceId) -> bool {
+        self.held()
+            .get(ws)
+            .is_some_and(|held| held.first && held.head.is_none())
     }
 
     /// Notes that the copy was deleted (after a deletion).
@@ -346,6 +374,10 @@ pub(super) struct Held {
     head: Option<(u64, bool)>,
     /// The version the copy (`terraform.tfstate`) is of (`None`: none, or not known).
     copy: Option<u64>,
+    /// The lease is the workspace's first (fence 1): it most likely has no version yet. Only
+    /// a hint (versions written under another lease keeper have no lease here): the listing
+    /// is asked beside the copy rather than after it.
+    first: bool,
 }
 
 impl Held {
