@@ -268,7 +268,6 @@ impl<B: Bucket> BucketStore<B> {
             sure_until: sure_until(lease),
             head: settled.map(|n| (n, false)),
             copy: settled,
-            first: lease.fence == 1,
         };
         self.held().insert(ws.clone(), held);
     }
@@ -290,11 +289,12 @@ impl<B: Bucket> BucketStore<B> {
     }
 
     /// Whether this store holds the workspace's first lease ever (fence 1), and has not read
-    /// it yet.
+    /// it yet: it most likely has no version. Only a hint (versions written under another
+    /// lease keeper have no lease here): the listing is asked beside the copy, not after it.
     fn first_lease(&self, ws: &WorkspaceId) -> bool {
         self.held()
             .get(ws)
-            .is_some_and(|held| held.first && held.head.is_none())
+            .is_some_and(|held| held.fence == 1 && held.head.is_none())
     }
 
     /// Notes that the copy was deleted (after a deletion).
@@ -374,10 +374,6 @@ pub(super) struct Held {
     head: Option<(u64, bool)>,
     /// The version the copy (`terraform.tfstate`) is of (`None`: none, or not known).
     copy: Option<u64>,
-    /// The lease is the workspace's first (fence 1): it most likely has no version yet. Only
-    /// a hint (versions written under another lease keeper have no lease here): the listing
-    /// is asked beside the copy rather than after it.
-    first: bool,
 }
 
 impl Held {
