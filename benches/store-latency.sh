@@ -10,6 +10,9 @@
 #   terrace-s3-table  the same, the lease in DynamoDB (`?lease_table=`) (moto)
 #   gcs           terraform's `gcs` backend                            (fake-gcs-server)
 #   terrace-gcs   `terrace run --store gs://…`                         (fake-gcs-server)
+#   terrace-azure `terrace run --store http://…/ACCOUNT/CONTAINER/…`   (Azurite, a SAS)
+# Azure has no native side: terraform's `azurerm` backend cannot reach Azurite (it reaches
+# storage accounts only through Azure's management API; docs/BENCHMARKS.md).
 # Each run applies the demo template to an empty workspace: natively init, plan -out and apply
 # of the plan; through Terrace a whole apply job (lease, checked and versioned state writes,
 # log, lifecycle record, result, release).
@@ -27,7 +30,7 @@ cd "$repo_root"
 N="${N:-7}"
 DELAYS="${DELAYS:-0 20 100}"
 PROFILE="${PROFILE:-debug}"
-SIDES="${SIDES:-s3-lockfile s3-dynamodb terrace-s3 terrace-s3-table gcs terrace-gcs}"
+SIDES="${SIDES:-s3-lockfile s3-dynamodb terrace-s3 terrace-s3-table gcs terrace-gcs terrace-azure}"
 COST="${COST:-off}"
 
 if [[ -z "${TERRACE_TEST_MOTO:-}" ]]; then
@@ -61,9 +64,13 @@ export TF_CLI_CONFIG_FILE="$repo_root/.cache/terraformrc"
 stamp="$(date +%s)"
 bucket="bench-$stamp"
 table="bench-locks-$stamp"
-"$py" - "$TERRACE_TEST_MOTO" "$TERRACE_TEST_GCS" "$bucket" "$table" <<'PY'
-import json, sys, urllib.request, boto3
-moto, gcs, bucket, table = sys.argv[1:]
+# The Azure side's SAS (account-wide, a day, signed with the key Azurite was started with) is
+# given to terrace in AZURE_STORAGE_SAS_TOKEN, never in a URL.
+sas_file="$work/azure.sas"
+"$py" - "$TERRACE_TEST_MOTO" "$TERRACE_TEST_GCS" "$bucket" "$table" "$TERRACE_TEST_AZURE_BLOB" \
+    "$TERRACE_TEST_AZURE_ACCOUNT" "$sas_file" <<'PY'
+import base64, datetime, hashlib, hmac, json, os, sys, urllib.parse, urllib.request, boto3
+moto, gcs, bucket, table, azure, account, sas_file = sys.argv[1:]
 boto3.client("s3", endpoint_url=moto).create_bucket(Bucket=bucket)
 ddb = boto3.client("dynamodb", endpoint_url=moto)
 # Terraform's s3 backend locks with key LockID; Terrace's lease table has key pk.
@@ -74,6 +81,17 @@ ddb.create_table(TableName=table + "-leases", AttributeDefinitions=[{"AttributeN
 req = urllib.request.Request(f"{gcs}/storage/v1/b?project=bench", data=json.dumps({"name": bucket}).encode(),
                              headers={"content-type": "application/json"}, method="POST")
 urllib.request.urlopen(req, timeout=10).read()
+expiry = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+version, services, types, permissions, protocols = "2025-11-05", "b", "sco", "rwdxlacuptfiy", "https,http"
+to_sign = f"{account}\n{permissions}\n{services}\n{types}\n\n{expiry}\n\n{protocols}\n{version}\n\n"
+key = base64.b64decode(os.environ["TERRACE_TEST_AZURE_KEY"])
+sig = base64.b64encode(hmac.new(key, to_sign.encode(), hashlib.sha256).digest()).decode()
+sas = urllib.parse.urlencode({"sv": version, "ss": services, "srt": types, "sp": permissions, "se": expiry,
+                              "spr": protocols, "sig": sig})
+urllib.request.urlopen(urllib.request.Request(f"{azure}/{bucket}?restype=container&{sas}", method="PUT"),
+                       timeout=10).read()
+with open(sas_file, "w") as f:
+    f.write(sas)
 PY
 
 price_books="$repo_root/price-books"
@@ -158,8 +176,9 @@ JOB
         terrace-s3) store="s3://$bucket/terrace" ;;
         terrace-s3-table) store="s3://$bucket/terrace?lease_table=$table-leases" ;;
         terrace-gcs) store="gs://$bucket/terrace" ;;
+        terrace-azure) store="$azure/$bucket/terrace" ;;
     esac
-    TERRACE_STORE="$store" AWS_ENDPOINT_URL="$s3" TERRACE_S3_FORCE_PATH_STYLE=1 \
+    AZURE_STORAGE_SAS_TOKEN="$(cat "$sas_file")" TERRACE_STORE="$store" AWS_ENDPOINT_URL="$s3" TERRACE_S3_FORCE_PATH_STYLE=1 \
         TERRACE_GCS_ENDPOINT="$gcs" TERRACE_GCS_ANONYMOUS=1 \
         TERRACE_TEMPLATES="$repo_root/templates" TERRACE_TERRAFORM="$tf" \
         TERRACE_TF_CLI_CONFIG="$TF_CLI_CONFIG_FILE" TERRACE_CACHE_DIR="$work/terrace-cache" \
@@ -179,6 +198,9 @@ run_side() {
 for delay in $DELAYS; do
     start_proxy "$TERRACE_TEST_MOTO" aws "$delay" "$work/requests.jsonl"; s3="$proxy_url"
     start_proxy "$TERRACE_TEST_GCS" gcs "$delay" "$work/requests.jsonl"; gcs="$proxy_url"
+    # Azurite's origin; the account is the first segment of the path.
+    start_proxy "${TERRACE_TEST_AZURE_BLOB%/*}" azure "$delay" "$work/requests.jsonl"
+    azure="$proxy_url/${TERRACE_TEST_AZURE_BLOB##*/}"
     for side in $SIDES; do run_side "$side" "warmup-$delay"; done
     for i in $(seq 1 "$N"); do
         for side in $SIDES; do
@@ -221,9 +243,11 @@ for d in delays:
               f"  {sorted(ms[(s, d)])}")
 # What a job costs in store requests, by the clouds' billing classes, at the list prices in
 # PRICES (USD; defaults: S3 Standard and DynamoDB on-demand in us-east-1, GCS Standard in a
-# region: check the providers' pages for yours). DELETE is free on both.
+# region, Blob Storage hot LRS: check the providers' pages for yours). DELETE is free on all.
 prices = {"s3-write": 0.005 / 1000, "s3-read": 0.0004 / 1000, "ddb-write": 0.625 / 1e6,
-          "ddb-read": 0.125 / 1e6, "gcs-a": 0.005 / 1000, "gcs-b": 0.0004 / 1000}
+          "ddb-read": 0.125 / 1e6, "gcs-a": 0.005 / 1000, "gcs-b": 0.0004 / 1000,
+          "az-write": 0.05 / 10000, "az-list": 0.05 / 10000, "az-read": 0.004 / 10000,
+          "az-other": 0.004 / 10000}
 for pair in os.environ.get("PRICES", "").split(","):
     if "=" in pair:
         k, v = pair.split("=", 1)
@@ -233,6 +257,19 @@ def billing_class(side, what):
     if "(" in path:  # DynamoDB: POST / (Operation)
         op = path.split("(")[1].rstrip(")")
         return "ddb-read" if op in ("GetItem", "Query", "Scan") else "ddb-write"
+    if "azure" in side:
+        # Blob Storage's classes (hot tier): writes (Put Blob, Put Block List, Copy Blob),
+        # listings, reads (Get Blob), and all other operations (properties, leases, metadata).
+        query = path.split("?", 1)[1] if "?" in path else ""
+        if method == "DELETE":
+            return "free"
+        if "comp=list" in query:
+            return "az-list"
+        if "comp=lease" in query or "comp=metadata" in query or method == "HEAD":
+            return "az-other"
+        if method in ("PUT", "POST"):
+            return "az-write"
+        return "az-read"
     if "gcs" in side:
         if method == "DELETE":
             return "free"

@@ -262,12 +262,21 @@ impl FaultProxy {
 }
 
 /// A request, told briefly: its method and path, and from its query only the object's name
-/// (GCS puts it there); DynamoDB's operation. Never a signature.
+/// (GCS puts it there) and Azure's `restype` and `comp` (what a Blob request does); DynamoDB's
+/// operation. Never a signature.
 fn describe(request: &Request<Incoming>, path: &str) -> String {
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
     let mut what = format!("{} {path}", request.method());
-    if let Some(name) = query.split('&').find(|pair| pair.starts_with("name=")) {
-        what = format!("{what}?{name}");
+    let told = query
+        .split('&')
+        .filter(|pair| {
+            ["name=", "restype=", "comp="]
+                .iter()
+                .any(|k| pair.starts_with(k))
+        })
+        .collect::<Vec<_>>();
+    if !told.is_empty() {
+        what = format!("{what}?{}", told.join("&"));
     }
     if let Some(target) = request
         .headers()
