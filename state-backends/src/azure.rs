@@ -64,9 +64,7 @@ impl BucketStore<AzureBucket> {
     /// A malformed URL, or a credential over plain http.
     pub fn new(config: &AzureConfig, credential: Option<Arc<dyn TokenCredential>>) -> Result<Self> {
         let bucket = AzureBucket::new(&config.container_url, credential, config.call_timeout)?;
-        let leases = BlobLeases {
-            bucket: bucket.clone(),
-        };
+        let leases = BlobLeases::new(bucket.clone());
         Ok(BucketStore::over(
             bucket,
             &config.prefix,
@@ -231,6 +229,8 @@ impl AzureBucket {
         format!("{}/{key}", self.container.url().path())
     }
 
+    /// Puts `data` at `key` if `condition` holds (and under the blob lease `lease_id`, when
+    /// given): the blob's new ETag, `None` when a condition failed.
     async fn upload(
         &self,
         key: &str,
@@ -238,7 +238,7 @@ impl AzureBucket {
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
         lease_id: Option<&str>,
-    ) -> Result<bool> {
+    ) -> Result<Option<String>> {
         let mut options = BlockBlobClientUploadOptions {
             blob_content_type: Some("application/json".into()),
             metadata: Some(to_azure(metadata)),
@@ -256,13 +256,16 @@ impl AzureBucket {
             .upload(content(data), Some(options))
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(done) => done
+                .etag
+                .map(|tag| Some(tag.to_string()))
+                .ok_or_else(|| backend_error(format!("PUT {}: no ETag", self.shown(key)), false)),
             // 412: the condition failed; 409: a concurrent create won (BlobAlreadyExists).
             Err(e)
                 if status(&e) == Some(412)
                     || (status(&e) == Some(409) && error_code(&e) == Some("BlobAlreadyExists")) =>
             {
-                Ok(false)
+                Ok(None)
             }
             Err(e) => Err(client_error(&format!("PUT {}", self.shown(key)), &e)),
         }
@@ -431,7 +434,7 @@ impl Bucket for AzureBucket {
         Ok(self
             .upload(key, data, metadata, condition, None)
             .await?
-            .then_some(None))
+            .map(|_| None))
     }
 
     async fn copy(

@@ -233,3 +233,130 @@ async fn a_blob_lease_left_by_a_taker_that_died_before_writing_is_broken() {
     let taken = store.acquire_lease(&ws, &request).await.unwrap();
     assert!(taken.fence > first.fence);
 }
+
+/// The requests a lease costs, from the proxy's log of them: each is `METHOD path?comp=…`.
+fn lease_requests(log: &std::path::Path) -> Vec<String> {
+    let read = std::fs::read_to_string(log).unwrap();
+    let requests: Vec<String> = read
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let what = v["what"].as_str().unwrap().to_owned();
+            let (method, rest) = what.split_once(' ').unwrap();
+            let comp = if rest.contains("comp=lease") {
+                "?lease"
+            } else {
+                ""
+            };
+            format!("{method}{comp}")
+        })
+        .collect();
+    std::fs::write(log, "").unwrap();
+    requests
+}
+
+/// A lease is taken and let go in as few requests as its safety allows. A workspace's first
+/// take makes its `lease.json` holding the lease (a blob lease refused for want of a blob, the
+/// create-only write, the blob lease). A release, and a take after it by the same store, write
+/// over the record that store last wrote, unread. A store that did not write it last reads it
+/// first, and a guess gone stale (another store wrote since) costs a read and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_taken_and_let_go_in_few_requests() {
+    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use std::time::Duration;
+    use tests::fault_proxy::{Cloud, FaultProxy};
+
+    let url = azure::container().await;
+    let at = url.find("://").unwrap() + 3;
+    let (origin, path) = url.split_at(at + url[at..].find('/').unwrap());
+    let proxy = FaultProxy::start(origin, Cloud::Azure, 0.0, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    // Appended to, so that emptying it between steps starts it afresh.
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log);
+    proxy.log_to(appended.unwrap());
+    let proxied = format!("{}{path}", proxy.url());
+    let (one, other) = (azure::store(&proxied, "s"), azure::store(&proxied, "s"));
+    let ws = WorkspaceId::new("acme", "counted").unwrap();
+    let request = |owner: &str| LeaseRequest {
+        owner: owner.into(),
+        ttl: Duration::from_secs(60),
+        info: serde_json::Value::Null,
+    };
+
+    let first = one.acquire_lease(&ws, &request("a")).await.unwrap();
+    assert_eq!(first.fence, 1);
+    assert_eq!(lease_requests(&log), ["PUT?lease", "PUT", "PUT?lease"]);
+    assert_eq!(
+        blob_lease_state(&url, "s/acme/counted/lease.json").await,
+        "Leased"
+    );
+    let renewed = one
+        .renew_lease(&ws, &first, Duration::from_secs(90))
+        .await
+        .unwrap();
+    assert_eq!(lease_requests(&log), ["PUT"]);
+    one.release_lease(&ws, &renewed).await.unwrap();
+    assert_eq!(lease_requests(&log), ["PUT", "PUT?lease"]);
+    assert_eq!(
+        blob_lease_state(&url, "s/acme/counted/lease.json").await,
+        "Available"
+    );
+
+    let second = one.acquire_lease(&ws, &request("b")).await.unwrap();
+    assert_eq!(second.fence, 2);
+    assert_eq!(lease_requests(&log), ["PUT?lease", "PUT"]);
+    one.release_lease(&ws, &second).await.unwrap();
+    lease_requests(&log);
+
+    // Another store reads the record first; then the first store's guess is stale.
+    let third = other.acquire_lease(&ws, &request("c")).await.unwrap();
+    assert_eq!(third.fence, 3);
+    assert_eq!(lease_requests(&log), ["PUT?lease", "GET", "PUT"]);
+    other.release_lease(&ws, &third).await.unwrap();
+    lease_requests(&log);
+    let fourth = one.acquire_lease(&ws, &request("d")).await.unwrap();
+    assert_eq!(fourth.fence, 4, "the stale guess wrote nothing");
+    assert_eq!(lease_requests(&log), ["PUT?lease", "PUT", "GET", "PUT"]);
+    assert_eq!(one.lease(&ws).await.unwrap().unwrap().owner, "d");
+}
+
+/// Two stores taking a new workspace's first lease at once: one makes `lease.json` holding
+/// its lease; the other, whose create-only write loses, is told who holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_first_takers_one_makes_the_lease_and_the_other_is_told() {
+    use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId};
+    use std::time::Duration;
+
+    let url = azure::container().await;
+    for round in 0..5 {
+        let (a, b) = (azure::store(&url, "s"), azure::store(&url, "s"));
+        let ws = WorkspaceId::new("acme", &format!("raced-{round}")).unwrap();
+        let request = |owner: &str| LeaseRequest {
+            owner: owner.into(),
+            ttl: Duration::from_secs(60),
+            info: serde_json::Value::Null,
+        };
+        let (for_a, for_b) = (request("a"), request("b"));
+        let (ra, rb) = tokio::join!(a.acquire_lease(&ws, &for_a), b.acquire_lease(&ws, &for_b));
+        let (won, lost) = match (ra, rb) {
+            (Ok(won), Err(lost)) | (Err(lost), Ok(won)) => (won, lost),
+            other => panic!("exactly one should hold the lease: {other:?}"),
+        };
+        assert_eq!(won.fence, 1);
+        match lost {
+            StoreError::LeaseHeld { holder, .. } => assert_eq!(holder.owner, won.owner),
+            other => panic!("expected LeaseHeld, got {other:?}"),
+        }
+        assert_eq!(
+            blob_lease_state(&url, &format!("s/acme/raced-{round}/lease.json")).await,
+            "Leased"
+        );
+        let holder = if won.owner == "a" { &a } else { &b };
+        holder.release_lease(&ws, &won).await.unwrap();
+        assert!(a.lease(&ws).await.unwrap().is_none());
+    }
+}

@@ -2,6 +2,7 @@
 //! [`LeaseRecord`], changed only under the blob's lease, so two runners never both hold it.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,7 +26,14 @@ use super::{AzureBucket, backend_error, client_error, scrub, status};
 ///   others changed meanwhile, even if it got the blob lease back.
 /// - Taking the lease takes the blob lease (infinite: it lasts as long as the job's lease is
 ///   renewed, so it cannot lapse under a slow renewal), reads the record and, if no live lease
-///   is recorded, writes the new one.
+///   is recorded, writes the new one. A workspace with no `lease.json` yet gets one holding
+///   the taker's lease, made create-only (so one taker alone can make it), before the taker
+///   takes its blob lease: until then nobody else can write it, since no other may hold a live
+///   recorded lease.
+/// - What this process last wrote to a record, and the ETag that write gave it, is kept: the
+///   next write over it (a renewal, the release, a take after its own release) is tried from
+///   it, without reading the record first. The write's ETag condition makes a stale guess fail,
+///   and then the record is read as ever.
 /// - A taker breaks a blob lease only when the record says the lease expired, or when the
 ///   record stays free while the blob stays leased longer than a take and a write need (its
 ///   taker died between the two). A live recorded lease makes the taker wait.
@@ -33,8 +41,13 @@ use super::{AzureBucket, backend_error, client_error, scrub, status};
 ///   back.
 #[derive(Clone, Debug)]
 pub struct BlobLeases {
-    pub(super) bucket: AzureBucket,
+    bucket: AzureBucket,
+    /// By `lease.json`'s key: the record this process last wrote there, and its ETag then.
+    known: Arc<Mutex<HashMap<String, Known>>>,
 }
+
+/// A record as written, and the ETag the write gave it.
+type Known = (BlobRecord, String);
 
 /// `lease.json`'s content: the record, and the id of the blob lease its holder took.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -71,9 +84,31 @@ async fn pause(attempt: u32) {
     tokio::time::sleep(Duration::from_millis(base + jitter)).await;
 }
 
+/// How [`BlobLeases::take`] went.
+#[derive(Debug, PartialEq, Eq)]
+enum Took {
+    Taken,
+    /// Another holds the blob lease.
+    Held,
+    /// There is no `lease.json` to lease.
+    Missing,
+}
+
 impl BlobLeases {
+    pub(super) fn new(bucket: AzureBucket) -> Self {
+        Self {
+            bucket,
+            known: Arc::default(),
+        }
+    }
+
     fn key(base: &str) -> String {
         format!("{base}/lease.json")
+    }
+
+    fn known(&self, key: &str) -> Option<Known> {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(key).cloned()
     }
 
     /// The record and the ETag it was read at (`None`: no blob yet).
@@ -92,39 +127,56 @@ impl BlobLeases {
         }
     }
 
-    /// Writes `record` under the blob lease `lease_id` if the blob is still at `tag`;
-    /// `Ok(false)` when either condition fails.
+    /// Writes `record` under the blob lease `lease_id` (none: a create-only write of a blob
+    /// nobody can lease yet) if the blob is still at `tag`; `Ok(false)` when a condition fails.
+    /// What it wrote is then known.
     async fn write(
         &self,
         key: &str,
         record: &BlobRecord,
-        lease_id: &str,
+        lease_id: Option<&str>,
         tag: Option<&str>,
     ) -> Result<bool> {
         let data = Bytes::from(serde_json::to_vec(record).expect("lease record serializes"));
         let condition = tag.map_or(Condition::Absent, Condition::Matches);
-        self.bucket
-            .upload(key, data, HashMap::new(), condition, Some(lease_id))
-            .await
+        let written = self
+            .bucket
+            .upload(key, data, HashMap::new(), condition, lease_id)
+            .await;
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        match written {
+            Ok(Some(tag)) => {
+                known.insert(key.to_owned(), (record.clone(), tag));
+                Ok(true)
+            }
+            // Whatever is there now is not what was known: the answer may have been lost.
+            other => {
+                known.remove(key);
+                other.map(|_| false)
+            }
+        }
     }
 
-    /// A blob must exist to be leased: an empty one, created once.
+    /// A blob must exist to be leased: one holding a free record, created once (never empty:
+    /// reading an empty blob takes two requests, a ranged one refused and a whole one).
     async fn ensure(&self, key: &str) -> Result<()> {
+        let free = serde_json::to_vec(&BlobRecord::default()).expect("lease record serializes");
         self.bucket
-            .put(key, Bytes::new(), HashMap::new(), Condition::Absent)
+            .put(key, Bytes::from(free), HashMap::new(), Condition::Absent)
             .await
             .map(|_| ())
     }
 
-    /// Takes the blob lease under `id`, for good; `Ok(false)` when another holds it.
-    async fn take(&self, key: &str, id: &str) -> Result<bool> {
+    /// Takes the blob lease under `id`, for good.
+    async fn take(&self, key: &str, id: &str) -> Result<Took> {
         let options = BlobClientAcquireLeaseOptions {
             proposed_lease_id: Some(id.to_owned()),
             ..Default::default()
         };
         match self.bucket.blob(key).acquire_lease(-1, Some(options)).await {
-            Ok(_) => Ok(true),
-            Err(e) if status(&e) == Some(409) => Ok(false),
+            Ok(_) => Ok(Took::Taken),
+            Err(e) if status(&e) == Some(409) => Ok(Took::Held),
+            Err(e) if status(&e) == Some(404) => Ok(Took::Missing),
             Err(e) => Err(client_error(
                 &format!("LEASE {}", self.bucket.shown(key)),
                 &e,
@@ -159,6 +211,30 @@ impl BlobLeases {
         }
     }
 
+    /// Under the blob lease `id`: takes the lease over the record this process last wrote,
+    /// without reading it. `Err` when there is no such record, it names a live holder, or it
+    /// changed since (then the record must be read), with the lease tried and the version it
+    /// said was settled, if a write was tried: its answer may have been lost after it landed.
+    async fn over_known(
+        &self,
+        key: &str,
+        id: &str,
+        request: &LeaseRequest,
+    ) -> Result<std::result::Result<Taken, Option<(Lease, Option<u64>)>>> {
+        let Some((mut current, tag)) = self.known(key) else {
+            return Ok(Err(None));
+        };
+        let settled = current.record.settled;
+        let Ok(lease) = current.record.acquire(request, OffsetDateTime::now_utc()) else {
+            return Ok(Err(None));
+        };
+        current.blob_lease = Some(id.to_owned());
+        if self.write(key, &current, Some(id), Some(&tag)).await? {
+            return Ok(Ok(Taken { lease, settled }));
+        }
+        Ok(Err(Some((lease, settled))))
+    }
+
     fn contended(key: &str) -> StoreError {
         backend_error(
             format!("the blob lease on {key} stayed contended; try again"),
@@ -175,35 +251,91 @@ impl LeaseKeeper for BlobLeases {
 
     async fn acquire(&self, ws: &WorkspaceId, base: &str, request: &LeaseRequest) -> Result<Taken> {
         let key = Self::key(base);
-        self.ensure(&key).await?;
         let held = |holder: Lease| StoreError::LeaseHeld {
             workspace: ws.clone(),
             holder: Box::new(holder),
         };
         let mut free_but_leased = 0;
+        // A `lease.json` this taker made, holding its lease: its blob lease is still to take.
+        let mut made: Option<(Lease, String)> = None;
         for attempt in 0..ATTEMPTS {
-            let id = new_lease_id();
-            if !self.take(&key, &id).await? {
-                let now = OffsetDateTime::now_utc();
-                match self.read(&key).await?.0.record.held {
-                    Some(holder) if !holder.is_expired_at(now) => return Err(held(holder)),
-                    // Its holder died or stalled past its expiry: the record allows the break.
-                    Some(_) => self.break_now(&key).await?,
-                    // Free, yet leased: another taker is between its take and its write, or
-                    // died there. Wait a little; break only if it stays so.
-                    None => {
-                        free_but_leased += 1;
-                        if free_but_leased >= FREE_BUT_LEASED {
-                            free_but_leased = 0;
-                            self.break_now(&key).await?;
-                        } else {
-                            pause(attempt).await;
+            let id = made
+                .as_ref()
+                .map_or_else(new_lease_id, |(_, id)| id.clone());
+            match self.take(&key, &id).await? {
+                Took::Taken => {}
+                Took::Missing if made.is_some() => {
+                    return Err(backend_error(
+                        format!("{key} was deleted while its lease was being taken; try again"),
+                        true,
+                    ));
+                }
+                // The workspace's first lease: made holding it, create-only (another taker
+                // that made it first is then taken from as ever).
+                Took::Missing => {
+                    let mut first = BlobRecord::default();
+                    let lease = first
+                        .record
+                        .acquire(request, OffsetDateTime::now_utc())
+                        .map_err(|holder| held(*holder))?;
+                    first.blob_lease = Some(id.clone());
+                    if self.write(&key, &first, None, None).await? {
+                        made = Some((lease, id));
+                    }
+                    continue;
+                }
+                // The record names this taker: another taker holds the blob lease only until
+                // it reads that, unless it died holding it.
+                Took::Held if made.is_some() => {
+                    free_but_leased += 1;
+                    if free_but_leased >= FREE_BUT_LEASED {
+                        free_but_leased = 0;
+                        self.break_now(&key).await?;
+                    } else {
+                        pause(attempt).await;
+                    }
+                    continue;
+                }
+                Took::Held => {
+                    let now = OffsetDateTime::now_utc();
+                    match self.read(&key).await?.0.record.held {
+                        Some(holder) if !holder.is_expired_at(now) => return Err(held(holder)),
+                        // Its holder died or stalled past its expiry: the record allows the
+                        // break.
+                        Some(_) => self.break_now(&key).await?,
+                        // Free, yet leased: another taker is between its take and its write,
+                        // or died there. Wait a little; break only if it stays so.
+                        None => {
+                            free_but_leased += 1;
+                            if free_but_leased >= FREE_BUT_LEASED {
+                                free_but_leased = 0;
+                                self.break_now(&key).await?;
+                            } else {
+                                pause(attempt).await;
+                            }
                         }
                     }
+                    continue;
                 }
-                continue;
             }
+            if let Some((lease, _)) = made {
+                return Ok(Taken {
+                    lease,
+                    settled: None,
+                });
+            }
+            // The record as this process last wrote it, when it did: written over unread.
+            let tried = match self.over_known(&key, &id, request).await? {
+                Ok(taken) => return Ok(taken),
+                Err(tried) => tried,
+            };
             let (mut current, tag) = self.read(&key).await?;
+            // That write landed, its answer lost (the client sent it again).
+            if let Some((lease, settled)) =
+                tried.filter(|(lease, _)| current.record.held.as_ref() == Some(lease))
+            {
+                return Ok(Taken { lease, settled });
+            }
             let settled = current.record.settled;
             match current.record.acquire(request, OffsetDateTime::now_utc()) {
                 Err(holder) => {
@@ -212,7 +344,10 @@ impl LeaseKeeper for BlobLeases {
                 }
                 Ok(lease) => {
                     current.blob_lease = Some(id.clone());
-                    if self.write(&key, &current, &id, tag.as_deref()).await? {
+                    if self
+                        .write(&key, &current, Some(&id), tag.as_deref())
+                        .await?
+                    {
                         return Ok(Taken { lease, settled });
                     }
                     // The client sent the write again after its answer was lost, and the first
@@ -247,6 +382,14 @@ impl LeaseKeeper for BlobLeases {
             fence: lease.fence,
             reason,
         };
+        // Over the record as this process last wrote it, unread; read when that fails.
+        if let Some((mut current, tag)) = self.known(&key)
+            && let Ok(renewed) = current.record.renew(lease, ttl, OffsetDateTime::now_utc())
+            && let Some(id) = current.blob_lease.clone()
+            && self.write(&key, &current, Some(&id), Some(&tag)).await?
+        {
+            return Ok(renewed);
+        }
         for attempt in 0..ATTEMPTS / 3 {
             let (mut current, tag) = self.read(&key).await?;
             let renewed = current
@@ -257,7 +400,10 @@ impl LeaseKeeper for BlobLeases {
                 .blob_lease
                 .clone()
                 .ok_or_else(|| lost("the record names no blob lease".into()))?;
-            if self.write(&key, &current, &id, tag.as_deref()).await? {
+            if self
+                .write(&key, &current, Some(&id), tag.as_deref())
+                .await?
+            {
                 return Ok(renewed);
             }
             // The blob lease was broken while the record still names us (a break under way,
@@ -281,6 +427,15 @@ impl LeaseKeeper for BlobLeases {
         settled: Option<u64>,
     ) -> Result<()> {
         let key = Self::key(base);
+        // Over the record as this process last wrote it, unread; read when that fails.
+        if let Some((mut current, tag)) = self.known(&key)
+            && current.record.release(lease, settled)
+            && let Some(id) = current.blob_lease.take()
+            && self.write(&key, &current, Some(&id), Some(&tag)).await?
+        {
+            self.give_back(&key, &id).await;
+            return Ok(());
+        }
         for attempt in 0..ATTEMPTS / 3 {
             let (mut current, tag) = self.read(&key).await?;
             if !current.record.release(lease, settled) {
@@ -290,7 +445,10 @@ impl LeaseKeeper for BlobLeases {
             let Some(id) = current.blob_lease.take() else {
                 return Ok(());
             };
-            if self.write(&key, &current, &id, tag.as_deref()).await? {
+            if self
+                .write(&key, &current, Some(&id), tag.as_deref())
+                .await?
+            {
                 self.give_back(&key, &id).await;
                 return Ok(());
             }
@@ -317,7 +475,7 @@ impl LeaseKeeper for BlobLeases {
             }
             self.break_now(&key).await?;
             let id = new_lease_id();
-            if !self.take(&key, &id).await? {
+            if self.take(&key, &id).await? != Took::Taken {
                 pause(attempt).await;
                 continue;
             }
@@ -330,7 +488,9 @@ impl LeaseKeeper for BlobLeases {
                 return Ok(None);
             }
             current.blob_lease = None;
-            let written = self.write(&key, &current, &id, tag.as_deref()).await?;
+            let written = self
+                .write(&key, &current, Some(&id), tag.as_deref())
+                .await?;
             self.give_back(&key, &id).await;
             if written {
                 return Ok(broken);
