@@ -67,7 +67,7 @@ bench-http-backend: tools ## what terraform's http backend costs terraform itsel
 bench-s3: tools ## terraform's s3 backend vs Terrace's S3 + DynamoDB store, against moto
 	benches/s3-backends.sh
 
-bench-store-latency: tools ## a job's store round trips at 0, 20 and 100 ms per request: terraform's s3 (lock file, DynamoDB) and gcs backends vs Terrace (PROFILE=release, N, DELAYS, SIDES)
+bench-store-latency: tools ## a job's store round trips at 0, 20 and 100 ms per request: terraform's s3 (lock file, DynamoDB) and gcs backends vs Terrace, and Terrace on Azure (PROFILE=release, N, DELAYS, SIDES)
 	benches/store-latency.sh
 
 bench-start-latency: tools ## enqueue to terraform's first output per trigger (serve's folder queue, SQS -> Lambda, Pub/Sub push, Storage Queue), 100 jobs each: p50/p99, and the runner's own share (PROFILE=release, N, POLL_MS, TRIGGERS)
