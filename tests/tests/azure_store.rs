@@ -360,3 +360,55 @@ async fn of_two_first_takers_one_makes_the_lease_and_the_other_is_told() {
         assert!(a.lease(&ws).await.unwrap().is_none());
     }
 }
+
+/// A first take whose making of `lease.json` landed with its answer lost: the client sends it
+/// again and is told the blob exists. The taker then takes the blob lease under the id the
+/// record it made names, finds its own lease there, and holds it, renewable, without waiting
+/// for it to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_lease_whose_making_lost_its_answer_is_still_taken() {
+    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use std::time::Duration;
+    use tests::fault_proxy::{Cloud, Fault, FaultProxy};
+
+    let url = azure::container().await;
+    let at = url.find("://").unwrap() + 3;
+    let (origin, path) = url.split_at(at + url[at..].find('/').unwrap());
+    let proxy = FaultProxy::start(origin, Cloud::Azure, 0.0, 1).await;
+    // The create-only write of the record: a PUT of lease.json without `comp`.
+    proxy.fail(
+        Box::new(|m, path, _| {
+            m == hyper::Method::PUT && path.contains("lease.json") && !path.contains("comp=")
+        }),
+        1,
+        Fault::ResetAfter,
+    );
+    let store = azure::store(&format!("{}{path}", proxy.url()), "s");
+    let ws = WorkspaceId::new("acme", "answer-lost").unwrap();
+    let request = LeaseRequest {
+        owner: "a".into(),
+        ttl: Duration::from_secs(60),
+        info: serde_json::Value::Null,
+    };
+    let lease = store.acquire_lease(&ws, &request).await.unwrap();
+    assert_eq!(
+        proxy.counts().of(Fault::ResetAfter),
+        1,
+        "the fault was drawn"
+    );
+    assert_eq!(lease.fence, 1);
+    assert_eq!(
+        blob_lease_state(&url, "s/acme/answer-lost/lease.json").await,
+        "Leased"
+    );
+    let renewed = store
+        .renew_lease(&ws, &lease, Duration::from_secs(90))
+        .await
+        .unwrap();
+    assert_eq!(renewed.fence, 1);
+    store.release_lease(&ws, &renewed).await.unwrap();
+    assert_eq!(
+        blob_lease_state(&url, "s/acme/answer-lost/lease.json").await,
+        "Available"
+    );
+}

@@ -258,9 +258,14 @@ impl LeaseKeeper for BlobLeases {
         let mut free_but_leased = 0;
         // A `lease.json` this taker made, holding its lease: its blob lease is still to take.
         let mut made: Option<(Lease, String)> = None;
+        // One it tried to make and was told it could not: the answer to a first try may have
+        // been lost after it landed. Its blob lease id is kept, so that the record it may have
+        // made names the blob lease taken next.
+        let mut unsure: Option<(Lease, String)> = None;
         for attempt in 0..ATTEMPTS {
             let id = made
                 .as_ref()
+                .or(unsure.as_ref())
                 .map_or_else(new_lease_id, |(_, id)| id.clone());
             match self.take(&key, &id).await? {
                 Took::Taken => {}
@@ -281,6 +286,8 @@ impl LeaseKeeper for BlobLeases {
                     first.blob_lease = Some(id.clone());
                     if self.write(&key, &first, None, None).await? {
                         made = Some((lease, id));
+                    } else {
+                        unsure = Some((lease, id));
                     }
                     continue;
                 }
@@ -330,9 +337,13 @@ impl LeaseKeeper for BlobLeases {
                 Err(tried) => tried,
             };
             let (mut current, tag) = self.read(&key).await?;
-            // That write landed, its answer lost (the client sent it again).
-            if let Some((lease, settled)) =
-                tried.filter(|(lease, _)| current.record.held.as_ref() == Some(lease))
+            // That write, or the making of the record, landed with its answer lost (the
+            // client sent it again).
+            let made_unsure = unsure.take().map(|(lease, _)| (lease, None));
+            if let Some((lease, settled)) = tried
+                .into_iter()
+                .chain(made_unsure)
+                .find(|(lease, _)| current.record.held.as_ref() == Some(lease))
             {
                 return Ok(Taken { lease, settled });
             }
