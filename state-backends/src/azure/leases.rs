@@ -235,6 +235,20 @@ impl BlobLeases {
         Ok(Err(Some((lease, settled))))
     }
 
+    /// The blob stays leased by a taker the record does not name: waits a little, and once
+    /// it has stayed so [`FREE_BUT_LEASED`] times, breaks that blob lease (its taker died
+    /// holding it).
+    async fn wait_or_break(&self, key: &str, times: &mut u32, attempt: u32) -> Result<()> {
+        *times += 1;
+        if *times >= FREE_BUT_LEASED {
+            *times = 0;
+            self.break_now(key).await
+        } else {
+            pause(attempt).await;
+            Ok(())
+        }
+    }
+
     fn contended(key: &str) -> StoreError {
         backend_error(
             format!("the blob lease on {key} stayed contended; try again"),
@@ -294,13 +308,8 @@ impl LeaseKeeper for BlobLeases {
                 // The record names this taker: another taker holds the blob lease only until
                 // it reads that, unless it died holding it.
                 Took::Held if made.is_some() => {
-                    free_but_leased += 1;
-                    if free_but_leased >= FREE_BUT_LEASED {
-                        free_but_leased = 0;
-                        self.break_now(&key).await?;
-                    } else {
-                        pause(attempt).await;
-                    }
+                    self.wait_or_break(&key, &mut free_but_leased, attempt)
+                        .await?;
                     continue;
                 }
                 Took::Held => {
@@ -313,13 +322,8 @@ impl LeaseKeeper for BlobLeases {
                         // Free, yet leased: another taker is between its take and its write,
                         // or died there. Wait a little; break only if it stays so.
                         None => {
-                            free_but_leased += 1;
-                            if free_but_leased >= FREE_BUT_LEASED {
-                                free_but_leased = 0;
-                                self.break_now(&key).await?;
-                            } else {
-                                pause(attempt).await;
-                            }
+                            self.wait_or_break(&key, &mut free_but_leased, attempt)
+                                .await?;
                         }
                     }
                     continue;
