@@ -234,6 +234,17 @@ async fn a_blob_lease_left_by_a_taker_that_died_before_writing_is_broken() {
     assert!(taken.fence > first.fence);
 }
 
+/// A fault proxy in front of the container at `url` (with its SAS), drawing no fault of its
+/// own, and the container's URL through it.
+async fn through_a_proxy(url: &str) -> (tests::fault_proxy::FaultProxy, String) {
+    use tests::fault_proxy::{Cloud, FaultProxy};
+    let at = url.find("://").unwrap() + 3;
+    let (origin, path) = url.split_at(at + url[at..].find('/').unwrap());
+    let proxy = FaultProxy::start(origin, Cloud::Azure, 0.0, 1).await;
+    let proxied = format!("{}{path}", proxy.url());
+    (proxy, proxied)
+}
+
 /// The requests a lease costs, from the proxy's log of them: each is `METHOD path?comp=…`.
 fn lease_requests(log: &std::path::Path) -> Vec<String> {
     let read = std::fs::read_to_string(log).unwrap();
@@ -264,12 +275,9 @@ fn lease_requests(log: &std::path::Path) -> Vec<String> {
 async fn a_lease_is_taken_and_let_go_in_few_requests() {
     use state_backends::{LeaseRequest, StateStore, WorkspaceId};
     use std::time::Duration;
-    use tests::fault_proxy::{Cloud, FaultProxy};
 
     let url = azure::container().await;
-    let at = url.find("://").unwrap() + 3;
-    let (origin, path) = url.split_at(at + url[at..].find('/').unwrap());
-    let proxy = FaultProxy::start(origin, Cloud::Azure, 0.0, 1).await;
+    let (proxy, proxied) = through_a_proxy(&url).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     // Appended to, so that emptying it between steps starts it afresh.
@@ -278,7 +286,6 @@ async fn a_lease_is_taken_and_let_go_in_few_requests() {
         .append(true)
         .open(&log);
     proxy.log_to(appended.unwrap());
-    let proxied = format!("{}{path}", proxy.url());
     let (one, other) = (azure::store(&proxied, "s"), azure::store(&proxied, "s"));
     let ws = WorkspaceId::new("acme", "counted").unwrap();
     let request = |owner: &str| LeaseRequest {
@@ -369,12 +376,10 @@ async fn of_two_first_takers_one_makes_the_lease_and_the_other_is_told() {
 async fn a_first_lease_whose_making_lost_its_answer_is_still_taken() {
     use state_backends::{LeaseRequest, StateStore, WorkspaceId};
     use std::time::Duration;
-    use tests::fault_proxy::{Cloud, Fault, FaultProxy};
+    use tests::fault_proxy::Fault;
 
     let url = azure::container().await;
-    let at = url.find("://").unwrap() + 3;
-    let (origin, path) = url.split_at(at + url[at..].find('/').unwrap());
-    let proxy = FaultProxy::start(origin, Cloud::Azure, 0.0, 1).await;
+    let (proxy, proxied) = through_a_proxy(&url).await;
     // The create-only write of the record: a PUT of lease.json without `comp`.
     proxy.fail(
         Box::new(|m, path, _| {
@@ -383,7 +388,7 @@ async fn a_first_lease_whose_making_lost_its_answer_is_still_taken() {
         1,
         Fault::ResetAfter,
     );
-    let store = azure::store(&format!("{}{path}", proxy.url()), "s");
+    let store = azure::store(&proxied, "s");
     let ws = WorkspaceId::new("acme", "answer-lost").unwrap();
     let request = LeaseRequest {
         owner: "a".into(),
