@@ -24,6 +24,8 @@ async fn serve() -> ExitCode {
             return ExitCode::from(78);
         }
     };
+    // Terraform's version is read while the first message is fetched.
+    config.runtime.warm_client();
     let app = match App::new(config).await {
         Ok(app) => app,
         Err(e) => {

@@ -21,6 +21,8 @@ async fn serve() -> ExitCode {
             return ExitCode::from(78);
         }
     };
+    // Terraform's version is read while the first message is fetched.
+    config.runtime.warm_client();
     let own = if config.sas.is_some() {
         None
     } else {

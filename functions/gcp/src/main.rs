@@ -25,6 +25,8 @@ async fn serve() -> ExitCode {
             return ExitCode::from(78);
         }
     };
+    // Terraform's version is read while the first message is fetched.
+    config.runtime.warm_client();
     let (anonymous, endpoint) = (config.anonymous, config.gcs_endpoint.clone());
     let call_timeout = config.runtime.call_timeout;
     let tenant_sets = config.tenants.policy_sets().clone();

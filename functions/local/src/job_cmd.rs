@@ -49,7 +49,10 @@ pub(crate) async fn run(g: &Global, job: &Path, wait: u64, out: ops::Output) -> 
         Ok(v) => v,
         Err(errors) => return Ok(report_invalid(job, &errors)),
     };
-    let mut config = runtime(g, templates).runner_config();
+    let runtime = runtime(g, templates);
+    // Read while the store is opened (from the cache folder, usually).
+    runtime.warm_client();
+    let mut config = runtime.runner_config();
     config.lease_wait = Duration::from_secs(wait);
     take_user(&mut config).await?;
     let runner = Runner::new(g.open_store().await?, config);

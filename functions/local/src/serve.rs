@@ -229,6 +229,7 @@ async fn setup(
     };
     let templates = g.open_templates().await?;
     let mut runtime = runtime(g, templates.clone());
+    runtime.warm_client();
     runtime.signature_window = match shared::host::settings::signature_window() {
         Ok(window) => window,
         Err(e) => {

@@ -636,6 +636,12 @@ impl Runtime {
         state_backends::sealed::SealedStore::wrap(store, self.keys.clone())
     }
 
+    /// Starts reading terraform's version in the background (see
+    /// [`crate::run::client::warm`]): a host calls it as it starts, before its first job.
+    pub fn warm_client(&self) {
+        crate::run::client::warm(&self.terraform, self.client_cache.clone());
+    }
+
     /// A runner's settings: these, with the function's own defaults for the rest.
     pub fn runner_config(&self) -> RunnerConfig {
         RunnerConfig {

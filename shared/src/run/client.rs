@@ -1,13 +1,16 @@
 //! Which terraform client a runner drives, and whether Terrace supports it: Terraform 1.5 and
-//! later, OpenTofu 1.6 and later. Read once per runner from `version -json`, recorded in every
-//! result, and checked before a job touches its workspace's state.
+//! later, OpenTofu 1.6 and later. Read once per process from `version -json` (see
+//! [`probe_cached`]), recorded in every result, and checked before a job touches its workspace's
+//! state.
 //!
 //! Both clients print the same `version -json` shape (`terraform_version`, `platform`,
 //! `provider_selections`); OpenTofu is told apart by its binary's name (`tofu`) or by providers
 //! from its registry.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -239,10 +242,14 @@ async fn version_output(config: &TerraformConfig) -> Result<Vec<u8>, ClientError
     Ok(output.stdout)
 }
 
-/// [`probe`], remembered between processes in `cache` (a folder) for as long as the binary's
-/// file is the same one: same path, device, inode, size, and change and modification times. A
-/// one-job process (`terrace run`) then does not pay for a `version -json` per job. The saved
-/// answer is terraform's own output, checked against the floors again on every read.
+/// [`probe`], remembered for as long as the binary's file is the same one (same path, device,
+/// inode, size, and change and modification times):
+/// - in this process: every function makes a runner per job, and a probe begun when the process
+///   started ([`warm`]) is the first job's;
+/// - between processes in `cache` (a folder): a one-job process (`terrace run`, a Container Apps
+///   execution) then does not pay for a `version -json` per job.
+///
+/// The answer kept is terraform's own output, checked against the floors again on every read.
 ///
 /// # Errors
 /// See [`ClientError`]; a cache that cannot be read or written is only a cache miss.
@@ -250,18 +257,85 @@ pub async fn probe_cached(
     config: &TerraformConfig,
     cache: Option<&Path>,
 ) -> Result<Client, ClientError> {
-    let entry = cache.and_then(|dir| CacheEntry::for_binary(dir, &config.binary));
-    if let Some(output) = entry.as_ref().and_then(CacheEntry::read) {
-        return parse(&config.binary, &output);
+    static PROCESS: OnceLock<Answers> = OnceLock::new();
+    PROCESS
+        .get_or_init(Answers::default)
+        .probe(config, cache)
+        .await
+}
+
+/// Starts reading the client now, in the background, so that the first job finds it read (or
+/// being read) instead of waiting for terraform to start and answer.
+pub fn warm(config: &TerraformConfig, cache: Option<PathBuf>) {
+    let config = config.clone();
+    tokio::spawn(async move {
+        if let Err(e) = probe_cached(&config, cache.as_deref()).await {
+            // The first job reads it again, and says why it cannot run.
+            tracing::debug!(error = %e, "could not read terraform's version ahead of the first job");
+        }
+    });
+}
+
+/// `version -json` answers by the binary's identity, each read once (callers at the same time
+/// share one read). An answer that cannot be read is not kept.
+#[derive(Default)]
+struct Answers(Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Vec<u8>>>>>);
+
+impl Answers {
+    async fn probe(
+        &self,
+        config: &TerraformConfig,
+        cache: Option<&Path>,
+    ) -> Result<Client, ClientError> {
+        let Some(identity) = identity(&config.binary) else {
+            return probe(config).await;
+        };
+        let answer = self
+            .0
+            .lock()
+            .expect("no panic holds the answers")
+            .entry(identity.clone())
+            .or_default()
+            .clone();
+        let output = answer
+            .get_or_try_init(|| async {
+                let entry = cache.map(|dir| CacheEntry::new(dir, identity));
+                if let Some(output) = entry.as_ref().and_then(CacheEntry::read) {
+                    return Ok(output);
+                }
+                let output = version_output(config).await?;
+                if let Err(e @ ClientError::Unreadable { .. }) = parse(&config.binary, &output) {
+                    return Err(e);
+                }
+                if let Some(entry) = entry {
+                    entry.write(&output);
+                }
+                Ok(output)
+            })
+            .await?;
+        parse(&config.binary, output)
     }
-    let output = version_output(config).await?;
-    let client = parse(&config.binary, &output);
-    if let Some(entry) = entry
-        && !matches!(client, Err(ClientError::Unreadable { .. }))
-    {
-        entry.write(&output);
-    }
-    client
+}
+
+/// What tells one binary's file from another's: its path as named and as resolved, device,
+/// inode, size, and change and modification times. `None` when it cannot be found.
+fn identity(binary: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let resolved = resolve(binary)?;
+    let real = std::fs::canonicalize(&resolved).ok()?;
+    let meta = std::fs::metadata(&real).ok()?;
+    Some(format!(
+        "{}\n{}\n{}:{}:{}:{}.{}:{}.{}",
+        binary.display(),
+        real.display(),
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    ))
 }
 
 /// Where one binary's `version -json` answer is kept, and what makes it still valid.
@@ -272,30 +346,14 @@ struct CacheEntry {
 }
 
 impl CacheEntry {
-    fn for_binary(dir: &Path, binary: &Path) -> Option<Self> {
+    fn new(dir: &Path, identity: String) -> Self {
         use std::hash::{Hash, Hasher};
-        use std::os::unix::fs::MetadataExt;
-        let resolved = resolve(binary)?;
-        let real = std::fs::canonicalize(&resolved).ok()?;
-        let meta = std::fs::metadata(&real).ok()?;
-        let identity = format!(
-            "{}\n{}\n{}:{}:{}:{}.{}:{}.{}",
-            binary.display(),
-            real.display(),
-            meta.dev(),
-            meta.ino(),
-            meta.len(),
-            meta.mtime(),
-            meta.mtime_nsec(),
-            meta.ctime(),
-            meta.ctime_nsec()
-        );
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         identity.hash(&mut hasher);
-        Some(Self {
+        Self {
             path: dir.join(format!("client-{:016x}.json", hasher.finish())),
             identity,
-        })
+        }
     }
 
     fn read(&self) -> Option<Vec<u8>> {
@@ -467,21 +525,28 @@ mod tests {
             binary: fake_client(dir.path(), "1.11.4"),
             ..TerraformConfig::default()
         };
-        let first = probe_cached(&config, Some(&cache)).await.unwrap();
+        // Each `Answers` is a process of its own.
+        async fn probe(
+            config: &TerraformConfig,
+            cache: Option<&Path>,
+        ) -> Result<Client, ClientError> {
+            Answers::default().probe(config, cache).await
+        }
+        let first = probe(&config, Some(&cache)).await.unwrap();
         assert_eq!(first.version, "1.11.4");
         assert_eq!(runs(dir.path()), 1);
-        let again = probe_cached(&config, Some(&cache)).await.unwrap();
+        let again = probe(&config, Some(&cache)).await.unwrap();
         assert_eq!(again, first);
         assert_eq!(runs(dir.path()), 1, "the cached answer was not used");
 
         // Another binary at the same path (an upgrade, a downgrade) is read again.
         std::thread::sleep(Duration::from_millis(20));
         fake_client(dir.path(), "0.15.0-rc2");
-        let err = probe_cached(&config, Some(&cache)).await.unwrap_err();
+        let err = probe(&config, Some(&cache)).await.unwrap_err();
         assert!(matches!(err, ClientError::Unsupported { .. }), "{err}");
         assert_eq!(runs(dir.path()), 2);
         // A refused version is refused from the cache too, without running it.
-        let err = probe_cached(&config, Some(&cache)).await.unwrap_err();
+        let err = probe(&config, Some(&cache)).await.unwrap_err();
         assert!(matches!(err, ClientError::Unsupported { .. }), "{err}");
         assert_eq!(runs(dir.path()), 2);
 
@@ -490,12 +555,45 @@ mod tests {
             std::fs::write(entry.unwrap().path(), b"{not json").unwrap();
         }
         fake_client(dir.path(), "1.11.4");
-        let client = probe_cached(&config, Some(&cache)).await.unwrap();
+        let client = probe(&config, Some(&cache)).await.unwrap();
         assert_eq!(client.version, "1.11.4");
         assert_eq!(runs(dir.path()), 3);
-        // Without a cache folder every read runs the binary.
-        probe_cached(&config, None).await.unwrap();
+        // Without a cache folder every process runs the binary.
+        probe(&config, None).await.unwrap();
         assert_eq!(runs(dir.path()), 4);
+    }
+
+    #[tokio::test]
+    async fn a_process_reads_the_client_once_however_many_ask() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = TerraformConfig {
+            binary: fake_client(dir.path(), "1.11.4"),
+            ..TerraformConfig::default()
+        };
+        let answers = Answers::default();
+        // Jobs that ask at once (a warm-up and the first job) share one read.
+        let (a, b) = tokio::join!(answers.probe(&config, None), answers.probe(&config, None));
+        assert_eq!(a.unwrap(), b.unwrap());
+        assert_eq!(runs(dir.path()), 1);
+        let later = answers.probe(&config, None).await.unwrap();
+        assert_eq!(later.version, "1.11.4");
+        assert_eq!(runs(dir.path()), 1, "a later job read the client again");
+
+        // Another binary at the same path is read again.
+        std::thread::sleep(Duration::from_millis(20));
+        fake_client(dir.path(), "1.12.0");
+        let upgraded = answers.probe(&config, None).await.unwrap();
+        assert_eq!(upgraded.version, "1.12.0");
+        assert_eq!(runs(dir.path()), 2);
+
+        // An answer that cannot be read is not kept: the next job asks again.
+        std::thread::sleep(Duration::from_millis(20));
+        fake_client(dir.path(), "one.two");
+        for tries in [3, 4] {
+            let err = answers.probe(&config, None).await.unwrap_err();
+            assert!(matches!(err, ClientError::Unreadable { .. }), "{err}");
+            assert_eq!(runs(dir.path()), tries);
+        }
     }
 
     #[test]

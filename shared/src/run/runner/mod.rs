@@ -82,7 +82,7 @@ pub struct RunnerConfig {
     /// The largest state (request body) the state server accepts.
     pub max_state_bytes: usize,
     /// A folder where terraform's `version -json` answer is remembered between processes
-    /// (see [`crate::run::client::probe_cached`]); `None` reads it once per runner.
+    /// (see [`crate::run::client::probe_cached`]); `None` reads it once per process.
     pub client_cache: Option<PathBuf>,
     /// One metrics record per finished job on stderr, in this format (none: no record).
     pub metrics: Option<crate::run::metrics::Format>,
