@@ -417,3 +417,68 @@ async fn a_first_lease_whose_making_lost_its_answer_is_still_taken() {
         "Available"
     );
 }
+
+/// The taker that made a workspace's first `lease.json` finds the blob leased by another (a
+/// contender reading the record, or one that died holding it): its lease is live in the record
+/// nobody else may change, so it breaks that blob lease at once instead of waiting for it.
+/// Waiting could outlast every attempt while many contenders take and give it back in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_maker_of_a_first_lease_breaks_a_contenders_blob_lease_at_once() {
+    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    let url = azure::container().await;
+    let (proxy, proxied) = through_a_proxy(&url).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    proxy.log_to(std::fs::File::create(&log).unwrap());
+    // The maker's second blob-lease request (the take after its create) waits, and a
+    // contender takes the blob lease meanwhile, for good, and never gives it back.
+    let leases = Arc::new(AtomicU32::new(0));
+    proxy.slow(
+        Some(Box::new(move |m, path, _| {
+            m == hyper::Method::PUT
+                && path.contains("comp=lease")
+                && leases.fetch_add(1, Ordering::SeqCst) == 1
+        })),
+        Duration::from_millis(500),
+    );
+    let store = azure::store(&proxied, "s");
+    let ws = WorkspaceId::new("acme", "contended-first").unwrap();
+    let request = LeaseRequest {
+        owner: "maker".into(),
+        ttl: Duration::from_secs(60),
+        info: serde_json::Value::Null,
+    };
+    let taking = tokio::spawn(async move { store.acquire_lease(&ws, &request).await });
+    let blob = azure_storage_blob::BlobContainerClient::new(
+        azure_core::http::Url::parse(&url).unwrap(),
+        None,
+        None,
+    )
+    .unwrap()
+    .blob_client("s/acme/contended-first/lease.json");
+    let contended = async {
+        for _ in 0..100 {
+            if blob.acquire_lease(-1, None).await.is_ok() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    };
+    assert!(contended.await, "the contender never took the blob lease");
+    let lease = taking.await.unwrap().unwrap();
+    assert_eq!(lease.fence, 1);
+    // The refused take, the create, the take refused (the contender's), the break, the take.
+    assert_eq!(
+        lease_requests(&log),
+        ["PUT?lease", "PUT", "PUT?lease", "PUT?lease", "PUT?lease"]
+    );
+    assert_eq!(
+        blob_lease_state(&url, "s/acme/contended-first/lease.json").await,
+        "Leased"
+    );
+}

@@ -34,9 +34,10 @@ use super::{AzureBucket, backend_error, client_error, scrub, status};
 ///   next write over it (a renewal, the release, a take after its own release) is tried from
 ///   it, without reading the record first. The write's ETag condition makes a stale guess fail,
 ///   and then the record is read as ever.
-/// - A taker breaks a blob lease only when the record says the lease expired, or when the
-///   record stays free while the blob stays leased longer than a take and a write need (its
-///   taker died between the two). A live recorded lease makes the taker wait.
+/// - A taker breaks a blob lease only when the record says the lease expired, when the record
+///   stays free while the blob stays leased longer than a take and a write need (its taker died
+///   between the two), or when the record holds the live lease this taker made (another holds
+///   the blob lease only to read that). Another's live recorded lease makes the taker wait.
 /// - Renewing writes the new expiry; releasing clears the record, then gives the blob lease
 ///   back.
 #[derive(Clone, Debug)]
@@ -305,16 +306,22 @@ impl LeaseKeeper for BlobLeases {
                     }
                     continue;
                 }
-                // The record names this taker: another taker holds the blob lease only until
-                // it reads that, unless it died holding it.
+                // The record names this taker's live lease: another taker holds the blob lease
+                // only to read that (it may write nothing under it), or died holding it. Broken
+                // at once: waiting for many contenders to take and give it back in turn can
+                // outlast every attempt.
                 Took::Held if made.is_some() => {
-                    self.wait_or_break(&key, &mut free_but_leased, attempt)
-                        .await?;
+                    self.break_now(&key).await?;
                     continue;
                 }
                 Took::Held => {
                     let now = OffsetDateTime::now_utc();
                     match self.read(&key).await?.0.record.held {
+                        // The record this taker tried to make, landed with its answer lost:
+                        // made after all.
+                        Some(holder) if unsure.as_ref().is_some_and(|(l, _)| *l == holder) => {
+                            made = unsure.take();
+                        }
                         Some(holder) if !holder.is_expired_at(now) => return Err(held(holder)),
                         // Its holder died or stalled past its expiry: the record allows the
                         // break.
@@ -376,6 +383,14 @@ impl LeaseKeeper for BlobLeases {
                     pause(attempt).await;
                 }
             }
+        }
+        // The lease is this taker's by the record, which nobody else may change while it is
+        // live; its renewals take the blob lease once contenders let it be.
+        if let Some((lease, _)) = made {
+            return Ok(Taken {
+                lease,
+                settled: None,
+            });
         }
         match self.read(&key).await?.0.record.held {
             Some(holder) if !holder.is_expired_at(OffsetDateTime::now_utc()) => Err(held(holder)),
