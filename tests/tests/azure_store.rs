@@ -424,16 +424,61 @@ async fn a_first_lease_whose_making_lost_its_answer_is_still_taken() {
 /// Waiting could outlast every attempt while many contenders take and give it back in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_maker_of_a_first_lease_breaks_a_contenders_blob_lease_at_once() {
+    let requests = first_take_with_a_contender("contended-first", false).await;
+    // The refused take, the create, the take refused (the contender's), the break, the take.
+    assert_eq!(
+        requests,
+        ["PUT?lease", "PUT", "PUT?lease", "PUT?lease", "PUT?lease"]
+    );
+}
+
+/// As above, when the create's answer was lost (it landed; the client sent it again and was
+/// told it exists): the maker finds its own lease in the record and takes it, instead of
+/// reporting it held by another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maker_whose_answer_was_lost_finds_its_lease_under_a_contenders_blob_lease() {
+    let requests = first_take_with_a_contender("contended-lost", true).await;
+    // The refused take, the create and its second try, the take refused, the read that finds
+    // its own lease, the take refused again, the break, the take.
+    assert_eq!(
+        requests,
+        [
+            "PUT?lease",
+            "PUT",
+            "PUT",
+            "PUT?lease",
+            "GET",
+            "PUT?lease",
+            "PUT?lease",
+            "PUT?lease"
+        ]
+    );
+}
+
+/// A workspace's first lease, taken while a contender takes the blob lease between the
+/// maker's create (whose answer is lost when `lost`) and its take, and keeps it. Checks the
+/// lease is the first and the blob leased; the requests the maker made.
+async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String> {
     use state_backends::{LeaseRequest, StateStore, WorkspaceId};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
+    use tests::fault_proxy::Fault;
 
     let url = azure::container().await;
     let (proxy, proxied) = through_a_proxy(&url).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     proxy.log_to(std::fs::File::create(&log).unwrap());
+    if lost {
+        proxy.fail(
+            Box::new(|m, path, _| {
+                m == hyper::Method::PUT && path.contains("lease.json") && !path.contains("comp=")
+            }),
+            1,
+            Fault::ResetAfter,
+        );
+    }
     // The maker's second blob-lease request (the take after its create) waits, and a
     // contender takes the blob lease meanwhile, for good, and never gives it back.
     let leases = Arc::new(AtomicU32::new(0));
@@ -446,20 +491,21 @@ async fn the_maker_of_a_first_lease_breaks_a_contenders_blob_lease_at_once() {
         Duration::from_millis(500),
     );
     let store = azure::store(&proxied, "s");
-    let ws = WorkspaceId::new("acme", "contended-first").unwrap();
+    let ws = WorkspaceId::new("acme", workspace).unwrap();
     let request = LeaseRequest {
         owner: "maker".into(),
         ttl: Duration::from_secs(60),
         info: serde_json::Value::Null,
     };
     let taking = tokio::spawn(async move { store.acquire_lease(&ws, &request).await });
+    let key = format!("s/acme/{workspace}/lease.json");
     let blob = azure_storage_blob::BlobContainerClient::new(
         azure_core::http::Url::parse(&url).unwrap(),
         None,
         None,
     )
     .unwrap()
-    .blob_client("s/acme/contended-first/lease.json");
+    .blob_client(&key);
     let contended = async {
         for _ in 0..100 {
             if blob.acquire_lease(-1, None).await.is_ok() {
@@ -472,13 +518,14 @@ async fn the_maker_of_a_first_lease_breaks_a_contenders_blob_lease_at_once() {
     assert!(contended.await, "the contender never took the blob lease");
     let lease = taking.await.unwrap().unwrap();
     assert_eq!(lease.fence, 1);
-    // The refused take, the create, the take refused (the contender's), the break, the take.
-    assert_eq!(
-        lease_requests(&log),
-        ["PUT?lease", "PUT", "PUT?lease", "PUT?lease", "PUT?lease"]
-    );
-    assert_eq!(
-        blob_lease_state(&url, "s/acme/contended-first/lease.json").await,
-        "Leased"
-    );
+    assert_eq!(lease.owner, "maker");
+    assert_eq!(blob_lease_state(&url, &key).await, "Leased");
+    if lost {
+        assert_eq!(
+            proxy.counts().of(Fault::ResetAfter),
+            1,
+            "the fault was drawn"
+        );
+    }
+    lease_requests(&log)
 }
