@@ -425,10 +425,18 @@ async fn a_first_lease_whose_making_lost_its_answer_is_still_taken() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_maker_of_a_first_lease_breaks_a_contenders_blob_lease_at_once() {
     let requests = first_take_with_a_contender("contended-first", false).await;
-    // The refused take, the create, the take refused (the contender's), the break, the take.
+    // The refused take, the create, the take refused (the contender's), the record read (still
+    // its own), the break, the take.
     assert_eq!(
         requests,
-        ["PUT?lease", "PUT", "PUT?lease", "PUT?lease", "PUT?lease"]
+        [
+            "PUT?lease",
+            "PUT",
+            "PUT?lease",
+            "GET",
+            "PUT?lease",
+            "PUT?lease"
+        ]
     );
 }
 
@@ -439,20 +447,19 @@ async fn the_maker_of_a_first_lease_breaks_a_contenders_blob_lease_at_once() {
 async fn a_maker_whose_answer_was_lost_finds_its_lease_under_a_contenders_blob_lease() {
     let requests = first_take_with_a_contender("contended-lost", true).await;
     // The refused take, the create and its second try, the take refused, the read that finds
-    // its own lease, the take refused again, the break, the take.
-    assert_eq!(
-        requests,
-        [
-            "PUT?lease",
-            "PUT",
-            "PUT",
-            "PUT?lease",
-            "GET",
-            "PUT?lease",
-            "PUT?lease",
-            "PUT?lease"
-        ]
-    );
+    // its own lease, the take refused again, the record read again, the break, the take.
+    let expected = [
+        "PUT?lease",
+        "PUT",
+        "PUT",
+        "PUT?lease",
+        "GET",
+        "PUT?lease",
+        "GET",
+        "PUT?lease",
+        "PUT?lease",
+    ];
+    assert_eq!(requests, expected);
 }
 
 /// A workspace's first lease, taken while a contender takes the blob lease between the
@@ -469,7 +476,12 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
     let (proxy, proxied) = through_a_proxy(&url).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
-    proxy.log_to(std::fs::File::create(&log).unwrap());
+    // Appended to, so that emptying it between steps starts it afresh.
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log);
+    proxy.log_to(appended.unwrap());
     if lost {
         proxy.fail(
             Box::new(|m, path, _| {
@@ -497,7 +509,10 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
         ttl: Duration::from_secs(60),
         info: serde_json::Value::Null,
     };
-    let taking = tokio::spawn(async move { store.acquire_lease(&ws, &request).await });
+    let taking = tokio::spawn({
+        let (store, ws) = (store.clone(), ws.clone());
+        async move { store.acquire_lease(&ws, &request).await }
+    });
     let key = format!("s/acme/{workspace}/lease.json");
     let blob = azure_storage_blob::BlobContainerClient::new(
         azure_core::http::Url::parse(&url).unwrap(),
@@ -507,7 +522,8 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
     .unwrap()
     .blob_client(&key);
     let contended = async {
-        for _ in 0..100 {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < until {
             if blob.acquire_lease(-1, None).await.is_ok() {
                 return true;
             }
@@ -519,7 +535,6 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
     let lease = taking.await.unwrap().unwrap();
     assert_eq!(lease.fence, 1);
     assert_eq!(lease.owner, "maker");
-    assert_eq!(blob_lease_state(&url, &key).await, "Leased");
     if lost {
         assert_eq!(
             proxy.counts().of(Fault::ResetAfter),
@@ -527,5 +542,62 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
             "the fault was drawn"
         );
     }
-    lease_requests(&log)
+    let taken = lease_requests(&log);
+    // The maker holds the blob lease: its renewal is a write under it, without taking it (after
+    // a lost answer the store knows no ETag for the record, so it reads it first), and its
+    // release gives it back.
+    let renewed = store
+        .renew_lease(&ws, &lease, Duration::from_secs(90))
+        .await
+        .unwrap();
+    let renewal: &[&str] = if lost { &["GET", "PUT"] } else { &["PUT"] };
+    assert_eq!(lease_requests(&log), renewal);
+    store.release_lease(&ws, &renewed).await.unwrap();
+    assert_eq!(blob_lease_state(&url, &key).await, "Available");
+    taken
+}
+
+/// A holder whose blob lease was broken and taken by another taker that died holding it (its
+/// record still names the holder's live lease) takes it back at its next renewal. Waiting for
+/// it would last until the lease expired and the job stopped mid-run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_takes_its_blob_lease_back_from_a_taker_that_died_holding_it() {
+    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use std::time::Duration;
+
+    let url = azure::container().await;
+    let store = azure::store(&url, "s");
+    let ws = WorkspaceId::new("acme", "taken-back").unwrap();
+    let request = LeaseRequest {
+        owner: "holder".into(),
+        ttl: Duration::from_secs(60),
+        info: serde_json::Value::Null,
+    };
+    let lease = store.acquire_lease(&ws, &request).await.unwrap();
+    let blob = azure_storage_blob::BlobContainerClient::new(
+        azure_core::http::Url::parse(&url).unwrap(),
+        None,
+        None,
+    )
+    .unwrap()
+    .blob_client("s/acme/taken-back/lease.json");
+    let options = azure_storage_blob::models::BlobClientBreakLeaseOptions {
+        break_period: Some(0),
+        ..Default::default()
+    };
+    blob.break_lease(Some(options)).await.unwrap();
+    blob.acquire_lease(-1, None).await.unwrap();
+    let renewed = store
+        .renew_lease(&ws, &lease, Duration::from_secs(90))
+        .await
+        .expect("the renewal takes the blob lease back");
+    assert_eq!(renewed.fence, lease.fence);
+    // Its own again: released, the blob is free, and the next taker gets the next fence.
+    store.release_lease(&ws, &renewed).await.unwrap();
+    assert_eq!(
+        blob_lease_state(&url, "s/acme/taken-back/lease.json").await,
+        "Available"
+    );
+    let next = store.acquire_lease(&ws, &request).await.unwrap();
+    assert_eq!(next.fence, lease.fence + 1);
 }

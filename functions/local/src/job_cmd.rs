@@ -50,11 +50,12 @@ pub(crate) async fn run(g: &Global, job: &Path, wait: u64, out: ops::Output) -> 
         Err(errors) => return Ok(report_invalid(job, &errors)),
     };
     let runtime = runtime(g, templates);
-    // Read while the store is opened (from the cache folder, usually).
-    runtime.warm_client();
     let mut config = runtime.runner_config();
     config.lease_wait = Duration::from_secs(wait);
     take_user(&mut config).await?;
+    // Read while the store is opened (from the cache folder, usually); after the user is
+    // taken, whose sweep of what the job before left would end it.
+    runtime.warm_client();
     let runner = Runner::new(g.open_store().await?, config);
     let cancel = CancellationToken::new();
     tokio::spawn(cancel_on_signal(cancel.clone()));

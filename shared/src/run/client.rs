@@ -265,10 +265,16 @@ pub async fn probe_cached(
 }
 
 /// Starts reading the client now, in the background, so that the first job finds it read (or
-/// being read) instead of waiting for terraform to start and answer.
+/// being read) instead of waiting for terraform to start and answer. A job that runs terraform
+/// as the runner's own user first kills what the job before left running, a read still under
+/// way included: that job then reads it again.
 pub fn warm(config: &TerraformConfig, cache: Option<PathBuf>) {
+    // Outside a runtime there is nothing to read it in the background: the first job reads it.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
     let config = config.clone();
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         if let Err(e) = probe_cached(&config, cache.as_deref()).await {
             // The first job reads it again, and says why it cannot run.
             tracing::debug!(error = %e, "could not read terraform's version ahead of the first job");

@@ -36,8 +36,9 @@ use super::{AzureBucket, backend_error, client_error, scrub, status};
 ///   and then the record is read as ever.
 /// - A taker breaks a blob lease only when the record says the lease expired, when the record
 ///   stays free while the blob stays leased longer than a take and a write need (its taker died
-///   between the two), or when the record holds the live lease this taker made (another holds
-///   the blob lease only to read that). Another's live recorded lease makes the taker wait.
+///   between the two), or when the record holds a live lease of its own (one it just made, or at
+///   a renewal or release the one it holds): another holds the blob lease then only to read
+///   that, or died holding it. Another's live recorded lease makes the taker wait.
 /// - Renewing writes the new expiry; releasing clears the record, then gives the blob lease
 ///   back.
 #[derive(Clone, Debug)]
@@ -250,6 +251,18 @@ impl BlobLeases {
         }
     }
 
+    /// Takes the blob lease back under `id` for a holder whose live lease the record names:
+    /// another taker holds the blob lease then only to read that record (it may write nothing
+    /// under it), or died holding it, so its blob lease is broken. Waiting for it instead could
+    /// outlast the lease itself, and stop the job mid-run.
+    async fn take_back(&self, key: &str, id: &str) -> Result<()> {
+        if self.take(key, id).await? == Took::Held {
+            self.break_now(key).await?;
+            self.take(key, id).await?;
+        }
+        Ok(())
+    }
+
     fn contended(key: &str) -> StoreError {
         backend_error(
             format!("the blob lease on {key} stayed contended; try again"),
@@ -306,12 +319,18 @@ impl LeaseKeeper for BlobLeases {
                     }
                     continue;
                 }
-                // The record names this taker's live lease: another taker holds the blob lease
-                // only to read that (it may write nothing under it), or died holding it. Broken
-                // at once: waiting for many contenders to take and give it back in turn can
-                // outlast every attempt.
+                // The record made names this taker's live lease: another taker holds the blob
+                // lease only to read that (it may write nothing under it), or died holding it.
+                // Broken at once: waiting for many contenders to take and give it back in turn
+                // can outlast every attempt. Unless the record changed since (broken by hand,
+                // and maybe taken by another): then this taker starts again as any other.
                 Took::Held if made.is_some() => {
-                    self.break_now(&key).await?;
+                    let held = self.read(&key).await?.0.record.held;
+                    if held.as_ref() == made.as_ref().map(|(lease, _)| lease) {
+                        self.break_now(&key).await?;
+                    } else {
+                        made = None;
+                    }
                     continue;
                 }
                 Took::Held => {
@@ -384,15 +403,21 @@ impl LeaseKeeper for BlobLeases {
                 }
             }
         }
-        // The lease is this taker's by the record, which nobody else may change while it is
-        // live; its renewals take the blob lease once contenders let it be.
-        if let Some((lease, _)) = made {
+        let holder = self.read(&key).await?.0.record.held;
+        // A lease this taker made (or tried to, its answer lost) that the record still holds
+        // is its own: nobody else may change the record while it is live. Its renewals take
+        // the blob lease (see `take_back`).
+        if let Some((lease, _)) = made
+            .into_iter()
+            .chain(unsure)
+            .find(|(lease, _)| holder.as_ref() == Some(lease))
+        {
             return Ok(Taken {
                 lease,
                 settled: None,
             });
         }
-        match self.read(&key).await?.0.record.held {
+        match holder {
             Some(holder) if !holder.is_expired_at(OffsetDateTime::now_utc()) => Err(held(holder)),
             _ => Err(Self::contended(&key)),
         }
@@ -436,10 +461,10 @@ impl LeaseKeeper for BlobLeases {
             {
                 return Ok(renewed);
             }
-            // The blob lease was broken while the record still names us (a break under way,
-            // or one that died half-way): take it back under our id if it is free. The ETag
-            // keeps any record written since from being overwritten.
-            self.take(&key, &id).await?;
+            // The record names our live lease, yet the write failed: our blob lease was broken
+            // (a break under way, or one that died half-way), or another holds it. Taken back
+            // under our id; the ETag keeps any record written since from being overwritten.
+            self.take_back(&key, &id).await?;
             pause(attempt).await;
         }
         // Not lost as far as the record says: the renewal is tried again at the next tick.
@@ -468,6 +493,12 @@ impl LeaseKeeper for BlobLeases {
         }
         for attempt in 0..ATTEMPTS / 3 {
             let (mut current, tag) = self.read(&key).await?;
+            let now = OffsetDateTime::now_utc();
+            let live = current
+                .record
+                .held
+                .as_ref()
+                .is_some_and(|h| !h.is_expired_at(now));
             if !current.record.release(lease, settled) {
                 // Not ours any more: nothing to give back.
                 return Ok(());
@@ -482,7 +513,13 @@ impl LeaseKeeper for BlobLeases {
                 self.give_back(&key, &id).await;
                 return Ok(());
             }
-            self.take(&key, &id).await?;
+            // Another's blob lease is broken only while our recorded lease is live: once it
+            // expired, a taker may hold the blob lease by right.
+            if live {
+                self.take_back(&key, &id).await?;
+            } else {
+                self.take(&key, &id).await?;
+            }
             pause(attempt).await;
         }
         Err(Self::contended(&key))
