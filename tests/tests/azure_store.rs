@@ -29,20 +29,21 @@ async fn the_backup_sweep_over_100_workspaces_copies_only_the_4_that_changed() {
     tests::sweep::copies_only_what_changed(store, "Azure", 100, 25, None).await;
 }
 
-/// The blob lease on a workspace's `lease.json`, as Azure reports it.
-async fn blob_lease_state(url: &str, key: &str) -> String {
-    use azure_storage_blob::models::BlobClientGetPropertiesResultHeaders;
-    let container = azure_storage_blob::BlobContainerClient::new(
+/// A blob of the container at `url` (with its SAS), reached directly: another taker, say.
+fn blob(url: &str, key: &str) -> azure_storage_blob::BlobClient {
+    azure_storage_blob::BlobContainerClient::new(
         azure_core::http::Url::parse(url).unwrap(),
         None,
         None,
     )
-    .unwrap();
-    let properties = container
-        .blob_client(key)
-        .get_properties(None)
-        .await
-        .unwrap();
+    .unwrap()
+    .blob_client(key)
+}
+
+/// The blob lease on a workspace's `lease.json`, as Azure reports it.
+async fn blob_lease_state(url: &str, key: &str) -> String {
+    use azure_storage_blob::models::BlobClientGetPropertiesResultHeaders;
+    let properties = blob(url, key).get_properties(None).await.unwrap();
     format!("{:?}", properties.lease_state().unwrap().unwrap())
 }
 
@@ -214,14 +215,7 @@ async fn a_blob_lease_left_by_a_taker_that_died_before_writing_is_broken() {
     let first = store.acquire_lease(&ws, &request).await.unwrap();
     store.release_lease(&ws, &first).await.unwrap();
     // A taker takes the blob lease for good, then dies before writing the record.
-    let container = azure_storage_blob::BlobContainerClient::new(
-        azure_core::http::Url::parse(&url).unwrap(),
-        None,
-        None,
-    )
-    .unwrap();
-    container
-        .blob_client("states/acme/orphan/lease.json")
+    blob(&url, "states/acme/orphan/lease.json")
         .acquire_lease(-1, None)
         .await
         .unwrap();
@@ -514,17 +508,11 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
         async move { store.acquire_lease(&ws, &request).await }
     });
     let key = format!("s/acme/{workspace}/lease.json");
-    let blob = azure_storage_blob::BlobContainerClient::new(
-        azure_core::http::Url::parse(&url).unwrap(),
-        None,
-        None,
-    )
-    .unwrap()
-    .blob_client(&key);
+    let contender = blob(&url, &key);
     let contended = async {
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while std::time::Instant::now() < until {
-            if blob.acquire_lease(-1, None).await.is_ok() {
+            if contender.acquire_lease(-1, None).await.is_ok() {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -574,19 +562,13 @@ async fn a_holder_takes_its_blob_lease_back_from_a_taker_that_died_holding_it() 
         info: serde_json::Value::Null,
     };
     let lease = store.acquire_lease(&ws, &request).await.unwrap();
-    let blob = azure_storage_blob::BlobContainerClient::new(
-        azure_core::http::Url::parse(&url).unwrap(),
-        None,
-        None,
-    )
-    .unwrap()
-    .blob_client("s/acme/taken-back/lease.json");
+    let other = blob(&url, "s/acme/taken-back/lease.json");
     let options = azure_storage_blob::models::BlobClientBreakLeaseOptions {
         break_period: Some(0),
         ..Default::default()
     };
-    blob.break_lease(Some(options)).await.unwrap();
-    blob.acquire_lease(-1, None).await.unwrap();
+    other.break_lease(Some(options)).await.unwrap();
+    other.acquire_lease(-1, None).await.unwrap();
     let renewed = store
         .renew_lease(&ws, &lease, Duration::from_secs(90))
         .await
