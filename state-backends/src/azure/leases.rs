@@ -325,8 +325,8 @@ impl LeaseKeeper for BlobLeases {
                 // can outlast every attempt. Unless the record changed since (broken by hand,
                 // and maybe taken by another): then this taker starts again as any other.
                 Took::Held if made.is_some() => {
-                    let held = self.read(&key).await?.0.record.held;
-                    if held.as_ref() == made.as_ref().map(|(lease, _)| lease) {
+                    let recorded = self.read(&key).await?.0.record.held;
+                    if recorded.as_ref() == made.as_ref().map(|(lease, _)| lease) {
                         self.break_now(&key).await?;
                     } else {
                         made = None;
