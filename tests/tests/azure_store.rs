@@ -29,6 +29,15 @@ async fn the_backup_sweep_over_100_workspaces_copies_only_the_4_that_changed() {
     tests::sweep::copies_only_what_changed(store, "Azure", 100, 25, None).await;
 }
 
+/// A lease request of `owner`'s, for `ttl`.
+fn request(owner: &str, ttl: std::time::Duration) -> state_backends::LeaseRequest {
+    state_backends::LeaseRequest {
+        owner: owner.into(),
+        ttl,
+        info: serde_json::Value::Null,
+    }
+}
+
 /// A blob of the container at `url` (with its SAS), reached directly: another taker, say.
 fn blob(url: &str, key: &str) -> azure_storage_blob::BlobClient {
     azure_storage_blob::BlobContainerClient::new(
@@ -50,18 +59,13 @@ async fn blob_lease_state(url: &str, key: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lease_is_a_blob_lease_that_only_its_holder_can_change() {
     use state_backends::objects::{Bucket, Condition};
-    use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId};
+    use state_backends::{StateStore, StoreError, WorkspaceId};
     use std::time::Duration;
 
     let url = azure::container().await;
     let store = azure::store(&url, "states");
     let ws = WorkspaceId::new("acme", "leased").unwrap();
     let key = "states/acme/leased/lease.json";
-    let request = |owner: &str, ttl| LeaseRequest {
-        owner: owner.into(),
-        ttl,
-        info: serde_json::Value::Null,
-    };
     let lease = store
         .acquire_lease(&ws, &request("runner-a", Duration::from_secs(60)))
         .await
@@ -106,17 +110,12 @@ async fn a_held_lease_is_a_blob_lease_that_only_its_holder_can_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_holders_blob_lease_is_broken_once_its_recorded_lease_expires() {
-    use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId};
+    use state_backends::{StateStore, StoreError, WorkspaceId};
     use std::time::Duration;
 
     let url = azure::container().await;
     let store = azure::store(&url, "");
     let ws = WorkspaceId::new("acme", "crashed").unwrap();
-    let request = |owner: &str, ttl| LeaseRequest {
-        owner: owner.into(),
-        ttl,
-        info: serde_json::Value::Null,
-    };
     // runner-a takes a 2 s lease and dies: it never renews or releases, and its blob lease
     // (60 s) outlives its recorded lease.
     let dead = store
@@ -161,17 +160,12 @@ async fn a_dead_holders_blob_lease_is_broken_once_its_recorded_lease_expires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_overtaken_while_stalled_can_neither_renew_nor_release_its_way_back() {
-    use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId};
+    use state_backends::{StateStore, StoreError, WorkspaceId};
     use std::time::Duration;
 
     let url = azure::container().await;
     let store = azure::store(&url, "states");
     let ws = WorkspaceId::new("acme", "stalled").unwrap();
-    let request = |owner: &str, ttl| LeaseRequest {
-        owner: owner.into(),
-        ttl,
-        info: serde_json::Value::Null,
-    };
     let stalled = store
         .acquire_lease(&ws, &request("runner-a", Duration::from_secs(1)))
         .await
@@ -201,17 +195,13 @@ async fn a_holder_overtaken_while_stalled_can_neither_renew_nor_release_its_way_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blob_lease_left_by_a_taker_that_died_before_writing_is_broken() {
-    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use state_backends::{StateStore, WorkspaceId};
     use std::time::Duration;
 
     let url = azure::container().await;
     let store = azure::store(&url, "states");
     let ws = WorkspaceId::new("acme", "orphan").unwrap();
-    let request = LeaseRequest {
-        owner: "runner-a".into(),
-        ttl: Duration::from_secs(60),
-        info: serde_json::Value::Null,
-    };
+    let request = request("runner-a", Duration::from_secs(60));
     let first = store.acquire_lease(&ws, &request).await.unwrap();
     store.release_lease(&ws, &first).await.unwrap();
     // A taker takes the blob lease for good, then dies before writing the record.
@@ -237,6 +227,19 @@ async fn through_a_proxy(url: &str) -> (tests::fault_proxy::FaultProxy, String) 
     let proxy = FaultProxy::start(origin, Cloud::Azure, 0.0, 1).await;
     let proxied = format!("{}{path}", proxy.url());
     (proxy, proxied)
+}
+
+/// Where the proxy logs every request from now on (see [`lease_requests`]), in a folder that
+/// lives as long as the guard. Appended to, so that emptying it between steps starts it afresh.
+fn request_log(proxy: &tests::fault_proxy::FaultProxy) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log);
+    proxy.log_to(appended.unwrap());
+    (dir, log)
 }
 
 /// The requests a lease costs, from the proxy's log of them: each is `METHOD path?comp=…`.
@@ -267,26 +270,15 @@ fn lease_requests(log: &std::path::Path) -> Vec<String> {
 /// first, and a guess gone stale (another store wrote since) costs a read and nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_is_taken_and_let_go_in_few_requests() {
-    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use state_backends::{StateStore, WorkspaceId};
     use std::time::Duration;
 
     let url = azure::container().await;
     let (proxy, proxied) = through_a_proxy(&url).await;
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("requests.jsonl");
-    // Appended to, so that emptying it between steps starts it afresh.
-    let appended = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log);
-    proxy.log_to(appended.unwrap());
+    let (_dir, log) = request_log(&proxy);
     let (one, other) = (azure::store(&proxied, "s"), azure::store(&proxied, "s"));
     let ws = WorkspaceId::new("acme", "counted").unwrap();
-    let request = |owner: &str| LeaseRequest {
-        owner: owner.into(),
-        ttl: Duration::from_secs(60),
-        info: serde_json::Value::Null,
-    };
+    let request = |owner: &str| request(owner, Duration::from_secs(60));
 
     let first = one.acquire_lease(&ws, &request("a")).await.unwrap();
     assert_eq!(first.fence, 1);
@@ -329,18 +321,14 @@ async fn a_lease_is_taken_and_let_go_in_few_requests() {
 /// its lease; the other, whose create-only write loses, is told who holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_first_takers_one_makes_the_lease_and_the_other_is_told() {
-    use state_backends::{LeaseRequest, StateStore, StoreError, WorkspaceId};
+    use state_backends::{StateStore, StoreError, WorkspaceId};
     use std::time::Duration;
 
     let url = azure::container().await;
     for round in 0..5 {
         let (a, b) = (azure::store(&url, "s"), azure::store(&url, "s"));
         let ws = WorkspaceId::new("acme", &format!("raced-{round}")).unwrap();
-        let request = |owner: &str| LeaseRequest {
-            owner: owner.into(),
-            ttl: Duration::from_secs(60),
-            info: serde_json::Value::Null,
-        };
+        let request = |owner: &str| request(owner, Duration::from_secs(60));
         let (for_a, for_b) = (request("a"), request("b"));
         let (ra, rb) = tokio::join!(a.acquire_lease(&ws, &for_a), b.acquire_lease(&ws, &for_b));
         let (won, lost) = match (ra, rb) {
@@ -368,7 +356,7 @@ async fn of_two_first_takers_one_makes_the_lease_and_the_other_is_told() {
 /// for it to expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_lease_whose_making_lost_its_answer_is_still_taken() {
-    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use state_backends::{StateStore, WorkspaceId};
     use std::time::Duration;
     use tests::fault_proxy::Fault;
 
@@ -384,11 +372,7 @@ async fn a_first_lease_whose_making_lost_its_answer_is_still_taken() {
     );
     let store = azure::store(&proxied, "s");
     let ws = WorkspaceId::new("acme", "answer-lost").unwrap();
-    let request = LeaseRequest {
-        owner: "a".into(),
-        ttl: Duration::from_secs(60),
-        info: serde_json::Value::Null,
-    };
+    let request = request("a", Duration::from_secs(60));
     let lease = store.acquire_lease(&ws, &request).await.unwrap();
     assert_eq!(
         proxy.counts().of(Fault::ResetAfter),
@@ -460,7 +444,7 @@ async fn a_maker_whose_answer_was_lost_finds_its_lease_under_a_contenders_blob_l
 /// maker's create (whose answer is lost when `lost`) and its take, and keeps it. Checks the
 /// lease is the first and the blob leased; the requests the maker made.
 async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String> {
-    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use state_backends::{StateStore, WorkspaceId};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
@@ -468,14 +452,7 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
 
     let url = azure::container().await;
     let (proxy, proxied) = through_a_proxy(&url).await;
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("requests.jsonl");
-    // Appended to, so that emptying it between steps starts it afresh.
-    let appended = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log);
-    proxy.log_to(appended.unwrap());
+    let (_dir, log) = request_log(&proxy);
     if lost {
         proxy.fail(
             Box::new(|m, path, _| {
@@ -498,11 +475,7 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
     );
     let store = azure::store(&proxied, "s");
     let ws = WorkspaceId::new("acme", workspace).unwrap();
-    let request = LeaseRequest {
-        owner: "maker".into(),
-        ttl: Duration::from_secs(60),
-        info: serde_json::Value::Null,
-    };
+    let request = request("maker", Duration::from_secs(60));
     let taking = tokio::spawn({
         let (store, ws) = (store.clone(), ws.clone());
         async move { store.acquire_lease(&ws, &request).await }
@@ -550,17 +523,13 @@ async fn first_take_with_a_contender(workspace: &str, lost: bool) -> Vec<String>
 /// it would last until the lease expired and the job stopped mid-run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_takes_its_blob_lease_back_from_a_taker_that_died_holding_it() {
-    use state_backends::{LeaseRequest, StateStore, WorkspaceId};
+    use state_backends::{StateStore, WorkspaceId};
     use std::time::Duration;
 
     let url = azure::container().await;
     let store = azure::store(&url, "s");
     let ws = WorkspaceId::new("acme", "taken-back").unwrap();
-    let request = LeaseRequest {
-        owner: "holder".into(),
-        ttl: Duration::from_secs(60),
-        info: serde_json::Value::Null,
-    };
+    let request = request("holder", Duration::from_secs(60));
     let lease = store.acquire_lease(&ws, &request).await.unwrap();
     let other = blob(&url, "s/acme/taken-back/lease.json");
     let options = azure_storage_blob::models::BlobClientBreakLeaseOptions {
