@@ -1,5 +1,6 @@
 //! The customer's Azure Blob container ([`AzureBucket`], under the protocol of
-//! [`crate::objects`]), with the workspace's lease held as a blob lease ([`BlobLeases`]).
+//! [`crate::objects`]), with the workspace's lease as a lock object (`lease.json` changed
+//! under its ETag), as on the other clouds.
 //!
 //! Blob Storage's conditions are ETags: `If-None-Match: *` creates only, `If-Match: ETAG`
 //! replaces (or deletes) only that revision. Blob versioning is not used (the emulator has
@@ -23,7 +24,7 @@ use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
 use azure_core::http::{ClientOptions, Etag, NoFormat, RequestContent, Transport, Url};
 use azure_storage_blob::models::{
-    BlobClientDeleteOptions, BlobClientGetPropertiesResultHeaders,
+    BlobClientBreakLeaseOptions, BlobClientDeleteOptions, BlobClientGetPropertiesResultHeaders,
     BlobClientStartCopyFromUrlOptions, BlobClientStartCopyFromUrlResultHeaders,
     BlobContainerClientListBlobsOptions, BlockBlobClientUploadOptions, CopyStatus,
 };
@@ -33,9 +34,6 @@ use futures::TryStreamExt;
 
 use crate::objects::{Bucket, BucketStore, Condition, Listed, Object};
 use crate::{Result, StoreError};
-
-mod leases;
-pub use leases::BlobLeases;
 
 const BACKEND: &str = "azure";
 /// The scope of an Entra ID token for Blob Storage.
@@ -64,12 +62,7 @@ impl BucketStore<AzureBucket> {
     /// A malformed URL, or a credential over plain http.
     pub fn new(config: &AzureConfig, credential: Option<Arc<dyn TokenCredential>>) -> Result<Self> {
         let bucket = AzureBucket::new(&config.container_url, credential, config.call_timeout)?;
-        let leases = BlobLeases::new(bucket.clone());
-        Ok(BucketStore::over(
-            bucket,
-            &config.prefix,
-            Some(Arc::new(leases)),
-        ))
+        Ok(BucketStore::over(bucket, &config.prefix, None))
     }
 }
 
@@ -229,20 +222,18 @@ impl AzureBucket {
         format!("{}/{key}", self.container.url().path())
     }
 
-    /// Puts `data` at `key` if `condition` holds (and under the blob lease `lease_id`, when
-    /// given): the blob's new ETag, `None` when a condition failed.
+    /// Puts `data` at `key` if `condition` holds: the blob's new ETag, `None` when the
+    /// condition failed or a blob lease kept the write out (see [`Bucket::unlock`]).
     async fn upload(
         &self,
         key: &str,
         data: Bytes,
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
-        lease_id: Option<&str>,
     ) -> Result<Option<String>> {
         let mut options = BlockBlobClientUploadOptions {
             blob_content_type: Some("application/json".into()),
             metadata: Some(to_azure(metadata)),
-            lease_id: lease_id.map(str::to_owned),
             ..Default::default()
         };
         match condition {
@@ -260,7 +251,8 @@ impl AzureBucket {
                 .etag
                 .map(|tag| Some(tag.to_string()))
                 .ok_or_else(|| backend_error(format!("PUT {}: no ETag", self.shown(key)), false)),
-            // 412: the condition failed; 409: a concurrent create won (BlobAlreadyExists).
+            // 412: the condition failed, or the blob is leased (`LeaseIdMissing`); 409: a
+            // concurrent create won (BlobAlreadyExists).
             Err(e)
                 if status(&e) == Some(412)
                     || (status(&e) == Some(409) && error_code(&e) == Some("BlobAlreadyExists")) =>
@@ -430,11 +422,29 @@ impl Bucket for AzureBucket {
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
     ) -> Result<Option<Option<String>>> {
-        // Its leases are blob leases, not a lock object: the tag is not needed.
-        Ok(self
-            .upload(key, data, metadata, condition, None)
-            .await?
-            .map(|_| None))
+        Ok(self.upload(key, data, metadata, condition).await?.map(Some))
+    }
+
+    /// Breaks the blob lease on `key` at once. Runners up to 2026-11-29 changed `lease.json`
+    /// only under a blob lease, and held one for a whole job (for good, so one that died held
+    /// it until broken); a lock object's write is refused while one is there.
+    async fn unlock(&self, key: &str) -> Result<()> {
+        let options = BlobClientBreakLeaseOptions {
+            break_period: Some(0),
+            ..Default::default()
+        };
+        match self.blob(key).break_lease(Some(options)).await {
+            Ok(_) => {
+                tracing::info!(
+                    key,
+                    "broke a blob lease an earlier runner left on a lease record"
+                );
+                Ok(())
+            }
+            // Not leased (any more), or gone: nothing to break.
+            Err(e) if matches!(status(&e), Some(404 | 409)) => Ok(()),
+            Err(e) => Err(client_error(&format!("BREAK {}", self.shown(key)), &e)),
+        }
     }
 
     async fn copy(
@@ -541,9 +551,7 @@ impl Bucket for AzureBucket {
 
 #[cfg(test)]
 mod tests {
-    use super::leases::{BlobRecord, new_lease_id};
     use super::*;
-    use crate::lease::LeaseRecord;
 
     #[test]
     fn metadata_names_are_identifiers_in_azure_and_read_back_as_written() {
@@ -567,14 +575,6 @@ mod tests {
     }
 
     #[test]
-    fn lease_ids_are_guids() {
-        let id = new_lease_id();
-        let parts: Vec<usize> = id.split('-').map(str::len).collect();
-        assert_eq!(parts, [8, 4, 4, 4, 12], "{id}");
-        assert_ne!(id, new_lease_id());
-    }
-
-    #[test]
     fn a_listing_page_gives_its_prefixes_and_marker_whatever_lies_between() {
         let xml = r#"<?xml version="1.0" encoding="utf-8"?>
 <EnumerationResults ServiceEndpoint="http://127.0.0.1:10000/acct" ContainerName="c">
@@ -593,23 +593,5 @@ mod tests {
             prefixes_page("<EnumerationResults><Blobs/><NextMarker/></EnumerationResults>");
         assert!(none.is_empty());
         assert_eq!(end, None);
-    }
-
-    #[test]
-    fn a_record_keeps_the_blob_lease_id_beside_the_shared_fields() {
-        let record = BlobRecord {
-            record: LeaseRecord {
-                last_fence: 3,
-                held: None,
-                settled: Some(2),
-            },
-            blob_lease: Some("id".into()),
-        };
-        let json = serde_json::to_value(&record).unwrap();
-        assert_eq!(json["last_fence"], 3);
-        assert_eq!(json["blob_lease"], "id");
-        let back: BlobRecord = serde_json::from_value(json).unwrap();
-        assert_eq!(back.record.last_fence, 3);
-        assert_eq!(back.record.settled, Some(2));
     }
 }

@@ -37,7 +37,7 @@ impl Kind {
 #[derive(Clone, Copy)]
 pub enum Call {
     /// A write of the lease: taking it or renewing it (DynamoDB `UpdateItem`; else a write of
-    /// `lease.json`, on Azure the record's write under the blob lease).
+    /// `lease.json`).
     Lease,
     /// A write of a state version.
     Version,
@@ -57,13 +57,6 @@ impl Call {
                     .get("x-amz-target")
                     .and_then(|t| t.to_str().ok())
                     .is_some_and(|t| t.ends_with("UpdateItem"))
-            }),
-            // Azure: the record's write under the blob lease (not the blob's creation).
-            Call::Lease if kind == Kind::AzureBlob => Box::new(move |m, path, headers| {
-                write(m)
-                    && path.contains("lease.json")
-                    && !path.contains("comp=lease")
-                    && headers.contains_key("x-ms-lease-id")
             }),
             Call::Lease => Box::new(move |m, path, _| write(m) && path.contains("lease.json")),
             // Not GCS's `rewriteTo` (a copy), whose path names a version too.

@@ -47,8 +47,14 @@ impl<B: Bucket> LockObject<B> {
                 Ok((LeaseRecord::default(), None))
             }
             Some(obj) => {
-                let record: LeaseRecord = serde_json::from_slice(&obj.data)
-                    .map_err(|e| corrupt(self.bucket.backend(), object, &e.to_string()))?;
+                // Empty: made by an Azure runner before 2026-11-29 only to be blob-leased.
+                let parsed = if obj.data.is_empty() {
+                    Ok(LeaseRecord::default())
+                } else {
+                    serde_json::from_slice(&obj.data)
+                };
+                let record: LeaseRecord =
+                    parsed.map_err(|e| corrupt(self.bucket.backend(), object, &e.to_string()))?;
                 self.known()
                     .insert(object.to_owned(), (record.clone(), obj.tag.clone()));
                 Ok((record, Some(obj.tag)))
@@ -66,6 +72,9 @@ impl<B: Bucket> LockObject<B> {
         let object = Self::object(key);
         // The record last written and its answer, when the write's condition failed.
         let mut tried: Option<(LeaseRecord, T)> = None;
+        // The tag a write was refused at: found again, something other than the condition
+        // refused it (see [`Bucket::unlock`]).
+        let mut refused: Option<String> = None;
         for attempt in 0..20 {
             // First from what this keeper last saw, when it saw the object; a failed condition
             // sends every later attempt to the object itself.
@@ -88,6 +97,9 @@ impl<B: Bucket> LockObject<B> {
             if !write {
                 return Ok(answer);
             }
+            if tag.is_some() && refused.take() == tag {
+                self.bucket.unlock(&object).await?;
+            }
             let data = Bytes::from(serde_json::to_vec(&record).expect("lease record serializes"));
             let condition = match &tag {
                 Some(tag) => Condition::Matches(tag),
@@ -108,6 +120,7 @@ impl<B: Bucket> LockObject<B> {
                 }
                 None => {
                     self.known().remove(&object);
+                    refused = tag;
                 }
             }
             tried = Some((record, answer));

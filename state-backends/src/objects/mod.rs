@@ -133,6 +133,14 @@ pub trait Bucket: Send + Sync + Debug {
         }
         Ok(())
     }
+    /// Clears what keeps a write of the lock object `key` out although its condition holds,
+    /// where the bucket has such a thing: on Azure, a blob lease on `lease.json` that runners
+    /// up to 2026-11-29 took to change it (one that died holding it held it for good).
+    /// [`LockObject`] asks only when a write was refused at the tag the object still has, and
+    /// only before a write its record allows; that write's condition still decides.
+    async fn unlock(&self, _key: &str) -> Result<()> {
+        Ok(())
+    }
     /// Clears a change mark only if its tag is still `tag`: deleted, or emptied where the
     /// cloud (or its emulator) honours conditions on writes but not on deletes. A mark written
     /// again since it was listed stays. Listings skip empty marks.
@@ -143,7 +151,7 @@ pub trait Bucket: Send + Sync + Debug {
     async fn folders(&self, prefix: &str) -> Result<Vec<String>>;
 }
 
-/// A lease kept outside the bucket (a DynamoDB item, a blob lease). `key` names the workspace
+/// A lease kept outside the bucket (a DynamoDB item). `key` names the workspace
 /// (`<prefix>/<tenant>/<workspace>`).
 #[async_trait]
 pub trait LeaseKeeper: Send + Sync + Debug {

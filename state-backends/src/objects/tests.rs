@@ -31,9 +31,19 @@ struct Troubled {
     in_flight: Arc<std::sync::atomic::AtomicU64>,
     most_at_once: Arc<std::sync::atomic::AtomicU64>,
     slow: bool,
+    /// A key whose writes are refused whatever their condition until [`Bucket::unlock`] is
+    /// asked for it (as an Azure blob lease refuses them), and how many unlocks were asked.
+    locked: Arc<std::sync::Mutex<Option<String>>>,
+    unlocks: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Troubled {
+    fn lock(&self, key: &str) {
+        *self.locked.lock().unwrap() = Some(key.to_owned());
+    }
+    fn unlocks(&self) -> u64 {
+        self.unlocks.load(std::sync::atomic::Ordering::SeqCst)
+    }
     fn reads(&self) -> u64 {
         self.reads.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -72,6 +82,9 @@ impl Bucket for Troubled {
         metadata: HashMap<String, String>,
         condition: Condition<'_>,
     ) -> Result<Option<Option<String>>> {
+        if self.locked.lock().unwrap().as_deref() == Some(key) {
+            return Ok(None);
+        }
         if self.sent_twice && (key.contains("/versions/") || key.ends_with("/lease.json")) {
             let first = self
                 .inner
@@ -122,6 +135,15 @@ impl Bucket for Troubled {
             }
         }
         failed
+    }
+    async fn unlock(&self, key: &str) -> Result<()> {
+        self.unlocks
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut locked = self.locked.lock().unwrap();
+        if locked.as_deref() == Some(key) {
+            *locked = None;
+        }
+        Ok(())
     }
     async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
         self.inner.clear_if(key, tag).await
@@ -731,6 +753,88 @@ async fn a_lock_object_is_changed_from_the_tag_last_written_and_a_stale_tag_cost
     assert_eq!(holder.owner, "job-2");
     assert!(held.fence > lease.fence);
     assert_eq!(ours.lease(&ws).await.unwrap().unwrap().owner, "job-2");
+}
+
+/// A lock object whose write is refused although its tag still matches (on Azure, a blob
+/// lease an earlier runner left on `lease.json`) asks the bucket to unlock it, and only to
+/// write what its record allows: never over another's live lease.
+#[tokio::test]
+async fn a_lock_object_kept_out_by_more_than_its_tag_is_unlocked_only_for_a_write_its_record_allows()
+ {
+    let bucket = Troubled::default();
+    let (ours, theirs) = (
+        BucketStore::over(bucket.clone(), "p", None),
+        BucketStore::over(bucket.clone(), "p", None),
+    );
+    let ws: WorkspaceId = "acme/kept-out".parse().unwrap();
+    let object = "p/acme/kept-out/lease.json";
+    let first = ours.acquire_lease(&ws, &request("job-1")).await.unwrap();
+    ours.release_lease(&ws, &first).await.unwrap();
+    // Free, yet kept out: unlocked, then taken.
+    bucket.lock(object);
+    let second = theirs.acquire_lease(&ws, &request("job-2")).await.unwrap();
+    assert_eq!(second.fence, first.fence + 1);
+    assert_eq!(bucket.unlocks(), 1);
+    // Held by job-2 and kept out again: a taker is told who holds it, and unlocks nothing.
+    bucket.lock(object);
+    let refused = ours.acquire_lease(&ws, &request("job-3")).await;
+    let Err(StoreError::LeaseHeld { holder, .. }) = refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(holder.owner, "job-2");
+    assert_eq!(bucket.unlocks(), 1, "another's live lease is not unlocked");
+    // Its holder renews it all the same.
+    let renewed = theirs
+        .renew_lease(&ws, &second, Duration::from_secs(90))
+        .await
+        .unwrap();
+    assert!(renewed.expires_at > second.expires_at);
+    assert_eq!(bucket.unlocks(), 2);
+    theirs.release_lease(&ws, &renewed).await.unwrap();
+    assert!(ours.lease(&ws).await.unwrap().is_none());
+}
+
+/// A lease object as an earlier Azure runner left it (empty, or with its blob lease's id
+/// beside the record) is a record like any other: fences go on from it.
+#[tokio::test]
+async fn an_earlier_azure_runners_lease_object_is_read_as_a_record() {
+    let bucket = MemoryBucket::default();
+    let store = BucketStore::over(bucket.clone(), "p", None);
+    let empty: WorkspaceId = "acme/empty".parse().unwrap();
+    let put = |key: &'static str, data: &'static [u8]| {
+        let bucket = bucket.clone();
+        async move {
+            bucket
+                .put(
+                    key,
+                    Bytes::from_static(data),
+                    HashMap::new(),
+                    Condition::Absent,
+                )
+                .await
+                .unwrap()
+        }
+    };
+    assert!(put("p/acme/empty/lease.json", b"").await);
+    assert_eq!(
+        store
+            .acquire_lease(&empty, &request("a"))
+            .await
+            .unwrap()
+            .fence,
+        1
+    );
+    let leased: WorkspaceId = "acme/leased".parse().unwrap();
+    let record = br#"{"last_fence":5,"held":null,"settled":null,"blob_lease":"0b1c"}"#;
+    assert!(put("p/acme/leased/lease.json", record).await);
+    let next = store.acquire_lease(&leased, &request("b")).await.unwrap();
+    assert_eq!(next.fence, 6);
+    let written = bucket
+        .get("p/acme/leased/lease.json")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&written.data).contains("blob_lease"));
 }
 
 #[tokio::test]
