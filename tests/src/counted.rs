@@ -70,6 +70,10 @@ impl<B: Bucket> Bucket for Counted<B> {
         self.calls.fetch_add(requests, Ordering::Relaxed);
         self.inner.delete_many(keys).await
     }
+    async fn unlock(&self, key: &str) -> Result<()> {
+        self.tick();
+        self.inner.unlock(key).await
+    }
     async fn clear_if(&self, key: &str, tag: &str) -> Result<()> {
         self.tick();
         self.inner.clear_if(key, tag).await

@@ -58,7 +58,10 @@ impl Call {
                     .and_then(|t| t.to_str().ok())
                     .is_some_and(|t| t.ends_with("UpdateItem"))
             }),
-            Call::Lease => Box::new(move |m, path, _| write(m) && path.contains("lease.json")),
+            // Not Azure's break of a blob lease an earlier runner left (`comp=lease`).
+            Call::Lease => Box::new(move |m, path, _| {
+                write(m) && path.contains("lease.json") && !path.contains("comp=lease")
+            }),
             // Not GCS's `rewriteTo` (a copy), whose path names a version too.
             Call::Version => Box::new(move |m, path, _| {
                 write(m) && path.contains("versions") && !path.contains("rewrite")

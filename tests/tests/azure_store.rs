@@ -93,8 +93,8 @@ async fn an_earlier_runners_live_lease_and_its_blob_lease_are_left_alone() {
 }
 
 /// A blob lease an earlier runner that died mid-job left (for good) on `lease.json` is broken
-/// once its recorded lease expires, by the taker that may then write; the dead holder can
-/// neither renew nor write, and an operator's break frees the workspace whatever it holds.
+/// once its recorded lease expires, by the taker that may then write; the dead holder cannot
+/// renew, and an operator's break frees the workspace whatever it holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_runners_blob_lease_is_broken_once_its_recorded_lease_expires() {
     use state_backends::{StateStore, StoreError, WorkspaceId};

@@ -47,8 +47,9 @@ impl<B: Bucket> LockObject<B> {
                 Ok((LeaseRecord::default(), None))
             }
             Some(obj) => {
-                // Empty: made by an Azure runner before 2026-11-29 only to be blob-leased.
-                let parsed = if obj.data.is_empty() {
+                // Empty on Azure: made by a runner before 2026-11-29 only to be blob-leased,
+                // before any lease was recorded. Anywhere else, not a record.
+                let parsed = if obj.data.is_empty() && self.bucket.backend() == "azure" {
                     Ok(LeaseRecord::default())
                 } else {
                     serde_json::from_slice(&obj.data)
@@ -81,6 +82,7 @@ impl<B: Bucket> LockObject<B> {
             let known = (attempt == 0)
                 .then(|| self.known().get(&object).cloned())
                 .flatten();
+            let from_known = known.is_some();
             let (mut record, tag) = match known {
                 Some((record, tag)) => (record, Some(tag)),
                 None => self.read(&object).await?,
@@ -93,7 +95,14 @@ impl<B: Bucket> LockObject<B> {
             {
                 return Ok(answer);
             }
-            let (answer, write) = change(&mut record)?;
+            let changed = change(&mut record);
+            // A remembered record answers only through a write, which its tag checks: what it
+            // would answer without one (held by another, nothing to release) may be long past,
+            // so that is asked of the object itself.
+            if from_known && !matches!(changed, Ok((_, true))) {
+                continue;
+            }
+            let (answer, write) = changed?;
             if !write {
                 return Ok(answer);
             }

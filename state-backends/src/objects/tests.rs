@@ -34,6 +34,8 @@ struct Troubled {
     /// A key whose writes are refused whatever their condition until [`Bucket::unlock`] is
     /// asked for it (as an Azure blob lease refuses them), and how many unlocks were asked.
     locked: Arc<std::sync::Mutex<Option<String>>>,
+    /// The backend it stands for (`troubled` when none).
+    name: Option<&'static str>,
     unlocks: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -67,7 +69,7 @@ impl Troubled {
 #[async_trait]
 impl Bucket for Troubled {
     fn backend(&self) -> &'static str {
-        "troubled"
+        self.name.unwrap_or("troubled")
     }
     async fn get(&self, key: &str) -> Result<Option<Object>> {
         self.read(self.inner.get(key)).await
@@ -791,50 +793,76 @@ async fn a_lock_object_kept_out_by_more_than_its_tag_is_unlocked_only_for_a_writ
     assert!(renewed.expires_at > second.expires_at);
     assert_eq!(bucket.unlocks(), 2);
     theirs.release_lease(&ws, &renewed).await.unwrap();
-    assert!(ours.lease(&ws).await.unwrap().is_none());
+    // A write refused by its condition alone (this keeper's tag is stale: the record changed
+    // since it wrote it) reads again and unlocks nothing.
+    let third = ours.acquire_lease(&ws, &request("job-4")).await.unwrap();
+    ours.release_lease(&ws, &third).await.unwrap();
+    let fourth = theirs.acquire_lease(&ws, &request("job-5")).await.unwrap();
+    theirs.release_lease(&ws, &fourth).await.unwrap();
+    let fifth = ours.acquire_lease(&ws, &request("job-6")).await.unwrap();
+    assert_eq!(fifth.fence, fourth.fence + 1);
+    assert_eq!(bucket.unlocks(), 2, "a stale tag is not a lock");
+}
+
+/// A keeper that read the lease held by another remembers that record, but does not answer
+/// from it again: the holder may have let it go since. Before, a taker that found a workspace
+/// busy kept being told so until the holder's lease would have expired.
+#[tokio::test]
+async fn a_remembered_holder_is_asked_of_the_object_again() {
+    let bucket = Troubled::default();
+    let (ours, theirs) = (
+        BucketStore::over(bucket.clone(), "p", None),
+        BucketStore::over(bucket.clone(), "p", None),
+    );
+    let ws: WorkspaceId = "acme/let-go".parse().unwrap();
+    let held = theirs.acquire_lease(&ws, &request("job-1")).await.unwrap();
+    let busy = ours.acquire_lease(&ws, &request("job-2")).await;
+    assert!(
+        matches!(busy, Err(StoreError::LeaseHeld { .. })),
+        "{busy:?}"
+    );
+    theirs.release_lease(&ws, &held).await.unwrap();
+    let reads = bucket.reads();
+    let taken = ours.acquire_lease(&ws, &request("job-2")).await.unwrap();
+    assert_eq!(taken.fence, held.fence + 1);
+    assert_eq!(bucket.reads(), reads + 1, "one read, then the write");
 }
 
 /// A lease object as an earlier Azure runner left it (empty, or with its blob lease's id
-/// beside the record) is a record like any other: fences go on from it.
+/// beside the record) is a record like any other: fences go on from it. Elsewhere an empty
+/// lease object is no record (fences would start again): it is reported.
 #[tokio::test]
 async fn an_earlier_azure_runners_lease_object_is_read_as_a_record() {
-    let bucket = MemoryBucket::default();
-    let store = BucketStore::over(bucket.clone(), "p", None);
-    let empty: WorkspaceId = "acme/empty".parse().unwrap();
-    let put = |key: &'static str, data: &'static [u8]| {
-        let bucket = bucket.clone();
-        async move {
-            bucket
-                .put(
-                    key,
-                    Bytes::from_static(data),
-                    HashMap::new(),
-                    Condition::Absent,
-                )
-                .await
-                .unwrap()
-        }
+    async fn put(bucket: &Troubled, key: &str, data: &'static [u8]) {
+        let data = Bytes::from_static(data);
+        let put = bucket.put(key, data, HashMap::new(), Condition::Absent);
+        assert!(put.await.unwrap());
+    }
+    let azure = Troubled {
+        name: Some("azure"),
+        ..Troubled::default()
     };
-    assert!(put("p/acme/empty/lease.json", b"").await);
-    assert_eq!(
-        store
-            .acquire_lease(&empty, &request("a"))
-            .await
-            .unwrap()
-            .fence,
-        1
-    );
+    let store = BucketStore::over(azure.clone(), "p", None);
+    let empty: WorkspaceId = "acme/empty".parse().unwrap();
+    put(&azure, "p/acme/empty/lease.json", b"").await;
+    let first = store.acquire_lease(&empty, &request("a")).await.unwrap();
+    assert_eq!(first.fence, 1);
     let leased: WorkspaceId = "acme/leased".parse().unwrap();
     let record = br#"{"last_fence":5,"held":null,"settled":null,"blob_lease":"0b1c"}"#;
-    assert!(put("p/acme/leased/lease.json", record).await);
+    put(&azure, "p/acme/leased/lease.json", record).await;
     let next = store.acquire_lease(&leased, &request("b")).await.unwrap();
     assert_eq!(next.fence, 6);
-    let written = bucket
-        .get("p/acme/leased/lease.json")
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(!String::from_utf8_lossy(&written.data).contains("blob_lease"));
+    let written = azure.get("p/acme/leased/lease.json").await.unwrap();
+    assert!(!String::from_utf8_lossy(&written.unwrap().data).contains("blob_lease"));
+
+    let elsewhere = Troubled::default();
+    put(&elsewhere, "p/acme/empty/lease.json", b"").await;
+    let store = BucketStore::over(elsewhere, "p", None);
+    let refused = store.acquire_lease(&empty, &request("a")).await;
+    assert!(
+        matches!(refused, Err(StoreError::Corrupt { .. })),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test]
