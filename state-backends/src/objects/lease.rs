@@ -20,7 +20,8 @@ pub struct LockObject<B> {
     bucket: B,
     /// Each lock object as this keeper last read or wrote it, with its tag: a change starts
     /// from it instead of reading the object again (a round trip), and its tag condition makes
-    /// a stale one cost a read, never a wrong record.
+    /// a stale one cost a read, never a wrong record. Only a write is answered from it: an
+    /// answer without one (held by another) is read from the object.
     known: Arc<Mutex<HashMap<String, (LeaseRecord, String)>>>,
 }
 
