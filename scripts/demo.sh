@@ -151,7 +151,8 @@ cat <<TXT
 
 Next, with the demo's store, templates and test cloud in your shell:
   . .terrace-demo/env
-change node_count in examples/demo-job.yaml (and its id), then
+change node_count in examples/demo-job.yaml (a new id, and a sequence above 2: a job
+with an older one than the workspace's last never runs), then
   terrace run examples/demo-job.yaml
   terrace state versions acme/demo
   terrace state restore acme/demo --version 1
