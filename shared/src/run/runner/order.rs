@@ -96,7 +96,7 @@ fn superseded(job: &ValidatedJob, lease: &Lease, started: Started) -> JobResult 
             "job {} (sequence {}) started on this workspace before this job (sequence {sequence}) got its turn; this job never ran, so it cannot put an older configuration back",
             started.job_id, started.sequence
         ),
-        "nothing to do if the later request is what the workspace should hold; otherwise send this request again with a sequence above the latest",
+        "nothing to do if the later request is what the workspace should hold; otherwise send it again as a new job (a new id: this one's result stays superseded) with a sequence above the latest",
         false,
     );
     let mut result =
