@@ -308,15 +308,37 @@ impl Names {
     /// published before would be dropped by the broker), then binds the collecting queue.
     pub async fn ready(&self) {
         let give_up = std::time::Instant::now() + Duration::from_secs(60);
-        while self.declared(&self.jobs).await.is_none() {
+        // A worker declares its queues, then its exchanges: the last of them, the log
+        // exchange, says it is done.
+        while self.declared(&self.jobs).await.is_none() || !self.exchange(&self.logs).await {
             assert!(
                 std::time::Instant::now() < give_up,
-                "no worker declared {} within 60 s",
-                self.jobs
+                "no worker declared {} and {} within 60 s",
+                self.jobs,
+                self.logs
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         self.collect().await;
+    }
+
+    /// Whether `exchange` exists.
+    async fn exchange(&self, exchange: &str) -> bool {
+        // A passive declare of a missing exchange closes its channel: one of its own.
+        let channel = self._connection.create_channel().await.expect("a channel");
+        let options = lapin::options::ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        channel
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Topic,
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .is_ok()
     }
 
     /// Records from the results exchange until `done` holds for those collected so far, or
