@@ -57,6 +57,15 @@ for cloud in aws gcp azure worker; do
         echo "localhost/terrace-$cloud:dev has setuid or setgid programs: $privileged" >&2
         exit 1
     fi
+    # The image's record of terraform's version is of its own binary, as a container sees it
+    # (the same path, size and time), or every fresh container would start terraform to ask.
+    if ! podman run --rm --entrypoint /bin/sh "localhost/terrace-$cloud:dev" -c \
+        'b="$(readlink -f "$TERRACE_TERRAFORM")" &&
+         grep -q "\"binary\":\"$b\",\"size\":$(stat -c %s "$b"),\"mtime\":$(stat -c %Y "$b")," \
+             "$TERRACE_TERRAFORM_VERSION_FILE"'; then
+        echo "localhost/terrace-$cloud:dev: its terraform-version.json is not of its terraform" >&2
+        exit 1
+    fi
     echo "localhost/terrace-$cloud:dev"
 done
 podman image ls --filter reference='localhost/terrace-*' --format '{{.Repository}}:{{.Tag}} {{.Size}}' >&2

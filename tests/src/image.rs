@@ -2,8 +2,8 @@
 //! test sets up a function's command as it would for the binary, and [`Container::run`] runs
 //! the same program, arguments and settings in the image instead, on the host's network.
 //!
-//! What the image brings itself is not passed in: terraform (`TERRACE_TERRAFORM`), the
-//! templates (`TERRACE_TEMPLATES`) and the provider mirror (`TERRACE_TF_CLI_CONFIG`), so a job
+//! What the image brings itself is not passed in: terraform (`TERRACE_TERRAFORM`, and its
+//! recorded version, `TERRACE_TERRAFORM_VERSION_FILE`), the templates (`TERRACE_TEMPLATES`) and the provider mirror (`TERRACE_TF_CLI_CONFIG`), so a job
 //! that applies proves what was baked in works.
 
 use std::ffi::OsStr;
@@ -13,9 +13,10 @@ use std::process::{Child, Command, Stdio};
 use crate::repo_root;
 
 /// The settings the image sets itself, which a test's command must not override.
-const THE_IMAGES_OWN: [&str; 4] = [
+const THE_IMAGES_OWN: [&str; 5] = [
     "PATH",
     "TERRACE_TERRAFORM",
+    "TERRACE_TERRAFORM_VERSION_FILE",
     "TERRACE_TEMPLATES",
     "TERRACE_TF_CLI_CONFIG",
 ];

@@ -61,6 +61,22 @@ pub fn terraform() -> PathBuf {
         )
 }
 
+/// `dir/terraform-version.json`: [`terraform`]'s `version -json` answer, recorded by the
+/// images' own script (`deploy/record-terraform-version.sh`) for `TERRACE_TERRAFORM_VERSION_FILE`.
+pub fn record_terraform_version(dir: &Path) -> PathBuf {
+    let out = dir.join("terraform-version.json");
+    let status = Command::new(repo_root().join("deploy/record-terraform-version.sh"))
+        .arg(terraform())
+        .arg(&out)
+        .status()
+        .expect("deploy/record-terraform-version.sh runs");
+    assert!(
+        status.success(),
+        "deploy/record-terraform-version.sh failed"
+    );
+    out
+}
+
 /// A state server for `ws` under a fresh lease held by `owner`, as a job's runner starts one.
 pub async fn leased_state_server(
     store: std::sync::Arc<dyn StateStore>,

@@ -18,14 +18,18 @@ struct World {
     jobs: TestQueue,
     poison: TestQueue,
     results: TestQueue,
+    /// Terraform's recorded version, as the image carries it (`TERRACE_TERRAFORM_VERSION_FILE`).
+    version_record: std::path::PathBuf,
 }
 
 impl World {
     async fn new() -> Self {
         let jobs = TestQueue::new("jobs").await;
         let poison = TestQueue::named(&format!("{}-poison", jobs.name));
+        let sb = Sandbox::new();
         Self {
-            sb: Sandbox::new(),
+            version_record: tests::record_terraform_version(sb.dir.path()),
+            sb,
             container: azure::container().await,
             jobs,
             poison,
@@ -75,6 +79,7 @@ impl World {
             .env("TERRACE_TEMPLATES", &self.sb.templates)
             .env("TERRACE_TERRAFORM", terraform())
             .env("TERRACE_TF_CLI_CONFIG", &self.sb.cli_config)
+            .env("TERRACE_TERRAFORM_VERSION_FILE", &self.version_record)
             .env(
                 "TERRACE_PASS_ENV",
                 "TESTCLOUD_ROOT,TESTCLOUD_CREATE_DELAY_MS",
@@ -1044,6 +1049,64 @@ async fn a_tenant_with_senders_runs_only_signed_jobs_and_cancels_in_an_execution
             .unwrap()
             .is_empty(),
         "the unsigned job ran"
+    );
+}
+
+/// An execution (a fresh process, as a fresh container is) takes terraform's version from the
+/// record the image carries instead of starting terraform to ask, while the binary is the file
+/// recorded; a record of another file is not used, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_reads_terraforms_version_from_its_record() {
+    let w = World::new().await;
+    let mut record: Value =
+        serde_json::from_slice(&std::fs::read(&w.version_record).unwrap()).unwrap();
+    let asked = record["version"]["terraform_version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A version terraform would not say: the result tells where the runner read it.
+    record["version"]["terraform_version"] = "1.99.0".into();
+    std::fs::write(&w.version_record, record.to_string()).unwrap();
+    let execution = |id: &str| {
+        let w = &w;
+        let id = id.to_owned();
+        async move {
+            let mut message = w.message(&id, &id);
+            message["job"]["variables"]["networks"] = json!([id]);
+            w.jobs.send(&message.to_string()).await;
+            let out = w
+                .command(&[])
+                .stderr(Stdio::piped())
+                .output()
+                .expect("terrace-azure runs");
+            assert!(out.status.success(), "{out:?}");
+            let result: Value = serde_json::from_slice(
+                &w.store()
+                    .artifact(&ws(&id), &id, "result.json")
+                    .await
+                    .unwrap()
+                    .expect("the job's result is stored"),
+            )
+            .unwrap();
+            assert_eq!(result["status"], "succeeded", "{result}");
+            (
+                result["terraform"]["version"].as_str().unwrap().to_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let (version, stderr) = execution("recorded").await;
+    assert_eq!(version, "1.99.0", "the record was not used");
+    assert!(!stderr.contains("recorded terraform version"), "{stderr}");
+
+    // One byte off in size: another file, so terraform is asked, and the runner says why.
+    record["size"] = (record["size"].as_u64().unwrap() + 1).into();
+    std::fs::write(&w.version_record, record.to_string()).unwrap();
+    let (version, stderr) = execution("asked").await;
+    assert_eq!(version, asked, "a record of another file was used");
+    assert!(
+        stderr.contains("cannot use the recorded terraform version"),
+        "{stderr}"
     );
 }
 

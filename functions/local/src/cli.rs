@@ -131,6 +131,11 @@ pub(crate) struct Global {
     /// A terraform CLI configuration file (provider mirrors, credentials helpers).
     #[arg(long, env = "TERRACE_TF_CLI_CONFIG", global = true)]
     pub(crate) tf_cli_config: Option<PathBuf>,
+    /// What the terraform binary answered to `version -json`, recorded with the file's path,
+    /// size and modification time (`deploy/record-terraform-version.sh`; the images carry one):
+    /// used instead of running it while the binary is that file.
+    #[arg(long, env = "TERRACE_TERRAFORM_VERSION_FILE", global = true)]
+    pub(crate) terraform_version_file: Option<PathBuf>,
     /// A provider plugin cache shared by jobs.
     #[arg(long, env = "TERRACE_PLUGIN_CACHE", global = true)]
     pub(crate) plugin_cache: Option<PathBuf>,
@@ -597,6 +602,7 @@ pub(crate) fn runtime(g: &Global, templates: Templates) -> Runtime {
             binary: g.terraform.clone(),
             plugin_cache: g.plugin_cache.clone(),
             cli_config: g.tf_cli_config.clone(),
+            version_record: g.terraform_version_file.clone(),
             pass_env: g
                 .pass_env
                 .iter()

@@ -360,8 +360,8 @@ pub struct Runtime {
     /// `TERRACE_PRICE_BOOKS` (default `/opt/terrace/price-books`): plans are estimated when the
     /// folder exists.
     pub price_books: PathBuf,
-    /// `TERRACE_TERRAFORM`, `TERRACE_PLUGIN_CACHE`, `TERRACE_TF_CLI_CONFIG`, `TERRACE_PASS_ENV`,
-    /// `TERRACE_GRACE` (30 s).
+    /// `TERRACE_TERRAFORM`, `TERRACE_PLUGIN_CACHE`, `TERRACE_TF_CLI_CONFIG`,
+    /// `TERRACE_TERRAFORM_VERSION_FILE`, `TERRACE_PASS_ENV`, `TERRACE_GRACE` (30 s).
     pub terraform: TerraformConfig,
     /// `TERRACE_LEASE_TTL` (60 s).
     pub lease_ttl: Duration,
@@ -442,6 +442,7 @@ impl Runtime {
                     .into(),
                 plugin_cache: var("TERRACE_PLUGIN_CACHE").map(Into::into),
                 cli_config: var("TERRACE_TF_CLI_CONFIG").map(Into::into),
+                version_record: var("TERRACE_TERRAFORM_VERSION_FILE").map(Into::into),
                 pass_env: list("TERRACE_PASS_ENV"),
                 env: Vec::new(),
                 settings: Vec::new(),

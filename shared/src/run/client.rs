@@ -246,8 +246,12 @@ async fn version_output(config: &TerraformConfig) -> Result<Vec<u8>, ClientError
 /// inode, size, and change and modification times):
 /// - in this process: every function makes a runner per job, and a probe begun when the process
 ///   started ([`warm`]) is the first job's;
-/// - between processes in `cache` (a folder): a one-job process (`terrace run`, a Container Apps
-///   execution) then does not pay for a `version -json` per job.
+/// - between processes in `cache` (a folder): a one-job process (`terrace run`) then does not
+///   pay for a `version -json` per job;
+/// - from the image: [`TerraformConfig::version_record`], the answer recorded as the image was
+///   built, while the binary is the recorded file (same real path, size and modification time).
+///   A fresh container (a Container Apps execution, a cold Lambda or Cloud Run instance) then
+///   starts its first job without starting terraform first (~40 ms).
 ///
 /// The answer kept is terraform's own output, checked against the floors again on every read.
 ///
@@ -305,6 +309,10 @@ impl Answers {
             .clone();
         let output = answer
             .get_or_try_init(|| async {
+                let record = config.version_record.as_deref();
+                if let Some(output) = record.and_then(|file| recorded(file, &config.binary)) {
+                    return Ok(output);
+                }
                 let entry = cache.map(|dir| CacheEntry::new(dir, identity));
                 if let Some(output) = entry.as_ref().and_then(CacheEntry::read) {
                     return Ok(output);
@@ -342,6 +350,60 @@ fn identity(binary: &Path) -> Option<String> {
         meta.ctime(),
         meta.ctime_nsec()
     ))
+}
+
+/// What `deploy/record-terraform-version.sh` writes as an image is built: the binary's
+/// `version -json` output, with what identifies its file across the hosts the image runs on (its
+/// real path, size, and modification time in seconds, which an image's layers keep; device,
+/// inode and change time are the host's own).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Recorded {
+    binary: PathBuf,
+    size: u64,
+    mtime: i64,
+    version: serde_json::Value,
+}
+
+/// The `version -json` output `file` records for `binary`, while `binary` is still the file it
+/// was recorded from; `None` (and the binary is run) otherwise, with a warning: whoever set
+/// `TERRACE_TERRAFORM_VERSION_FILE` meant it to be used.
+fn recorded(file: &Path, binary: &Path) -> Option<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
+    let warn = |why: String| {
+        tracing::warn!(
+            record = %file.display(),
+            "cannot use the recorded terraform version ({why}): terraform is asked instead              (record it again with deploy/record-terraform-version.sh, or unset              TERRACE_TERRAFORM_VERSION_FILE)"
+        );
+        None
+    };
+    let record: Recorded = match std::fs::read(file) {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(record) => record,
+            Err(e) => return warn(format!("not a record: {e}")),
+        },
+        Err(e) => return warn(e.to_string()),
+    };
+    let real = resolve(binary).and_then(|b| std::fs::canonicalize(b).ok())?;
+    let meta = std::fs::metadata(&real).ok()?;
+    if record.binary != real || record.size != meta.len() || record.mtime != meta.mtime() {
+        return warn(format!(
+            "it is of {} ({} bytes, modified at {}), not of {} ({} bytes, modified at {})",
+            record.binary.display(),
+            record.size,
+            record.mtime,
+            real.display(),
+            meta.len(),
+            meta.mtime()
+        ));
+    }
+    let output = serde_json::to_vec(&record.version).ok()?;
+    // A version below the floor is refused from the record as it would be from terraform.
+    if let Err(e @ ClientError::Unreadable { .. }) = parse(binary, &output) {
+        return warn(e.to_string());
+    }
+    tracing::debug!(record = %file.display(), "terraform's version, as recorded");
+    Some(output)
 }
 
 /// Where one binary's `version -json` answer is kept, and what makes it still valid.
@@ -567,6 +629,88 @@ mod tests {
         // Without a cache folder every process runs the binary.
         probe(&config, None).await.unwrap();
         assert_eq!(runs(dir.path()), 4);
+    }
+
+    /// Records `binary`'s answer with the images' script; the record's path.
+    fn record(dir: &Path, binary: &Path) -> PathBuf {
+        let out = dir.join("terraform-version.json");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/record-terraform-version.sh");
+        let status = std::process::Command::new(script)
+            .arg(binary)
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        out
+    }
+
+    #[tokio::test]
+    async fn a_recorded_version_is_used_while_the_binary_is_the_recorded_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = fake_client(dir.path(), "1.11.4");
+        let file = record(dir.path(), &binary);
+        assert_eq!(runs(dir.path()), 1, "the script asked the binary");
+        let config = TerraformConfig {
+            binary,
+            version_record: Some(file.clone()),
+            ..TerraformConfig::default()
+        };
+        let probe = || async { Answers::default().probe(&config, None).await };
+        assert_eq!(probe().await.unwrap().version, "1.11.4");
+        assert_eq!(runs(dir.path()), 1, "the record was not used");
+
+        // A record that says another version is believed while the file is the same one.
+        let mut recorded: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        recorded["version"]["terraform_version"] = "1.11.9".into();
+        std::fs::write(&file, recorded.to_string()).unwrap();
+        assert_eq!(probe().await.unwrap().version, "1.11.9");
+        // A version below the floor is refused from it, without running terraform.
+        recorded["version"]["terraform_version"] = "1.4.7".into();
+        std::fs::write(&file, recorded.to_string()).unwrap();
+        let err = probe().await.unwrap_err();
+        assert!(matches!(err, ClientError::Unsupported { .. }), "{err}");
+        assert_eq!(runs(dir.path()), 1);
+
+        // Of another file (by path, size or time), unreadable, or missing: terraform is asked.
+        let mut tries = 1;
+        for (key, value) in [
+            ("binary", serde_json::json!("/opt/terrace/bin/terraform")),
+            (
+                "size",
+                recorded["size"].as_u64().unwrap().saturating_add(1).into(),
+            ),
+            ("mtime", (recorded["mtime"].as_i64().unwrap() - 1).into()),
+        ] {
+            let mut other = recorded.clone();
+            other[key] = value;
+            std::fs::write(&file, other.to_string()).unwrap();
+            assert_eq!(probe().await.unwrap().version, "1.11.4", "{key}");
+            tries += 1;
+            assert_eq!(
+                runs(dir.path()),
+                tries,
+                "a record of another {key} was used"
+            );
+        }
+        for damaged in [&b"{not json"[..], br#"{"binary":"x","size":1,"mtime":1}"#] {
+            std::fs::write(&file, damaged).unwrap();
+            assert_eq!(probe().await.unwrap().version, "1.11.4");
+            tries += 1;
+            assert_eq!(runs(dir.path()), tries);
+        }
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(probe().await.unwrap().version, "1.11.4");
+        assert_eq!(runs(dir.path()), tries + 1);
+
+        // Another binary at the recorded path (an upgrade) is asked, not the record.
+        let file = record(dir.path(), &config.binary);
+        std::thread::sleep(Duration::from_millis(1100));
+        fake_client(dir.path(), "1.12.10");
+        assert_eq!(probe().await.unwrap().version, "1.12.10");
+        assert_eq!(runs(dir.path()), tries + 3);
+        assert!(file.exists());
     }
 
     #[tokio::test]

@@ -33,6 +33,10 @@ pub struct TerraformConfig {
     pub plugin_cache: Option<PathBuf>,
     /// A CLI configuration file (`TF_CLI_CONFIG_FILE`), e.g. for a provider mirror.
     pub cli_config: Option<PathBuf>,
+    /// A record of what [`TerraformConfig::binary`] answered to `version -json`, made when the
+    /// image was built (`deploy/record-terraform-version.sh`): used instead of running it while
+    /// the binary is the file recorded ([`crate::run::client::probe_cached`]).
+    pub version_record: Option<PathBuf>,
     /// Names of variables of the runner's environment that terraform may see (its provider
     /// credentials, e.g. `AWS_PROFILE`); nothing else is inherited.
     pub pass_env: Vec<String>,
@@ -116,6 +120,7 @@ impl Default for TerraformConfig {
             binary: PathBuf::from("terraform"),
             plugin_cache: None,
             cli_config: None,
+            version_record: None,
             pass_env: Vec::new(),
             env: Vec::new(),
             settings: Vec::new(),
