@@ -103,6 +103,17 @@ impl World {
         self.command(extra).output().expect("terrace-azure runs")
     }
 
+    /// One execution with no extra settings, to a good end; its stderr kept.
+    fn run_well(&self) -> Output {
+        let out = self
+            .command(&[])
+            .stderr(Stdio::piped())
+            .output()
+            .expect("terrace-azure runs");
+        assert!(out.status.success(), "{out:?}");
+        out
+    }
+
     fn sweep(&self, kind: &str) -> Value {
         let out = self
             .command(&[("TERRACE_SWEEP_TENANTS", "acme")])
@@ -1074,12 +1085,7 @@ async fn an_execution_reads_terraforms_version_from_its_record() {
             let mut message = w.message(&id, &id);
             message["job"]["variables"]["networks"] = json!([id]);
             w.jobs.send(&message.to_string()).await;
-            let out = w
-                .command(&[])
-                .stderr(Stdio::piped())
-                .output()
-                .expect("terrace-azure runs");
-            assert!(out.status.success(), "{out:?}");
+            let out = w.run_well();
             let result: Value = serde_json::from_slice(
                 &w.store()
                     .artifact(&ws(&id), &id, "result.json")
@@ -1123,12 +1129,7 @@ async fn start_latency() {
         let id = format!("start-{i}");
         let queued = std::time::SystemTime::now();
         w.jobs.send(&w.message(&id, &id).to_string()).await;
-        let out = w
-            .command(&[])
-            .stderr(Stdio::piped())
-            .output()
-            .expect("terrace-azure runs");
-        assert!(out.status.success(), "{out:?}");
+        let out = w.run_well();
         if i == 0 {
             continue; // a warm-up, as for the other triggers
         }

@@ -373,7 +373,9 @@ fn recorded(file: &Path, binary: &Path) -> Option<Vec<u8>> {
     let warn = |why: String| {
         tracing::warn!(
             record = %file.display(),
-            "cannot use the recorded terraform version ({why}): terraform is asked instead              (record it again with deploy/record-terraform-version.sh, or unset              TERRACE_TERRAFORM_VERSION_FILE)"
+            "cannot use the recorded terraform version ({why}): terraform is asked instead \
+             (record it again with deploy/record-terraform-version.sh, or unset \
+             TERRACE_TERRAFORM_VERSION_FILE)"
         );
         None
     };
@@ -398,7 +400,8 @@ fn recorded(file: &Path, binary: &Path) -> Option<Vec<u8>> {
         ));
     }
     let output = serde_json::to_vec(&record.version).ok()?;
-    // A version below the floor is refused from the record as it would be from terraform.
+    // A version that cannot be read is a miss: terraform is asked. One below the floor is
+    // refused from the record by the caller, as it would be from terraform's own answer.
     if let Err(e @ ClientError::Unreadable { .. }) = parse(binary, &output) {
         return warn(e.to_string());
     }
