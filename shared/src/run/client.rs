@@ -297,9 +297,10 @@ impl Answers {
         config: &TerraformConfig,
         cache: Option<&Path>,
     ) -> Result<Client, ClientError> {
-        let Some(identity) = identity(&config.binary) else {
+        let Some(file) = BinaryFile::find(&config.binary) else {
             return probe(config).await;
         };
+        let identity = file.identity(&config.binary);
         let answer = self
             .0
             .lock()
@@ -310,7 +311,7 @@ impl Answers {
         let output = answer
             .get_or_try_init(|| async {
                 let record = config.version_record.as_deref();
-                if let Some(output) = record.and_then(|file| recorded(file, &config.binary)) {
+                if let Some(output) = record.and_then(|r| recorded(r, &config.binary, &file)) {
                     return Ok(output);
                 }
                 let entry = cache.map(|dir| CacheEntry::new(dir, identity));
@@ -331,25 +332,39 @@ impl Answers {
     }
 }
 
-/// What tells one binary's file from another's: its path as named and as resolved, device,
-/// inode, size, and change and modification times. `None` when it cannot be found.
-fn identity(binary: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let resolved = resolve(binary)?;
-    let real = std::fs::canonicalize(&resolved).ok()?;
-    let meta = std::fs::metadata(&real).ok()?;
-    Some(format!(
-        "{}\n{}\n{}:{}:{}:{}.{}:{}.{}",
-        binary.display(),
-        real.display(),
-        meta.dev(),
-        meta.ino(),
-        meta.len(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-        meta.ctime(),
-        meta.ctime_nsec()
-    ))
+/// The file a binary's name leads to, as found when its client is asked for.
+struct BinaryFile {
+    /// Its path with every link resolved.
+    real: PathBuf,
+    meta: std::fs::Metadata,
+}
+
+impl BinaryFile {
+    /// `None` when it cannot be found.
+    fn find(binary: &Path) -> Option<Self> {
+        let real = std::fs::canonicalize(resolve(binary)?).ok()?;
+        let meta = std::fs::metadata(&real).ok()?;
+        Some(Self { real, meta })
+    }
+
+    /// What tells one binary's file from another's on this host: its path as named and as
+    /// resolved, device, inode, size, and change and modification times.
+    fn identity(&self, binary: &Path) -> String {
+        use std::os::unix::fs::MetadataExt;
+        let meta = &self.meta;
+        format!(
+            "{}\n{}\n{}:{}:{}:{}.{}:{}.{}",
+            binary.display(),
+            self.real.display(),
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec()
+        )
+    }
 }
 
 /// What `deploy/record-terraform-version.sh` writes as an image is built: the binary's
@@ -366,9 +381,9 @@ struct Recorded {
 }
 
 /// The `version -json` output `file` records for `binary`, while `binary` is still the file it
-/// was recorded from; `None` (and the binary is run) otherwise, with a warning: whoever set
-/// `TERRACE_TERRAFORM_VERSION_FILE` meant it to be used.
-fn recorded(file: &Path, binary: &Path) -> Option<Vec<u8>> {
+/// was recorded from (`found`); `None` (and the binary is run) otherwise, with a warning:
+/// whoever set `TERRACE_TERRAFORM_VERSION_FILE` meant it to be used.
+fn recorded(file: &Path, binary: &Path, found: &BinaryFile) -> Option<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
     let warn = |why: String| {
         tracing::warn!(
@@ -386,9 +401,8 @@ fn recorded(file: &Path, binary: &Path) -> Option<Vec<u8>> {
         },
         Err(e) => return warn(e.to_string()),
     };
-    let real = resolve(binary).and_then(|b| std::fs::canonicalize(b).ok())?;
-    let meta = std::fs::metadata(&real).ok()?;
-    if record.binary != real || record.size != meta.len() || record.mtime != meta.mtime() {
+    let (real, meta) = (&found.real, &found.meta);
+    if record.binary != *real || record.size != meta.len() || record.mtime != meta.mtime() {
         return warn(format!(
             "it is of {} ({} bytes, modified at {}), not of {} ({} bytes, modified at {})",
             record.binary.display(),
