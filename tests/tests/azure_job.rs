@@ -1086,14 +1086,11 @@ async fn an_execution_reads_terraforms_version_from_its_record() {
             message["job"]["variables"]["networks"] = json!([id]);
             w.jobs.send(&message.to_string()).await;
             let out = w.run_well();
-            let result: Value = serde_json::from_slice(
-                &w.store()
-                    .artifact(&ws(&id), &id, "result.json")
-                    .await
-                    .unwrap()
-                    .expect("the job's result is stored"),
-            )
-            .unwrap();
+            // What the platform reads on the results queue: the job's result.
+            let result = checked(w.results.peek().await)
+                .into_iter()
+                .find(|r| r["job_id"] == id.as_str())
+                .expect("the job's result is reported");
             assert_eq!(result["status"], "succeeded", "{result}");
             (
                 result["terraform"]["version"].as_str().unwrap().to_owned(),
