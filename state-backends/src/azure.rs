@@ -428,6 +428,11 @@ impl Bucket for AzureBucket {
     /// Breaks the blob lease on `key` at once. Runners up to 2026-11-29 changed `lease.json`
     /// only under a blob lease, and held one for a whole job (for good, so one that died held
     /// it until broken); a lock object's write is refused while one is there.
+    /// Runners up to 2026-11-29 made `lease.json` empty, only to blob-lease it, before any
+    /// lease was recorded in it.
+    fn empty_lock_object_is_unrecorded(&self) -> bool {
+        true
+    }
     async fn unlock(&self, key: &str) -> Result<()> {
         let options = BlobClientBreakLeaseOptions {
             break_period: Some(0),

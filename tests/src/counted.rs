@@ -70,6 +70,9 @@ impl<B: Bucket> Bucket for Counted<B> {
         self.calls.fetch_add(requests, Ordering::Relaxed);
         self.inner.delete_many(keys).await
     }
+    fn empty_lock_object_is_unrecorded(&self) -> bool {
+        self.inner.empty_lock_object_is_unrecorded()
+    }
     async fn unlock(&self, key: &str) -> Result<()> {
         self.tick();
         self.inner.unlock(key).await

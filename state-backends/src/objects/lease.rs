@@ -48,9 +48,8 @@ impl<B: Bucket> LockObject<B> {
                 Ok((LeaseRecord::default(), None))
             }
             Some(obj) => {
-                // Empty on Azure: made by a runner before 2026-11-29 only to be blob-leased,
-                // before any lease was recorded. Anywhere else, not a record.
-                let parsed = if obj.data.is_empty() && self.bucket.backend() == "azure" {
+                let parsed = if obj.data.is_empty() && self.bucket.empty_lock_object_is_unrecorded()
+                {
                     Ok(LeaseRecord::default())
                 } else {
                     serde_json::from_slice(&obj.data)

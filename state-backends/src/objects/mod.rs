@@ -141,6 +141,13 @@ pub trait Bucket: Send + Sync + Debug {
     async fn unlock(&self, _key: &str) -> Result<()> {
         Ok(())
     }
+    /// Whether an empty lock object is a lease never recorded (fences start at 1) rather than
+    /// a damaged record: on Azure, where runners up to 2026-11-29 made it empty only to
+    /// blob-lease it. Elsewhere an empty lock object is reported as corrupt, since reading it
+    /// as free would start fences again.
+    fn empty_lock_object_is_unrecorded(&self) -> bool {
+        false
+    }
     /// Clears a change mark only if its tag is still `tag`: deleted, or emptied where the
     /// cloud (or its emulator) honours conditions on writes but not on deletes. A mark written
     /// again since it was listed stays. Listings skip empty marks.
