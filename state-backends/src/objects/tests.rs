@@ -37,6 +37,9 @@ struct Troubled {
     /// The backend it stands for (`troubled` when none).
     name: Option<&'static str>,
     unlocks: Arc<std::sync::atomic::AtomicU64>,
+    /// Lock-object writes still to be beaten by another writer: the object is written again,
+    /// unchanged but with a new tag, just before each, whose condition then fails.
+    beaten: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Troubled {
@@ -86,6 +89,17 @@ impl Bucket for Troubled {
     ) -> Result<Option<Option<String>>> {
         if self.locked.lock().unwrap().as_deref() == Some(key) {
             return Ok(None);
+        }
+        use std::sync::atomic::Ordering::SeqCst;
+        if key.ends_with("/lease.json")
+            && self
+                .beaten
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            && let Some(o) = self.inner.get(key).await?
+        {
+            let rewritten = self.inner.put(key, o.data, o.metadata, Condition::None);
+            assert!(rewritten.await?);
         }
         if self.sent_twice && (key.contains("/versions/") || key.ends_with("/lease.json")) {
             let first = self
@@ -805,6 +819,61 @@ async fn a_lock_object_kept_out_by_more_than_its_tag_is_unlocked_only_for_a_writ
     let fifth = ours.acquire_lease(&ws, &request("job-6")).await.unwrap();
     assert_eq!(fifth.fence, fourth.fence + 1);
     assert_eq!(bucket.unlocks(), 2, "a stale tag is not a lock");
+}
+
+/// A lock-object write beaten by another writer's change reads again only after a pause that
+/// grows (drawn at random, so that racers part), not at once; a guess from memory that proved
+/// stale is read again at once. One that always loses gives up after its 20 attempts, over
+/// about a second rather than in one burst.
+#[tokio::test(start_paused = true)]
+async fn a_lock_object_write_beaten_by_another_pauses_before_trying_again() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let bucket = Troubled::default();
+    let store = BucketStore::over(bucket.clone(), "p", None);
+    let ws: WorkspaceId = "acme/raced".parse().unwrap();
+    let first = store.acquire_lease(&ws, &request("job-1")).await.unwrap();
+    store.release_lease(&ws, &first).await.unwrap();
+    // The guess from memory is beaten (no pause), then two writes after reads (5-10 ms, then
+    // 10-20 ms); the fourth lands.
+    bucket.beaten.store(3, SeqCst);
+    let reads = bucket.reads();
+    let started = tokio::time::Instant::now();
+    let second = store.acquire_lease(&ws, &request("job-2")).await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(second.fence, first.fence + 1);
+    assert_eq!(
+        bucket.reads(),
+        reads + 3,
+        "a read before each try after the guess"
+    );
+    assert!(
+        (Duration::from_millis(15)..=Duration::from_millis(30)).contains(&waited),
+        "{waited:?}"
+    );
+    store.release_lease(&ws, &second).await.unwrap();
+
+    bucket.beaten.store(u64::MAX, SeqCst);
+    let started = tokio::time::Instant::now();
+    let lost = store.acquire_lease(&ws, &request("job-3")).await;
+    let waited = started.elapsed();
+    let Err(StoreError::Backend {
+        message, retryable, ..
+    }) = lost
+    else {
+        panic!("{lost:?}")
+    };
+    assert!(
+        message.contains("kept changing under 20 attempts"),
+        "{message}"
+    );
+    assert!(retryable);
+    assert!(
+        (Duration::from_millis(675)..=Duration::from_millis(1350)).contains(&waited),
+        "{waited:?}"
+    );
+    bucket.beaten.store(0, SeqCst);
+    let third = store.acquire_lease(&ws, &request("job-3")).await.unwrap();
+    assert_eq!(third.fence, second.fence + 1, "a lost race took nothing");
 }
 
 /// A keeper that read the lease held by another remembers that record, but does not answer
