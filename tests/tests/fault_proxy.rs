@@ -46,6 +46,9 @@ struct Tally {
     again: usize,
     /// States terraform could not save, kept by the runner and pushed afterwards.
     pushed: usize,
+    /// What the workspace's last successful run printed (`-q`: its warnings and errors), for
+    /// a lease it may have left.
+    last: String,
 }
 
 async fn result(store: &dyn StateStore, ws: &WorkspaceId, job: &str) -> Option<Value> {
@@ -81,7 +84,10 @@ async fn workspace(sb: Arc<Sandbox>, store: Arc<dyn StateStore>, w: usize) -> Ta
                 run.stderr()
             );
             match run.code() {
-                0 => break,
+                0 => {
+                    tally.last = run.stderr();
+                    break;
+                }
                 // The store could not be reached, or the lease is still held by a run the
                 // network cut off: deliver the same job again.
                 70 | 75 => {
@@ -171,7 +177,7 @@ async fn batch(kind: Kind, cloud: Cloud, upstream: &str) {
     let counts = proxy.counts();
 
     let mut versions = 0;
-    for w in 0..workspaces {
+    for (w, tally) in tallies.iter().enumerate() {
         let ws = WorkspaceId::new("acme", &format!("faults{w}")).unwrap();
         let what = format!("{} {ws}", kind.name());
         let all = history(&*under.store, &ws).await;
@@ -186,7 +192,11 @@ async fn batch(kind: Kind, cloud: Cloud, upstream: &str) {
             "{what}"
         );
         let left = under.store.lease(&ws).await.unwrap();
-        assert!(left.is_none(), "{what}: a lease was left: {left:?}");
+        assert!(
+            left.is_none(),
+            "{what}: a lease was left: {left:?}; its last run said:\n{}",
+            tally.last
+        );
     }
     // Each workspace's cluster and network exist once: nothing made twice, nothing left over.
     let mut expected: Vec<String> = (0..workspaces)
