@@ -376,7 +376,9 @@ const META_SERIAL: &str = "terrace-serial";
 const META_LINEAGE: &str = "terrace-lineage";
 const META_SHA256: &str = "terrace-sha256";
 const META_CREATED: &str = "terrace-created";
-/// A random mark of the write that made a version (state or deletion), unique to it.
+/// The mark of the write that made a version (state or deletion): a fenced write's token and
+/// content's SHA-256, so that the same write sent again after its answer was lost knows the
+/// version as its own; an unfenced write's a random one, unique to it.
 const META_WRITE: &str = "terrace-write";
 
 fn is_deleted(meta: &HashMap<String, String>) -> bool {

@@ -40,6 +40,10 @@ struct Troubled {
     /// Lock-object writes still to be beaten by another writer: the object is written again,
     /// unchanged but with a new tag, just before each, whose condition then fails.
     beaten: Arc<std::sync::atomic::AtomicU64>,
+    /// Version writes still to land and then have their answer lost: the call fails (a
+    /// retryable error), or, with `stall_after_landing`, never returns.
+    lost_answers: Arc<std::sync::atomic::AtomicU64>,
+    stall_after_landing: bool,
 }
 
 impl Troubled {
@@ -91,6 +95,24 @@ impl Bucket for Troubled {
             return Ok(None);
         }
         use std::sync::atomic::Ordering::SeqCst;
+        if key.contains("/versions/")
+            && self
+                .lost_answers
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            let landed = self.inner.put(key, data, metadata, condition).await?;
+            assert!(landed, "the lost write lands");
+            if self.stall_after_landing {
+                std::future::pending::<()>().await;
+            }
+            return Err(StoreError::Backend {
+                backend: "troubled",
+                message: format!("PUT {key}: connection reset after the request was sent"),
+                retryable: true,
+                source: None,
+            });
+        }
         if key.ends_with("/lease.json")
             && self
                 .beaten
@@ -734,6 +756,106 @@ async fn a_fence_vouched_for_no_longer_reads_the_lease_again_and_a_broken_lease_
         "{refused:?}"
     );
     assert_eq!(store.versions(&ws).await.unwrap().len(), 1);
+}
+
+/// A state version whose write landed but was never answered (the call failed, or its caller
+/// stopped waiting) may be the newest: the release says nothing is settled, and the next
+/// taker finds it. Before, the release said the version before it was, and the next taker
+/// was served that older state.
+#[tokio::test]
+async fn a_version_write_never_answered_leaves_nothing_settled() {
+    for stall in [false, true] {
+        let bucket = Troubled {
+            stall_after_landing: stall,
+            ..Troubled::default()
+        };
+        let store = BucketStore::over(bucket.clone(), "p", None);
+        let ws: WorkspaceId = "acme/doubt".parse().unwrap();
+        let fence = vouched(&store, &ws).await;
+        assert!(store.current(&ws).await.unwrap().is_none());
+        let first = store
+            .put(&ws, state(1), PutMode::Create, Some(&fence))
+            .await
+            .unwrap();
+        store.settle(&ws).await;
+        bucket
+            .lost_answers
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        let put = store.put(&ws, state(2), PutMode::Update(first.token()), Some(&fence));
+        let lost = tokio::time::timeout(Duration::from_millis(200), put).await;
+        match stall {
+            false => assert!(matches!(lost, Ok(Err(_))), "{lost:?}"),
+            true => assert!(lost.is_err(), "the call was given up"),
+        }
+        let lease = store.lease(&ws).await.unwrap().unwrap();
+        store.release_lease(&ws, &lease).await.unwrap();
+        assert_eq!(
+            lock_record(&bucket.inner, "acme/doubt").await.settled,
+            None,
+            "stalled: {stall}"
+        );
+        // The next runner, another process, reads version 2.
+        let next = BucketStore::over(bucket.clone(), "p", None);
+        next.acquire_lease(&ws, &request("job-2")).await.unwrap();
+        let current = next.current(&ws).await.unwrap().unwrap();
+        assert_eq!(current.version.number, 2, "stalled: {stall}");
+        assert_eq!(current.version.serial, 2, "stalled: {stall}");
+    }
+}
+
+/// A state write whose answer was lost, sent again by its caller with the same content and
+/// fence (terraform tries a POST again after a 503), is answered with the version it made.
+/// Before, each try carried a random mark: the second found the version taken by "another
+/// writer", and the job failed with a conflict although its state was stored.
+#[tokio::test]
+async fn a_version_write_sent_again_after_its_answer_was_lost_is_its_own_version() {
+    let bucket = Troubled::default();
+    let store = BucketStore::over(bucket.clone(), "p", None);
+    let ws: WorkspaceId = "acme/again".parse().unwrap();
+    let fence = vouched(&store, &ws).await;
+    assert!(store.current(&ws).await.unwrap().is_none());
+    let first = store
+        .put(&ws, state(1), PutMode::Create, Some(&fence))
+        .await
+        .unwrap();
+    bucket
+        .lost_answers
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let update = PutMode::Update(first.token());
+    let lost = store.put(&ws, state(2), update.clone(), Some(&fence)).await;
+    assert!(lost.is_err(), "{lost:?}");
+    let again = store.put(&ws, state(2), update.clone(), Some(&fence)).await;
+    assert_eq!(again.unwrap().number, 2);
+    assert_eq!(store.versions(&ws).await.unwrap().len(), 2);
+    // Other content after the same version is another write: refused, not taken as its own.
+    let other = store.put(&ws, state(3), update, Some(&fence)).await;
+    assert!(
+        matches!(other, Err(StoreError::Conflict { .. })),
+        "{other:?}"
+    );
+}
+
+/// A vouched write that cannot be the single conditional create (this store does not know the
+/// newest version, or its guess failed) reads the lease beside its other reads: a lease broken
+/// and taken by another meanwhile refuses it, and nothing is written.
+#[tokio::test]
+async fn a_vouched_write_that_must_read_the_newest_version_reads_the_lease_too() {
+    let bucket = Troubled::default();
+    let (ours, theirs) = (
+        BucketStore::over(bucket.clone(), "p", None),
+        BucketStore::over(bucket.clone(), "p", None),
+    );
+    let ws: WorkspaceId = "acme/taken".parse().unwrap();
+    let fence = vouched(&ours, &ws).await;
+    // Broken and taken by another before this store read anything.
+    theirs.break_lease(&ws, None).await.unwrap();
+    theirs.acquire_lease(&ws, &request("job-2")).await.unwrap();
+    let refused = ours.put(&ws, state(1), PutMode::Create, Some(&fence)).await;
+    assert!(
+        matches!(refused, Err(StoreError::LeaseLost { .. })),
+        "{refused:?}"
+    );
+    assert!(ours.versions(&ws).await.unwrap().is_empty());
 }
 
 fn request(owner: &str) -> crate::LeaseRequest {

@@ -148,9 +148,17 @@ impl<B: Bucket> BucketStore<B> {
         metadata: HashMap<String, String>,
     ) -> Result<u64> {
         let deletion = is_deleted(&metadata);
-        // This write's own mark, to know it again if its answer is lost.
+        // This write's own mark, to know it again if its answer is lost. A fenced write's is
+        // its fence and its content, so that the same write sent again by its caller
+        // (terraform tries a POST again when the first was answered 503) finds the version it
+        // made, not a conflict: only the fence's holder writes under it, and the same bytes
+        // after the same version by the same holder are the same history. An unfenced
+        // write's is random: two writers with the same content are still two.
         let mut metadata = metadata;
-        let write_id = format!("{:032x}", rand::random::<u128>());
+        let write_id = match fence {
+            Some(f) => format!("{}-{}", f.token, crate::sha256_hex(&data)),
+            None => format!("{:032x}", rand::random::<u128>()),
+        };
         metadata.insert(META_WRITE.to_owned(), write_id.clone());
         // A vouched fence spares the read of the lease only while the store answers: one that
         // stopped gets the read, which hangs, rather than a write that lands later.
@@ -169,9 +177,12 @@ impl<B: Bucket> BucketStore<B> {
                 return Ok(next);
             }
         }
-        // Two reads, side by side: the conditional write below is what orders writers.
+        // Two reads, side by side: the conditional write below is what orders writers. A
+        // fenced write reads the lease here even when vouched for: it comes here when this
+        // store's guess failed (another writer may have written under its lease) or was not
+        // there, and these reads may outlast the vouch.
         let (head, record) = tokio::join!(self.head_version(ws), async {
-            match read_lease {
+            match fence {
                 Some(_) => self.lease_record(ws).await,
                 None => Ok(LeaseRecord::default()),
             }
@@ -179,7 +190,7 @@ impl<B: Bucket> BucketStore<B> {
         let (number, deleted) = head?;
         let record = record?;
         let current = (!deleted).then(|| VersionToken(number.to_string()));
-        check_put(ws, &record, current.as_ref(), mode, read_lease)?;
+        check_put(ws, &record, current.as_ref(), mode, fence)?;
         match self
             .create_next(ws, number, &data, &metadata, &write_id)
             .await?
@@ -210,16 +221,23 @@ impl<B: Bucket> BucketStore<B> {
     ) -> Result<Option<u64>> {
         let next = self.successor(ws, number)?;
         let key = self.version_key(ws, next);
+        // Until this write is answered it may or may not have landed: an error, or a caller
+        // that stops waiting, leaves it in doubt for the rest of the lease, and the release
+        // then says nothing is settled (the next taker checks for a version after the copy).
+        self.knew(ws, |held| held.unanswered += 1);
+        let answered = |held: &mut Held| held.unanswered = held.unanswered.saturating_sub(1);
         if self
             .bucket
             .put(&key, data.clone(), metadata.clone(), Condition::Absent)
             .await?
         {
+            self.knew(ws, answered);
             return Ok(Some(next));
         }
         // A client that lost the answer to this very write and sent it again finds the
         // version taken, by itself: the version carries this write's mark, and is its.
         let landed = self.bucket.head(&key).await?;
+        self.knew(ws, answered);
         if landed.is_some_and(|facts| facts.get(META_WRITE).map(String::as_str) == Some(write_id)) {
             return Ok(Some(next));
         }
@@ -268,6 +286,7 @@ impl<B: Bucket> BucketStore<B> {
             sure_until: sure_until(lease),
             head: settled.map(|n| (n, false)),
             copy: settled,
+            unanswered: 0,
         };
         self.held().insert(ws.clone(), held);
     }
@@ -374,6 +393,9 @@ pub(super) struct Held {
     head: Option<(u64, bool)>,
     /// The version the copy (`terraform.tfstate`) is of (`None`: none, or not known).
     copy: Option<u64>,
+    /// Version writes sent and not (yet) answered: one whose call failed or was dropped may
+    /// have landed, so while any is, the newest version is not known for sure.
+    unanswered: u32,
 }
 
 impl Held {
@@ -386,10 +408,10 @@ impl Held {
         self.copy = self.copy.max(copy);
     }
 
-    /// The newest version when it is a state and the copy is of it.
+    /// The newest version when it is a state, the copy is of it, and no write is in doubt.
     fn settled(&self) -> Option<u64> {
         match self.head {
-            Some((n, false)) if self.copy == Some(n) => Some(n),
+            Some((n, false)) if self.copy == Some(n) && self.unanswered == 0 => Some(n),
             _ => None,
         }
     }
