@@ -130,34 +130,129 @@ struct Shared {
     activity: std::sync::Mutex<Activity>,
     /// The workspace's current state as this server last read it: within the job's lease
     /// nobody else writes (every other writer is fenced out), so terraform's repeated reads
-    /// are served from here. Empty until read, and again after every write, deletion or
-    /// refused write, which read afresh.
-    current: std::sync::Mutex<Option<Option<CurrentState>>>,
+    /// are served from here. Empty until read, and again while a write or deletion is out
+    /// and after a refused one, which read afresh.
+    current: std::sync::Mutex<View>,
+    /// A version write sent whose answer never came for sure (its call failed in a way that
+    /// may have landed, or its request was dropped): the next read tells whether it landed.
+    in_doubt: std::sync::Mutex<Option<InDoubt>>,
+}
+
+/// The cached current state and how many times it changed: a read fills it only if nothing
+/// changed it meanwhile, so a slow read cannot bring back a state older than a write's.
+#[derive(Default)]
+struct View {
+    changes: u64,
+    state: Option<Option<CurrentState>>,
+}
+
+/// A version write whose answer never came for sure.
+#[derive(Clone, Debug)]
+struct InDoubt {
+    /// The SHA-256 of the state it sent.
+    sha256: String,
+    /// The version it followed (`None`: no state).
+    after: Option<u64>,
+    /// The view's change count once the write was given up: a read started after it tells.
+    since: u64,
 }
 
 impl Shared {
+    fn view(&self) -> std::sync::MutexGuard<'_, View> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     async fn current(&self) -> Result<Option<CurrentState>, StoreError> {
-        if let Some(cached) = self
-            .current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
-            return Ok(cached);
-        }
+        Ok(self.read().await?.0)
+    }
+
+    /// The current state, from the cache or read afresh, and the view's change count when a
+    /// fresh read started (`None`: from the cache).
+    async fn read(&self) -> Result<(Option<CurrentState>, Option<u64>), StoreError> {
+        let started = {
+            let view = self.view();
+            if let Some(cached) = view.state.clone() {
+                return Ok((cached, None));
+            }
+            view.changes
+        };
         let fresh = self.config.store.current(&self.config.ws).await?;
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh.clone());
-        Ok(fresh)
+        let mut view = self.view();
+        if view.changes == started {
+            view.state = Some(fresh.clone());
+        }
+        Ok((fresh, Some(started)))
     }
 
     fn forget_current(&self) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let mut view = self.view();
+        view.changes += 1;
+        view.state = None;
     }
 
     /// The workspace's current state as known without a store read: after a write of its own
     /// (within the lease nobody else writes), or as read when the run started.
     fn know_current(&self, state: Option<CurrentState>) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(state);
+        let mut view = self.view();
+        view.changes += 1;
+        view.state = Some(state);
+    }
+
+    /// Notes a version write whose answer never came for sure; the view is read afresh.
+    fn doubt(&self, sha256: String, after: Option<u64>) {
+        let since = {
+            let mut view = self.view();
+            view.changes += 1;
+            view.state = None;
+            view.changes
+        };
+        *self.in_doubt.lock().unwrap_or_else(|e| e.into_inner()) = Some(InDoubt {
+            sha256,
+            after,
+            since,
+        });
+    }
+
+    /// When a version write is in doubt, reads the current state afresh and tells whether the
+    /// write landed: then the version is recorded as this job's, as if it had been answered,
+    /// and returned. A read that started before the write was given up tells nothing.
+    async fn settle_doubt(&self) -> Result<Option<CurrentState>, StoreError> {
+        let doubt = self
+            .in_doubt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(doubt) = doubt else {
+            return Ok(None);
+        };
+        let (current, started) = self.read().await?;
+        if started.is_none_or(|started| started < doubt.since) {
+            return Ok(None);
+        }
+        {
+            let mut in_doubt = self.in_doubt.lock().unwrap_or_else(|e| e.into_inner());
+            if in_doubt.as_ref().is_some_and(|d| d.since == doubt.since) {
+                *in_doubt = None;
+            }
+        }
+        let landed = current.filter(|cur| {
+            cur.version.sha256 == doubt.sha256 && Some(cur.version.number) > doubt.after
+        });
+        if let Some(cur) = &landed {
+            {
+                let mut activity = self.activity.lock().unwrap_or_else(|e| e.into_inner());
+                activity.versions.push(cur.version.number);
+                activity.state_bytes = Some(cur.version.size);
+            }
+            if let Some(logger) = &self.config.logger {
+                let line = format!(
+                    "state version {} saved (serial {}); the answer to its write was lost, and the store holds it",
+                    cur.version.number, cur.version.serial
+                );
+                logger.runner("", &line).await;
+            }
+        }
+        Ok(landed)
     }
 
     /// The job's fence for a write now (see [`Config::fence`]).
@@ -188,7 +283,8 @@ impl StateServer {
             password: password.clone(),
             lock: Mutex::new(None),
             activity: std::sync::Mutex::new(Activity::default()),
-            current: std::sync::Mutex::new(None),
+            current: std::sync::Mutex::new(View::default()),
+            in_doubt: std::sync::Mutex::new(None),
         });
         let stop = CancellationToken::new();
         let app = router(shared.clone());
@@ -259,13 +355,23 @@ impl StateServer {
         self.shared.lock.lock().await.clone()
     }
 
+    /// What was accepted and refused so far, once a version write whose answer never came
+    /// is known to have landed or not (one store read, only when one is in doubt). When the
+    /// store cannot be read, the activity says what was answered.
+    pub async fn settled_activity(&self) -> Activity {
+        if let Err(e) = self.shared.settle_doubt().await {
+            tracing::warn!(workspace = %self.shared.config.ws, error = %e, "a state write's answer was lost, and the store could not be read to tell whether it landed");
+        }
+        self.activity()
+    }
+
     /// Stops serving and waits for in-flight requests.
     pub async fn shutdown(mut self) -> Activity {
         self.stop.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
-        self.activity()
+        self.settled_activity().await
     }
 }
 

@@ -53,7 +53,7 @@ impl Runner {
         cleanup.left = cleanup.created.clone();
         // A rollback also reverts changes to older resources, even when nothing was created,
         // but only when this run changed the state at all (a failed plan changed nothing).
-        let changed_state = !s.server.activity().versions.is_empty();
+        let changed_state = !s.server.settled_activity().await.versions.is_empty();
         let nothing_to_roll_back = !(policy == OnFailure::Rollback && changed_state);
         if policy == OnFailure::Keep || (created.is_empty() && nothing_to_roll_back) {
             if !created.is_empty() {

@@ -6,11 +6,15 @@ use axum::body::Bytes;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use state_backends::tfstate::{StateMeta, WriteCheck, check_successor};
-use state_backends::{CurrentState, NewState, PutMode};
+use state_backends::{CurrentState, NewState, PutMode, StoreError};
 
 use super::{Handled, Refusal, Shared};
 
 pub(super) async fn get(shared: &Shared) -> Handled {
+    shared
+        .settle_doubt()
+        .await
+        .map_err(|e| Refusal::from_store(&e))?;
     match shared.current().await {
         Ok(Some(current)) => Ok((
             StatusCode::OK,
@@ -62,11 +66,55 @@ pub(super) async fn write_state(shared: &Shared, body: Bytes) -> Result<Option<u
     }
 }
 
+/// A version write on its way: unless it is answered, or refused for sure, it is left in doubt
+/// ([`Shared::doubt`]) when dropped, as when terraform is killed and its request with it.
+struct Sending<'a> {
+    shared: &'a Shared,
+    sha256: String,
+    after: Option<u64>,
+    answered: bool,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.shared
+                .doubt(std::mem::take(&mut self.sha256), self.after);
+        }
+    }
+}
+
+/// Whether a failed write may still have landed: anything but a refusal the store made before
+/// sending it or a condition that it failed.
+fn may_have_landed(e: &StoreError) -> bool {
+    !matches!(
+        e,
+        StoreError::Conflict { .. }
+            | StoreError::LeaseHeld { .. }
+            | StoreError::LeaseLost { .. }
+            | StoreError::InvalidState(_)
+            | StoreError::OtherLineage { .. }
+            | StoreError::InvalidKey(_)
+            | StoreError::NotFound { .. }
+    )
+}
+
 /// The state written, as the current one, or `None` when it was already current.
 async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<CurrentState>, Refusal> {
     let c = &shared.config;
     let meta = StateMeta::parse(&body)
         .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, format!("state write refused: {e}")))?;
+    // An earlier write whose answer was lost may hold this very state: terraform sends a POST
+    // again after a 503. Then it is this write's version, already stored.
+    let landed = shared
+        .settle_doubt()
+        .await
+        .map_err(|e| Refusal::from_store(&e))?
+        .filter(|cur| cur.version.sha256 == state_backends::sha256_hex(&body));
+    if landed.is_some() {
+        check_lease(shared).await?;
+        return Ok(landed);
+    }
     let current = shared
         .current()
         .await
@@ -102,17 +150,26 @@ async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<CurrentSta
         // names, and the next run could not tell it from another's.
         logger.caught_up().await;
     }
+    let after = current.as_ref().map(|cur| cur.version.number);
     let mode = current.map_or(PutMode::Create, |cur| PutMode::Update(cur.token));
     let state = NewState {
         data: body.clone(),
         serial: meta.serial,
         lineage: meta.lineage,
     };
-    let info = c
-        .store
-        .put(&c.ws, state, mode, Some(&shared.fence()))
-        .await
-        .map_err(|e| Refusal::from_store(&e))?;
+    // While the write is out the view is read afresh: a request dropped now leaves no view
+    // of the state before it.
+    shared.forget_current();
+    let mut sending = Sending {
+        shared,
+        sha256: state_backends::sha256_hex(&body),
+        after,
+        answered: false,
+    };
+    let put = c.store.put(&c.ws, state, mode, Some(&shared.fence())).await;
+    sending.answered = put.as_ref().err().is_none_or(|e| !may_have_landed(e));
+    drop(sending);
+    let info = put.map_err(|e| Refusal::from_store(&e))?;
     {
         let mut activity = shared.activity.lock().unwrap_or_else(|e| e.into_inner());
         activity.versions.push(info.number);
@@ -145,6 +202,8 @@ pub(super) async fn delete(shared: &Shared) -> Handled {
     else {
         return Ok(StatusCode::OK.into_response());
     };
+    // Read afresh after, and while it is out: a request dropped now leaves no stale view.
+    shared.forget_current();
     let deleted = c
         .store
         .delete_current(&c.ws, &current.token, Some(&shared.fence()))

@@ -52,7 +52,8 @@ async fn fixture(ttl: Duration) -> Fixture {
         password: "pw".into(),
         lock: Mutex::new(None),
         activity: std::sync::Mutex::new(Activity::default()),
-        current: std::sync::Mutex::new(None),
+        current: std::sync::Mutex::new(View::default()),
+        in_doubt: std::sync::Mutex::new(None),
     });
     Fixture { shared, store, ws }
 }
@@ -377,4 +378,173 @@ async fn connections_that_never_send_a_request_are_closed_and_give_their_place_b
         Some("HTTP/1.1 401 Unauthorized")
     );
     drop(stalled);
+}
+
+/// A memory bucket whose next state version write lands and then loses its answer: the call
+/// fails (a reset after the request was sent), or, with `stall`, never returns.
+#[derive(Clone, Debug, Default)]
+struct LosesAnswers {
+    inner: state_backends::memory::MemoryBucket,
+    lose: Arc<std::sync::atomic::AtomicBool>,
+    stall: bool,
+}
+
+#[async_trait::async_trait]
+impl state_backends::objects::Bucket for LosesAnswers {
+    fn backend(&self) -> &'static str {
+        "loses-answers"
+    }
+    async fn get(
+        &self,
+        key: &str,
+    ) -> state_backends::Result<Option<state_backends::objects::Object>> {
+        self.inner.get(key).await
+    }
+    async fn head(
+        &self,
+        key: &str,
+    ) -> state_backends::Result<Option<std::collections::HashMap<String, String>>> {
+        self.inner.head(key).await
+    }
+    async fn put_tagged(
+        &self,
+        key: &str,
+        data: Bytes,
+        metadata: std::collections::HashMap<String, String>,
+        condition: state_backends::objects::Condition<'_>,
+    ) -> state_backends::Result<Option<Option<String>>> {
+        let lose = key.contains("/versions/")
+            && self.lose.swap(false, std::sync::atomic::Ordering::SeqCst);
+        let put = self
+            .inner
+            .put_tagged(key, data, metadata, condition)
+            .await?;
+        if !lose {
+            return Ok(put);
+        }
+        if self.stall {
+            std::future::pending::<()>().await;
+        }
+        Err(StoreError::Backend {
+            backend: "loses-answers",
+            message: format!("PUT {key}: connection reset after the request was sent"),
+            retryable: true,
+            source: None,
+        })
+    }
+    async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        metadata: Option<std::collections::HashMap<String, String>>,
+    ) -> state_backends::Result<()> {
+        self.inner.copy(from, to, metadata).await
+    }
+    async fn delete(&self, key: &str) -> state_backends::Result<()> {
+        self.inner.delete(key).await
+    }
+    async fn clear_if(&self, key: &str, tag: &str) -> state_backends::Result<()> {
+        self.inner.clear_if(key, tag).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+    ) -> state_backends::Result<Vec<state_backends::objects::Listed>> {
+        self.inner.list(prefix).await
+    }
+    async fn folders(&self, prefix: &str) -> state_backends::Result<Vec<String>> {
+        self.inner.folders(prefix).await
+    }
+}
+
+/// A fixture over a bucket store whose next version write loses its answer.
+async fn losing(stall: bool) -> (Fixture, LosesAnswers) {
+    let bucket = LosesAnswers {
+        stall,
+        ..LosesAnswers::default()
+    };
+    let store = state_backends::objects::BucketStore::over(bucket.clone(), "p", None);
+    let store: Arc<dyn StateStore> = Arc::new(store);
+    let ws = WorkspaceId::new("t", "w").unwrap();
+    let request = LeaseRequest {
+        owner: "job-1".into(),
+        ttl: Duration::from_secs(60),
+        info: serde_json::Value::Null,
+    };
+    let lease = store.acquire_lease(&ws, &request).await.unwrap();
+    let config = Config {
+        store: store.clone(),
+        ws: ws.clone(),
+        fence: Vouched::unvouched(lease.fence(), CancellationToken::new()),
+        password: "pw".into(),
+        logger: None,
+        max_body: MAX_STATE_BYTES,
+        header_read_timeout: HEADER_READ_TIMEOUT,
+    };
+    let shared = Arc::new(Shared {
+        config,
+        password: "pw".into(),
+        lock: Mutex::new(None),
+        activity: std::sync::Mutex::new(Activity::default()),
+        current: std::sync::Mutex::new(View::default()),
+        in_doubt: std::sync::Mutex::new(None),
+    });
+    (Fixture { shared, store, ws }, bucket)
+}
+
+/// A state write that landed but whose answer was lost is answered 503; terraform sends the
+/// same POST again, and it is this job's version: answered 200, counted in the job's versions,
+/// and nothing written twice. Before, the second POST found the state current ("unchanged")
+/// and the job's result left the version out (and a rollback thought nothing changed).
+#[tokio::test]
+async fn a_write_whose_answer_was_lost_sent_again_is_counted_as_the_jobs_version() {
+    let (f, bucket) = losing(false).await;
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+        StatusCode::OK
+    );
+    bucket.lose.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (status, _) = send(&f, "POST", "/state", empty_state("l", 2)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let versions = f.store.versions(&f.ws).await.unwrap();
+    assert_eq!(
+        versions.iter().map(|v| v.serial).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    let activity = f.shared.activity.lock().unwrap().clone();
+    assert_eq!(activity.versions, vec![1, 2]);
+    assert!(activity.refused.is_empty(), "{:?}", activity.refused);
+    // And the next write follows it.
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 3)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(f.shared.activity.lock().unwrap().versions, vec![1, 2, 3]);
+}
+
+/// A state write whose request is dropped while it is out (terraform killed) leaves no view
+/// of the state before it: the next GET (a clean-up's terraform) reads what the store holds,
+/// and the job's activity counts the version once the server stops.
+#[tokio::test]
+async fn a_write_dropped_while_out_leaves_no_stale_view_and_is_counted_if_it_landed() {
+    let (f, bucket) = losing(true).await;
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+        StatusCode::OK
+    );
+    bucket.lose.store(true, std::sync::atomic::Ordering::SeqCst);
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(200),
+        send(&f, "POST", "/state", empty_state("l", 2)),
+    )
+    .await;
+    assert!(dropped.is_err(), "the request was dropped");
+    let (status, body) = send(&f, "GET", "/state", Body::empty()).await;
+    assert_eq!(
+        (status, body.as_bytes()),
+        (StatusCode::OK, &empty_state("l", 2)[..])
+    );
+    assert_eq!(f.shared.activity.lock().unwrap().versions, vec![1, 2]);
 }
