@@ -20,7 +20,15 @@ struct Fixture {
 
 /// A store with job-1 holding `t/w`'s lease, and the config of a server for it.
 async fn leased(ttl: Duration, max_body: usize) -> (Arc<dyn StateStore>, WorkspaceId, Config) {
-    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+    leased_in(Arc::new(MemoryStore::new()), ttl, max_body).await
+}
+
+/// [`leased`], in `store`.
+async fn leased_in(
+    store: Arc<dyn StateStore>,
+    ttl: Duration,
+    max_body: usize,
+) -> (Arc<dyn StateStore>, WorkspaceId, Config) {
     let ws = WorkspaceId::new("t", "w").unwrap();
     let lease = store
         .acquire_lease(
@@ -45,16 +53,21 @@ async fn leased(ttl: Duration, max_body: usize) -> (Arc<dyn StateStore>, Workspa
     (store, ws, config)
 }
 
-async fn fixture(ttl: Duration) -> Fixture {
-    let (store, ws, config) = leased(ttl, MAX_STATE_BYTES).await;
-    let shared = Arc::new(Shared {
+/// A server's state, without a socket, with the password `pw`.
+fn shared(config: Config) -> Arc<Shared> {
+    Arc::new(Shared {
         config,
         password: "pw".into(),
         lock: Mutex::new(None),
         activity: std::sync::Mutex::new(Activity::default()),
         current: std::sync::Mutex::new(View::default()),
         in_doubt: std::sync::Mutex::new(None),
-    });
+    })
+}
+
+async fn fixture(ttl: Duration) -> Fixture {
+    let (store, ws, config) = leased(ttl, MAX_STATE_BYTES).await;
+    let shared = shared(config);
     Fixture { shared, store, ws }
 }
 
@@ -457,39 +470,24 @@ impl state_backends::objects::Bucket for LosesAnswers {
     }
 }
 
-/// A fixture over a bucket store whose next version write loses its answer.
-async fn losing(stall: bool) -> (Fixture, LosesAnswers) {
+/// A fixture over a bucket store holding version 1 (serial 1, written through the server),
+/// whose next version write loses its answer.
+async fn losing(stall: bool) -> Fixture {
     let bucket = LosesAnswers {
         stall,
         ..LosesAnswers::default()
     };
     let store = state_backends::objects::BucketStore::over(bucket.clone(), "p", None);
-    let store: Arc<dyn StateStore> = Arc::new(store);
-    let ws = WorkspaceId::new("t", "w").unwrap();
-    let request = LeaseRequest {
-        owner: "job-1".into(),
-        ttl: Duration::from_secs(60),
-        info: serde_json::Value::Null,
-    };
-    let lease = store.acquire_lease(&ws, &request).await.unwrap();
-    let config = Config {
-        store: store.clone(),
-        ws: ws.clone(),
-        fence: Vouched::unvouched(lease.fence(), CancellationToken::new()),
-        password: "pw".into(),
-        logger: None,
-        max_body: MAX_STATE_BYTES,
-        header_read_timeout: HEADER_READ_TIMEOUT,
-    };
-    let shared = Arc::new(Shared {
-        config,
-        password: "pw".into(),
-        lock: Mutex::new(None),
-        activity: std::sync::Mutex::new(Activity::default()),
-        current: std::sync::Mutex::new(View::default()),
-        in_doubt: std::sync::Mutex::new(None),
-    });
-    (Fixture { shared, store, ws }, bucket)
+    let (store, ws, config) =
+        leased_in(Arc::new(store), Duration::from_secs(60), MAX_STATE_BYTES).await;
+    let shared = shared(config);
+    let f = Fixture { shared, store, ws };
+    assert_eq!(
+        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
+        StatusCode::OK
+    );
+    bucket.lose.store(true, std::sync::atomic::Ordering::SeqCst);
+    f
 }
 
 /// A state write that landed but whose answer was lost is answered 503; terraform sends the
@@ -498,12 +496,7 @@ async fn losing(stall: bool) -> (Fixture, LosesAnswers) {
 /// and the job's result left the version out (and a rollback thought nothing changed).
 #[tokio::test]
 async fn a_write_whose_answer_was_lost_sent_again_is_counted_as_the_jobs_version() {
-    let (f, bucket) = losing(false).await;
-    assert_eq!(
-        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
-        StatusCode::OK
-    );
-    bucket.lose.store(true, std::sync::atomic::Ordering::SeqCst);
+    let f = losing(false).await;
     let (status, _) = send(&f, "POST", "/state", empty_state("l", 2)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     let (status, body) = send(&f, "POST", "/state", empty_state("l", 2)).await;
@@ -529,12 +522,7 @@ async fn a_write_whose_answer_was_lost_sent_again_is_counted_as_the_jobs_version
 /// and the job's activity counts the version once the server stops.
 #[tokio::test]
 async fn a_write_dropped_while_out_leaves_no_stale_view_and_is_counted_if_it_landed() {
-    let (f, bucket) = losing(true).await;
-    assert_eq!(
-        send(&f, "POST", "/state", empty_state("l", 1)).await.0,
-        StatusCode::OK
-    );
-    bucket.lose.store(true, std::sync::atomic::Ordering::SeqCst);
+    let f = losing(true).await;
     let dropped = tokio::time::timeout(
         Duration::from_millis(200),
         send(&f, "POST", "/state", empty_state("l", 2)),
