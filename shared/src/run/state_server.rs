@@ -184,10 +184,12 @@ impl Shared {
         Ok((fresh, Some(started)))
     }
 
-    fn forget_current(&self) {
+    /// Empties the view; returns its change count after.
+    fn forget_current(&self) -> u64 {
         let mut view = self.view();
         view.changes += 1;
         view.state = None;
+        view.changes
     }
 
     /// The workspace's current state as known without a store read: after a write of its own
@@ -200,12 +202,7 @@ impl Shared {
 
     /// Notes a version write whose answer never came for sure; the view is read afresh.
     fn doubt(&self, sha256: String, after: Option<u64>) {
-        let since = {
-            let mut view = self.view();
-            view.changes += 1;
-            view.state = None;
-            view.changes
-        };
+        let since = self.forget_current();
         *self.in_doubt.lock().unwrap_or_else(|e| e.into_inner()) = Some(InDoubt {
             sha256,
             after,

@@ -156,7 +156,11 @@ impl<B: Bucket> BucketStore<B> {
         // write's is random: two writers with the same content are still two.
         let mut metadata = metadata;
         let write_id = match fence {
-            Some(f) => format!("{}-{}", f.token, crate::sha256_hex(&data)),
+            // A state's facts carry its hash already; a deletion's content is empty.
+            Some(f) => match metadata.get(META_SHA256) {
+                Some(sha256) => format!("{}-{sha256}", f.token),
+                None => format!("{}-{}", f.token, crate::sha256_hex(&data)),
+            },
             None => format!("{:032x}", rand::random::<u128>()),
         };
         metadata.insert(META_WRITE.to_owned(), write_id.clone());

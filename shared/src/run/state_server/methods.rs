@@ -70,7 +70,7 @@ pub(super) async fn write_state(shared: &Shared, body: Bytes) -> Result<Option<u
 /// ([`Shared::doubt`]) when dropped, as when terraform is killed and its request with it.
 struct Sending<'a> {
     shared: &'a Shared,
-    sha256: String,
+    body: &'a Bytes,
     after: Option<u64>,
     answered: bool,
 }
@@ -79,7 +79,7 @@ impl Drop for Sending<'_> {
     fn drop(&mut self) {
         if !self.answered {
             self.shared
-                .doubt(std::mem::take(&mut self.sha256), self.after);
+                .doubt(state_backends::sha256_hex(self.body), self.after);
         }
     }
 }
@@ -162,7 +162,7 @@ async fn checked_write(shared: &Shared, body: Bytes) -> Result<Option<CurrentSta
     shared.forget_current();
     let mut sending = Sending {
         shared,
-        sha256: state_backends::sha256_hex(&body),
+        body: &body,
         after,
         answered: false,
     };
